@@ -1,0 +1,32 @@
+# Set-up and entry points. `make test` and `make demo` create .venv when missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install test demo lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install torch==2.13.0
+	$(PY) -m pip install -e '.[dev]'
+	touch $(STAMP)
+
+test: install
+	$(PY) -m ruff check implicit_ham experiments tests
+	$(PY) -m pytest -q
+
+demo: install
+	$(PY) -m experiments.demo
+
+lint: install
+	$(PY) -m ruff check implicit_ham experiments tests
+
+bench: install
+	$(PY) -m experiments.bench_adjoints
+
+clean:
+	rm -rf $(VENV) outputs multirun wandb

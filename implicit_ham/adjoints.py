@@ -1,0 +1,216 @@
+"""Backward modes: how the gradient of a fixed-point solution is computed.
+
+A backward mode never changes the forward value, only the gradient. Two families:
+
+* through iterations (autograd over trailing steps of the forward solve): ``Unroll`` (all K
+  steps, BPTT), ``Truncated(k)`` (the last k), ``OneStep`` (the last one; Hamburger's / JFB's
+  gradient), ``Phantom(k, tau)`` (the last k steps replaced by damped steps
+  ``z <- tau f(z) + (1 - tau) z``; with ``tau = 1`` it equals ``Truncated(k)``);
+* at the fixed point (``autograd.Function`` around z*, memory flat in K): ``Implicit`` (solve
+  ``g = J^T g + v`` with a chosen linear solver) and ``Neumann(k, tau)`` (the truncated Neumann
+  series ``g = tau * sum_{i<k} B^T^i v`` with ``B = tau J + (1 - tau) I``).
+
+``k`` larger than the solver's ``max_steps`` is clipped: all steps then carry gradient.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .implicit_backward import attach_fixed_point_gradient, finish_backward
+from .linear_solvers import LINEAR_SOLVERS, AdjointOperator, LinearSolver
+from .registry import Registry
+from .solvers import Solver
+from .state import State, StateSpec, StepFn
+from .stats import BackwardStats, SolverStats
+from .validation import check_choice, check_positive_int, check_tolerance, check_unit_interval
+
+ADJOINTS: Registry[Adjoint] = Registry("adjoint")
+
+
+class Adjoint(ABC):
+    """A backward mode (a small frozen dataclass in every concrete case)."""
+
+    @abstractmethod
+    def run(
+        self, f: StepFn, z0: State, spec: StateSpec, solver: Solver
+    ) -> tuple[State, SolverStats, list[BackwardStats]]:
+        """Solve with ``solver`` and return (value carrying this mode's gradient, forward
+        statistics, a list that each backward pass appends its statistics to)."""
+
+    @property
+    def name(self) -> str:
+        """The registry name of this backward mode."""
+        return ADJOINTS.name_of(self) or type(self).__name__
+
+
+class ThroughIterations(Adjoint):
+    """Base of the modes that backpropagate through trailing forward steps."""
+
+    @abstractmethod
+    def grad_steps(self, solver: Solver) -> int:
+        """How many trailing steps carry gradient."""
+
+    def grad_step(self, f: StepFn) -> StepFn | None:
+        """The map those steps apply; None means the solver's own step."""
+        return None
+
+    def run(
+        self, f: StepFn, z0: State, spec: StateSpec, solver: Solver
+    ) -> tuple[State, SolverStats, list[BackwardStats]]:
+        z, stats = solver.solve(f, z0, spec, self.grad_steps(solver), self.grad_step(f))
+        return z, stats, []
+
+
+@ADJOINTS.register("unroll")
+@dataclass(frozen=True)
+class Unroll(ThroughIterations):
+    """Backpropagation through every iteration (BPTT). Memory grows linearly in K; the only
+    mode in which the initial state z0 receives a gradient."""
+
+    def grad_steps(self, solver: Solver) -> int:
+        return solver.max_steps
+
+
+@ADJOINTS.register("truncated")
+@dataclass(frozen=True)
+class Truncated(ThroughIterations):
+    """The last ``k`` iterations carry gradient; the earlier ones run without it."""
+
+    k: int = 1
+
+    def __post_init__(self) -> None:
+        check_positive_int("Truncated", "k", self.k)
+
+    def grad_steps(self, solver: Solver) -> int:
+        return self.k
+
+
+@ADJOINTS.register("one_step")
+@dataclass(frozen=True)
+class OneStep(ThroughIterations):
+    """Only the last iteration carries gradient: ``Truncated(1)``, the one-step / JFB gradient."""
+
+    def grad_steps(self, solver: Solver) -> int:
+        return 1
+
+
+@ADJOINTS.register("phantom")
+@dataclass(frozen=True)
+class Phantom(ThroughIterations):
+    """Unrolling-based phantom gradient (Geng et al., NeurIPS 2021): the last ``k`` steps are
+    ``z <- tau f(z) + (1 - tau) z`` with gradient. ``tau = 1`` gives ``Truncated(k)``."""
+
+    k: int = 5
+    tau: float = 0.5
+
+    def __post_init__(self) -> None:
+        check_positive_int("Phantom", "k", self.k)
+        check_unit_interval("Phantom", "tau", self.tau)
+
+    def grad_steps(self, solver: Solver) -> int:
+        return self.k
+
+    def grad_step(self, f: StepFn) -> StepFn | None:
+        tau = self.tau
+        if tau == 1.0:
+            return f
+        return lambda z: tuple(tau * fz + (1 - tau) * zi for fz, zi in zip(f(z), z, strict=True))
+
+
+class AtFixedPoint(Adjoint):
+    """Base of the modes that differentiate at the solution z* (memory flat in K)."""
+
+    @abstractmethod
+    def backward_solve(self, op: AdjointOperator, v: Tensor) -> tuple[Tensor, BackwardStats]:
+        """Map the incoming gradient v (M,) to the adjoint vector g (M,) fed to ``f``'s graph."""
+
+    def run(
+        self, f: StepFn, z0: State, spec: StateSpec, solver: Solver
+    ) -> tuple[State, SolverStats, list[BackwardStats]]:
+        with torch.no_grad():
+            z, stats = solver.solve(f, z0, spec, 0)
+        log: list[BackwardStats] = []
+        return attach_fixed_point_gradient(f, z, spec, self.backward_solve, log), stats, log
+
+
+@ADJOINTS.register("implicit")
+@dataclass(frozen=True)
+class Implicit(AtFixedPoint):
+    """Implicit differentiation: solve ``g = J^T g + v`` at z*, then ``grad = (df/dθ)^T g``.
+
+    Args:
+        linear_solver: a ``LinearSolver`` or its name ("gmres", "fixed_point", "anderson",
+            "broyden", "dense").
+        max_steps: budget of VJPs for the linear solve.
+        tol: target relative residual ``||g - J^T g - v|| / ||v||``.
+        on_divergence: "warn" (default) or "raise" when the solve misses ``tol``.
+    """
+
+    linear_solver: LinearSolver | str = "gmres"
+    max_steps: int = 100
+    tol: float = 1e-5
+    on_divergence: str = "warn"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "linear_solver", LINEAR_SOLVERS.resolve(self.linear_solver, LinearSolver)
+        )
+        check_positive_int("Implicit", "max_steps", self.max_steps)
+        check_tolerance("Implicit", "tol", self.tol)
+        check_choice("Implicit", "on_divergence", self.on_divergence, ("warn", "raise"))
+
+    def backward_solve(self, op: AdjointOperator, v: Tensor) -> tuple[Tensor, BackwardStats]:
+        solver: LinearSolver = self.linear_solver  # type: ignore[assignment]
+        if not bool(v.any()):
+            g, steps, cond = torch.zeros_like(v), 0, None
+        else:
+            g, steps, cond = solver.solve(op, v, self.max_steps, self.tol)
+        stats = finish_backward(
+            op,
+            v,
+            g,
+            adjoint=self.name,
+            linear_solver=solver.name,
+            steps=steps,
+            tol=self.tol,
+            cond=cond,
+            on_divergence=self.on_divergence,
+        )
+        return g, stats
+
+
+@ADJOINTS.register("neumann")
+@dataclass(frozen=True)
+class Neumann(AtFixedPoint):
+    """Neumann-series phantom gradient: ``g = tau * sum_{i<k} (B^T)^i v``,
+    ``B = tau J + (1 - tau) I``; ``k -> inf`` recovers ``Implicit``."""
+
+    k: int = 5
+    tau: float = 0.5
+
+    def __post_init__(self) -> None:
+        check_positive_int("Neumann", "k", self.k)
+        check_unit_interval("Neumann", "tau", self.tau)
+
+    def backward_solve(self, op: AdjointOperator, v: Tensor) -> tuple[Tensor, BackwardStats]:
+        term, total = v, v
+        for _ in range(self.k - 1):
+            term = self.tau * op.vjp(term) + (1 - self.tau) * term
+            total = total + term
+        g = self.tau * total
+        stats = finish_backward(
+            op,
+            v,
+            g,
+            adjoint=self.name,
+            linear_solver="neumann_series",
+            steps=self.k - 1,
+            tol=None,
+            cond=None,
+        )
+        return g, stats

@@ -1,0 +1,11 @@
+"""Exceptions and warnings raised by implicit layers."""
+
+from __future__ import annotations
+
+
+class NonFiniteError(RuntimeError):
+    """A NaN or infinity appeared in a forward iterate or a backward (adjoint) solve."""
+
+
+class ConvergenceWarning(UserWarning):
+    """A forward or backward solve stopped before reaching its tolerance."""

@@ -1,0 +1,184 @@
+"""Attach a fixed-point gradient to a solution: the autograd.Function behind Implicit and Neumann.
+
+Forward: ``f`` is evaluated once more at the solution z* with gradient enabled (``fz = f(z*)``),
+which records how ``f`` depends on its arguments and on any parameters it closes over. The
+Function returns z* itself (so the forward value is exactly the solver's), and its backward
+receives the incoming gradient v, turns it into an adjoint vector g with a ``BackwardSolve``
+(e.g. a linear solve of ``g = J^T g + v``), and hands g to ``fz``'s graph, which carries
+``(df/dθ)^T g`` to every argument and parameter. No tensor hooks: a second backward with
+``retain_graph=True`` repeats the solve and returns the same gradient.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from .errors import ConvergenceWarning, NonFiniteError
+from .linear_solvers import AdjointOperator
+from .state import State, StateSpec, StepFn
+from .stats import BackwardStats
+
+BackwardSolve = Callable[[AdjointOperator, Tensor], tuple[Tensor, BackwardStats]]
+
+
+def attach_fixed_point_gradient(
+    f: StepFn,
+    z_star: State,
+    spec: StateSpec,
+    backward_solve: BackwardSolve,
+    log: list[BackwardStats],
+) -> State:
+    """Return z* (same values) carrying the gradient that ``backward_solve`` defines.
+
+    Args:
+        f: the map (tuples in, tuples out), closing over the tensors to differentiate.
+        z_star: the solution, without gradient.
+        spec: the state's structure.
+        backward_solve: maps (J^T operator, flat incoming gradient v of size M) to the adjoint
+            vector g (M,) and its statistics.
+        log: each backward's ``BackwardStats`` is appended here.
+    """
+    if not torch.is_grad_enabled():
+        return z_star
+    with torch.enable_grad():
+        z_req = tuple(t.detach().requires_grad_() for t in z_star)
+        fz = f(z_req)
+    if not _reaches_other_leaves(fz, z_req):
+        return z_star
+    backward = _AdjointBackward(spec, z_req, fz, backward_solve, log)
+    return _FixedPointGradient.apply(backward, *fz)
+
+
+@dataclass
+class _AdjointBackward:
+    """What the backward pass needs: the graph of ``f`` at z* and the adjoint solve."""
+
+    spec: StateSpec
+    z_req: State
+    fz: State
+    backward_solve: BackwardSolve
+    log: list[BackwardStats]
+
+    def vjp(self, g: Tensor) -> Tensor:
+        """(M,) -> (M,): ``J^T g``."""
+        grads = torch.autograd.grad(
+            self.fz, self.z_req, self.spec.unflatten(g), retain_graph=True, allow_unused=True
+        )
+        return self.spec.flatten(self.spec.zeros_like_missing(grads, self.z_req)).reshape(-1)
+
+    def vjp_batched(self, rows: Tensor) -> Tensor:
+        """(P, M) -> (P, M): ``J^T`` applied to each row (vmapped; a loop if vmap fails)."""
+        count, shapes = rows.shape[0], self.spec.shapes
+        sizes = [s.numel() // s[0] for s in shapes]
+        chunks = torch.split(rows.reshape(count, self.spec.batch, -1), sizes, dim=2)
+        stacked = tuple(c.reshape(count, *s) for c, s in zip(chunks, shapes, strict=True))
+        try:
+            grads = torch.autograd.grad(
+                self.fz,
+                self.z_req,
+                stacked,
+                retain_graph=True,
+                allow_unused=True,
+                is_grads_batched=True,
+            )
+        except RuntimeError:
+            return torch.stack([self.vjp(r) for r in rows])
+        parts = [
+            torch.zeros_like(c) if gr is None else gr.reshape(count, self.spec.batch, -1)
+            for gr, c in zip(grads, chunks, strict=True)
+        ]
+        return torch.cat(parts, dim=2).reshape(count, -1)
+
+    def __call__(self, grads: tuple[Tensor | None, ...]) -> State:
+        v_parts = self.spec.zeros_like_missing(grads, self.z_req)
+        v = self.spec.flatten(v_parts).reshape(-1)
+        op = AdjointOperator(self.vjp, self.vjp_batched, v.numel())
+        g, stats = self.backward_solve(op, v)
+        self.log.append(stats)
+        return self.spec.unflatten(g.reshape(self.spec.batch, -1))
+
+
+class _FixedPointGradient(torch.autograd.Function):
+    """Identity on z* in forward; the adjoint solve in backward (see module docstring)."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx, backward: _AdjointBackward, *fz: Tensor
+    ) -> tuple[Tensor, ...]:
+        ctx.backward_solve = backward
+        return tuple(t.detach() for t in backward.z_req)
+
+    @staticmethod
+    @once_differentiable
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, *grads: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        return (None, *ctx.backward_solve(grads))
+
+
+def finish_backward(
+    op: AdjointOperator,
+    v: Tensor,
+    g: Tensor,
+    *,
+    adjoint: str,
+    linear_solver: str,
+    steps: int,
+    tol: float | None,
+    cond: float | None,
+    on_divergence: str = "warn",
+) -> BackwardStats:
+    """Check the adjoint vector g at its true residual and build its statistics.
+
+    Raises NonFiniteError if g is not finite. When ``tol`` is given and the residual misses it,
+    warns (``on_divergence="warn"``) or raises (``"raise"``), with the numbers.
+    """
+    if not bool(torch.isfinite(g).all()):
+        raise NonFiniteError(
+            f"{adjoint} backward: the adjoint vector is non-finite after {steps} VJPs "
+            f"({linear_solver}); the incoming gradient was "
+            f"{'finite' if bool(torch.isfinite(v).all()) else 'already non-finite'}. "
+            "I - J is likely singular at this fixed point; use a different backward mode."
+        )
+    v_norm = float(torch.linalg.vector_norm(v))
+    abs_res = float(torch.linalg.vector_norm(g - op.vjp(g) - v))
+    rel_res = abs_res / v_norm if v_norm > 0 else abs_res
+    converged = None if tol is None else rel_res <= tol
+    stats = BackwardStats(adjoint, linear_solver, steps, abs_res, rel_res, converged, cond)
+    if converged is False:
+        message = (
+            f"{adjoint} backward: {linear_solver} did not reach tol={tol:g} in {steps} VJPs "
+            f"(relative residual {rel_res:.3e}"
+            + (f", cond(I - J) = {cond:.3e}" if cond is not None else "")
+            + "); the gradient is inaccurate. Raise max_steps, use another linear solver, "
+            "or another backward mode."
+        )
+        if on_divergence == "raise":
+            raise RuntimeError(message)
+        warnings.warn(message, ConvergenceWarning, stacklevel=2)
+    return stats
+
+
+def _reaches_other_leaves(fz: State, z_req: State) -> bool:
+    """Whether ``fz`` depends on a tensor requiring grad other than ``z_req`` (args, params)."""
+    own = {id(t) for t in z_req}
+    stack = [t.grad_fn for t in fz if t.grad_fn is not None]
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)
+        if variable is not None:
+            if id(variable) not in own:
+                return True
+            continue
+        stack.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
+    return False

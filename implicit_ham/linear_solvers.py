@@ -1,0 +1,236 @@
+"""Linear solvers for the implicit backward pass: find g with ``g = J^T g + v``.
+
+``J = df/dz`` at the fixed point is never formed (except by ``Dense``); a solver sees it only as
+``AdjointOperator.vjp``, one vector-Jacobian product per call, on the whole batch flattened to one
+vector of length M = B * N (so samples coupled inside ``f``, e.g. by batch statistics, are handled
+correctly). Every solver has the signature ``solve(op, v, max_steps, tol) -> (g, steps, cond)``;
+the caller checks the residual at the returned g itself, so no solver can report a false success.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torchdeq.solver import broyden_solver
+
+from .errors import NonFiniteError
+from .registry import Registry
+from .solvers import guarded_anderson
+from .validation import check_positive_int
+
+logger = logging.getLogger(__name__)
+
+LINEAR_SOLVERS: Registry[LinearSolver] = Registry("linear solver")
+
+
+@dataclass(frozen=True)
+class AdjointOperator:
+    """``J^T`` as vector-Jacobian products on flat vectors.
+
+    Attributes:
+        vjp: (M,) -> (M,), ``g -> J^T g``.
+        vjp_batched: (P, M) -> (P, M), row-wise ``J^T``; used by the dense solver.
+        size: M.
+    """
+
+    vjp: Callable[[Tensor], Tensor]
+    vjp_batched: Callable[[Tensor], Tensor]
+    size: int
+
+
+class LinearSolver(ABC):
+    """Solves ``(I - J^T) g = v`` given ``J^T`` as an operator."""
+
+    @abstractmethod
+    def solve(
+        self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float
+    ) -> tuple[Tensor, int, float | None]:
+        """Return ``(g, vjp_count, cond)``; ``cond`` is κ(I - J) when computed, else None.
+
+        Args:
+            op: the operator. v: (M,) right-hand side (the incoming gradient).
+            max_steps: budget of VJPs. tol: target ``||g - J^T g - v|| / ||v||``.
+        """
+
+    @property
+    def name(self) -> str:
+        """The registry name of this linear solver."""
+        return LINEAR_SOLVERS.name_of(self) or type(self).__name__
+
+
+@LINEAR_SOLVERS.register("fixed_point")
+@dataclass(frozen=True)
+class FixedPointLinear(LinearSolver):
+    """Neumann iteration ``g <- J^T g + v``; converges iff the spectral radius of J is < 1."""
+
+    def solve(
+        self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float
+    ) -> tuple[Tensor, int, float | None]:
+        g, target = v, tol * torch.linalg.vector_norm(v)
+        for step in range(1, max_steps + 1):
+            g_next = op.vjp(g) + v
+            done = bool(torch.linalg.vector_norm(g_next - g) <= target)
+            g = g_next
+            if done:
+                return g, step, None
+        return g, max_steps, None
+
+
+@LINEAR_SOLVERS.register("gmres")
+@dataclass(frozen=True)
+class GMRES(LinearSolver):
+    """Restarted GMRES on ``A = I - J^T`` (Gram-Schmidt applied twice per Arnoldi step).
+
+    Args:
+        restart: Krylov dimension before a restart.
+    """
+
+    restart: int = 30
+
+    def __post_init__(self) -> None:
+        check_positive_int("GMRES", "restart", self.restart)
+
+    def solve(
+        self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float
+    ) -> tuple[Tensor, int, float | None]:
+        def matvec(x: Tensor) -> Tensor:
+            return x - op.vjp(x)
+
+        x = torch.zeros_like(v)
+        target = tol * float(torch.linalg.vector_norm(v))
+        r, steps = v, 0
+        while steps < max_steps:
+            beta = float(torch.linalg.vector_norm(r))
+            if beta <= target or beta == 0.0:
+                break
+            y, basis, used, converged = self._cycle(matvec, r, beta, target, max_steps - steps)
+            steps += used
+            x = x + basis.T @ y
+            if converged or steps >= max_steps:
+                break
+            r = v - matvec(x)
+            steps += 1
+        return x, steps, None
+
+    def _cycle(
+        self, matvec: Callable[[Tensor], Tensor], r: Tensor, beta: float, target: float, budget: int
+    ) -> tuple[Tensor, Tensor, int, bool]:
+        """One Arnoldi cycle: Krylov coefficients, basis, matvecs used, whether converged."""
+        dim = min(self.restart, budget)
+        basis = [r / beta]
+        hess = torch.zeros(dim + 1, dim, dtype=r.dtype, device=r.device)
+        rhs = torch.zeros(dim + 1, dtype=r.dtype, device=r.device)
+        rhs[0] = beta
+        y = rhs[:0]
+        for j in range(dim):
+            w = matvec(basis[j])
+            for _ in range(2):
+                coeffs = torch.stack(basis) @ w
+                w = w - torch.stack(basis).T @ coeffs
+                hess[: j + 1, j] += coeffs
+            hess[j + 1, j] = torch.linalg.vector_norm(w)
+            h = hess[: j + 2, : j + 1]
+            y = torch.linalg.lstsq(h, rhs[: j + 2, None]).solution[:, 0]
+            residual = float(torch.linalg.vector_norm(h @ y - rhs[: j + 2]))
+            breakdown = float(hess[j + 1, j]) <= 1e-14 * beta
+            if residual <= target or breakdown:
+                return y, torch.stack(basis), j + 1, residual <= target
+            basis.append(w / hess[j + 1, j])
+        return y, torch.stack(basis[:dim]), dim, False
+
+
+@LINEAR_SOLVERS.register("anderson")
+@dataclass(frozen=True)
+class AndersonLinear(LinearSolver):
+    """Anderson acceleration (torchdeq, guarded) of ``g <- J^T g + v``."""
+
+    m: int = 5
+    lam: float = 1e-4
+    retry_lam: float = 1e-2
+
+    def solve(
+        self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float
+    ) -> tuple[Tensor, int, float | None]:
+        target = tol * float(torch.linalg.vector_norm(v))
+        counter = _CountingMap(op.vjp, v)
+        g = guarded_anderson(
+            counter,
+            v[None],
+            max_iter=max(max_steps, 3),
+            tol=target,
+            stop_mode="abs",
+            m=self.m,
+            lam=self.lam,
+            damping=1.0,
+            retry_lam=self.retry_lam,
+        )
+        return g[0], counter.calls, None
+
+
+@LINEAR_SOLVERS.register("broyden")
+@dataclass(frozen=True)
+class BroydenLinear(LinearSolver):
+    """Broyden's method (torchdeq) on ``g - J^T g - v = 0``."""
+
+    def solve(
+        self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float
+    ) -> tuple[Tensor, int, float | None]:
+        target = tol * float(torch.linalg.vector_norm(v))
+        counter = _CountingMap(op.vjp, v)
+        g, _, _ = broyden_solver(
+            counter, v[None], max_iter=max_steps, tol=target, stop_mode="abs", ls=False
+        )
+        if not bool(torch.isfinite(g).all()):
+            raise NonFiniteError(
+                "implicit backward: Broyden returned a non-finite adjoint; "
+                "use linear_solver='gmres'"
+            )
+        return g.reshape(-1), counter.calls, None
+
+
+@LINEAR_SOLVERS.register("dense")
+@dataclass(frozen=True)
+class Dense(LinearSolver):
+    """Materialise ``I - J^T`` (M VJPs) and solve it exactly; reports κ(I - J).
+
+    For small problems and as a reference. ``max_size`` bounds M (the matrix is M x M).
+    """
+
+    max_size: int = 4096
+
+    def solve(
+        self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float
+    ) -> tuple[Tensor, int, float | None]:
+        if op.size > self.max_size:
+            raise ValueError(
+                f"Dense: the state has M={op.size} entries (batch included), above "
+                f"max_size={self.max_size}; use linear_solver='gmres' or raise max_size"
+            )
+        eye = torch.eye(op.size, dtype=v.dtype, device=v.device)
+        jac_t = op.vjp_batched(eye).T
+        system = eye - jac_t
+        cond = float(torch.linalg.cond(system))
+        try:
+            g = torch.linalg.solve(system, v)
+        except torch.linalg.LinAlgError as err:
+            raise NonFiniteError(
+                f"Dense: I - J^T is singular (condition number {cond:.3e}); the fixed point is "
+                "not isolated (e.g. NMF's scaling symmetry). Use a damped/regularised map."
+            ) from err
+        return g, op.size, cond
+
+
+class _CountingMap:
+    """``x -> J^T x + v`` on (1, M) inputs, counting the VJPs it spends."""
+
+    def __init__(self, vjp: Callable[[Tensor], Tensor], v: Tensor) -> None:
+        self.vjp, self.v, self.calls = vjp, v, 0
+
+    def __call__(self, x: Tensor) -> Tensor:
+        self.calls += 1
+        return (self.vjp(x.reshape(-1)) + self.v).reshape_as(x)

@@ -1,0 +1,86 @@
+"""A small name -> class registry that fails loudly on unknown names and unknown keys.
+
+Solvers, linear solvers, backward modes and decompositions are small dataclasses; config files
+and sweeps name them by string. A typo must never be silently ignored, so both an unknown name
+and an unknown keyword argument raise an error that lists the valid choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Maps config names to classes of one kind (e.g. "adjoint" -> Unroll, OneStep, ...)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, type[T]] = {}
+
+    def register(self, name: str) -> Callable[[type[T]], type[T]]:
+        """Class decorator: ``@REGISTRY.register("name")``. Re-registering a name is an error."""
+
+        def decorator(cls: type[T]) -> type[T]:
+            if name in self._entries and self._entries[name] is not cls:
+                raise ValueError(
+                    f"{self.kind} name {name!r} is already registered to "
+                    f"{self._entries[name].__qualname__}; choose another name."
+                )
+            self._entries[name] = cls
+            return cls
+
+        return decorator
+
+    def names(self) -> list[str]:
+        """The registered names, sorted."""
+        return sorted(self._entries)
+
+    def get(self, name: str) -> type[T]:
+        """The class registered under ``name``; unknown names list the valid ones."""
+        if name not in self._entries:
+            raise KeyError(
+                f"unknown {self.kind} {name!r}; valid choices: {', '.join(self.names())}"
+            )
+        return self._entries[name]
+
+    def name_of(self, obj: object) -> str | None:
+        """The registered name of ``obj``'s class, or None."""
+        for name, cls in self._entries.items():
+            if type(obj) is cls:
+                return name
+        return None
+
+    def make(self, name: str, **kwargs: Any) -> T:
+        """Instantiate the class registered under ``name``, rejecting unknown keyword arguments."""
+        cls = self.get(name)
+        valid = _parameter_names(cls)
+        unknown = sorted(set(kwargs) - set(valid))
+        if unknown:
+            raise TypeError(
+                f"unknown option(s) {', '.join(unknown)} for {self.kind} {name!r}; "
+                f"valid options: {', '.join(valid) or '(none)'}"
+            )
+        return cls(**kwargs)
+
+    def resolve(self, spec: T | str, base: type) -> T:
+        """Accept an instance of ``base`` or a registered name; anything else is an error."""
+        if isinstance(spec, str):
+            return self.make(spec)
+        if not isinstance(spec, base):
+            raise TypeError(
+                f"expected a {self.kind} ({base.__name__} instance or one of "
+                f"{', '.join(self.names())}), got {type(spec).__name__}"
+            )
+        return spec
+
+
+def _parameter_names(cls: type) -> list[str]:
+    if dataclasses.is_dataclass(cls):
+        return [f.name for f in dataclasses.fields(cls) if f.init]
+    params = inspect.signature(cls).parameters.values()
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]

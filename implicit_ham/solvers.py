@@ -1,0 +1,374 @@
+"""Forward solvers: find z* = f(z*) from z0, spending the last ``grad_steps`` steps with gradient.
+
+Every solver shares one signature, ``solve(f, z0, spec, grad_steps, grad_step)``, and returns the
+final state and a ``SolverStats``. Iterations run under ``torch.no_grad()`` except the trailing
+``grad_steps`` ones, which the backward mode asks for (all of them for ``Unroll``, the last k for
+``Truncated(k)``, none for ``Implicit``); that is how the backward mode changes only the gradient.
+
+``FixedPointIteration`` with ``tol=None`` runs exactly ``max_steps`` steps with no host
+synchronisation per step (Hamburger's K steps). ``Anderson`` and ``Broyden`` wrap torchdeq's
+solvers, guarded against its known pitfalls (see design.md): plain keyword arguments only, no
+``indexing``, the residual recomputed at the returned point, a singular Anderson system retried
+with stronger regularisation, and a non-finite result reported instead of returned.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torchdeq.solver import anderson_solver, broyden_solver
+
+from .errors import ConvergenceWarning, NonFiniteError
+from .registry import Registry
+from .state import State, StateSpec, StepFn
+from .stats import SolverStats, TraceRecorder
+from .validation import check_choice, check_positive_int, check_tolerance, check_unit_interval
+
+logger = logging.getLogger(__name__)
+
+SOLVERS: Registry[Solver] = Registry("solver")
+STOP_MODES = ("rel", "abs")
+
+
+class Solver(ABC):
+    """A forward fixed-point solver (a small dataclass in every concrete case)."""
+
+    max_steps: int
+    tol: float | None
+
+    @abstractmethod
+    def solve(
+        self,
+        f: StepFn,
+        z0: State,
+        spec: StateSpec,
+        grad_steps: int = 0,
+        grad_step: StepFn | None = None,
+    ) -> tuple[State, SolverStats]:
+        """Solve ``z = f(z)`` from ``z0``.
+
+        Args:
+            f: the map, on tuples of tensors shaped like ``spec``.
+            z0: the initial state.
+            spec: the state's structure.
+            grad_steps: how many trailing steps run with gradient (clipped to ``max_steps``).
+            grad_step: the map used for those steps; defaults to the solver's own step.
+        """
+
+    @property
+    def name(self) -> str:
+        """The registry name of this solver."""
+        return SOLVERS.name_of(self) or type(self).__name__
+
+
+@SOLVERS.register("fixed_point")
+@dataclass(frozen=True)
+class FixedPointIteration(Solver):
+    """Plain (optionally damped) iteration ``z <- damping * f(z) + (1 - damping) * z``.
+
+    Args:
+        max_steps: iterations K. With ``tol=None`` exactly K run, without host synchronisation.
+        tol: stop once every sample's residual (relative or absolute, see ``stop_mode``) is
+            ``<= tol``; this checks the residual on the host each step.
+        damping: step size in (0, 1].
+        stop_mode: "rel" (``||f(z) - z|| / ||f(z)||``) or "abs".
+        check_finite: raise NonFiniteError if an iterate is NaN/inf (one sync per solve).
+    """
+
+    max_steps: int = 6
+    tol: float | None = None
+    damping: float = 1.0
+    stop_mode: str = "rel"
+    check_finite: bool = True
+
+    def __post_init__(self) -> None:
+        check_positive_int("FixedPointIteration", "max_steps", self.max_steps)
+        check_tolerance("FixedPointIteration", "tol", self.tol, optional=True)
+        check_unit_interval("FixedPointIteration", "damping", self.damping)
+        check_choice("FixedPointIteration", "stop_mode", self.stop_mode, STOP_MODES)
+
+    def step_map(self, f: StepFn) -> StepFn:
+        """The map one iteration applies (``f`` itself when undamped)."""
+        if self.damping == 1.0:
+            return f
+        a = self.damping
+        return lambda z: tuple(a * fz + (1 - a) * zi for fz, zi in zip(f(z), z, strict=True))
+
+    def solve(
+        self,
+        f: StepFn,
+        z0: State,
+        spec: StateSpec,
+        grad_steps: int = 0,
+        grad_step: StepFn | None = None,
+    ) -> tuple[State, SolverStats]:
+        step = self.step_map(f)
+        grad_step = grad_step or step
+        grad_steps = min(grad_steps, self.max_steps)
+        rec = TraceRecorder(self.name, scale=self.damping)
+        if self.tol is None:
+            z = self._fixed_budget(step, grad_step, z0, grad_steps, rec)
+        elif grad_steps >= self.max_steps:
+            z = self._until_converged(step, z0, rec, keep=0)[0]
+        else:
+            z = self._replay_tail(step, grad_step, z0, grad_steps, rec)
+        if self.check_finite:
+            rec.check_finite(z0)
+        stats = rec.build(spec.batch, z0[0].device, z0[0].dtype, self.tol, self.stop_mode)
+        _warn_if_not_converged(stats, self.tol)
+        return z, stats
+
+    def _fixed_budget(
+        self, step: StepFn, grad_step: StepFn, z0: State, grad_steps: int, rec: TraceRecorder
+    ) -> State:
+        z = z0
+        with torch.no_grad():
+            for _ in range(self.max_steps - grad_steps):
+                z = _advance(step, z, rec)
+        for _ in range(grad_steps):
+            z = _advance(grad_step, z, rec)
+        return z
+
+    def _until_converged(
+        self, step: StepFn, z0: State, rec: TraceRecorder, keep: int
+    ) -> tuple[State, deque[State]]:
+        """Iterate until converged; also return the last ``keep + 1`` iterates (oldest first)."""
+        history: deque[State] = deque([z0], maxlen=keep + 1)
+        z = z0
+        for _ in range(self.max_steps):
+            z = _advance(step, z, rec)
+            history.append(z)
+            metric = (rec.rel if self.stop_mode == "rel" else rec.residuals)[-1]
+            worst = float(metric.max())
+            if not math.isfinite(worst) or worst <= self.tol:
+                break
+        return z, history
+
+    def _replay_tail(
+        self, step: StepFn, grad_step: StepFn, z0: State, grad_steps: int, rec: TraceRecorder
+    ) -> State:
+        """Solve to tolerance without gradient, then redo the last steps with gradient.
+
+        The replay starts from the iterate ``grad_steps`` before the stopping point, so the value
+        equals the one a fully unrolled solve with the same tolerance stops at.
+        """
+        with torch.no_grad():
+            z, history = self._until_converged(step, z0, rec, keep=grad_steps)
+        if grad_steps == 0:
+            return z
+        return _apply_steps(grad_step, history[0], len(history) - 1)
+
+
+class _TorchDEQSolver(Solver):
+    """Shared guard around a torchdeq solver working on flattened (B, N) states."""
+
+    max_steps: int
+    tol: float | None
+    stop_mode: str
+    min_budget = 1
+
+    @abstractmethod
+    def _run(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, max_iter: int) -> Tensor:
+        """Call the torchdeq solver with plain keyword arguments; return the (B, N) solution."""
+
+    def solve(
+        self,
+        f: StepFn,
+        z0: State,
+        spec: StateSpec,
+        grad_steps: int = 0,
+        grad_step: StepFn | None = None,
+    ) -> tuple[State, SolverStats]:
+        if grad_steps >= self.max_steps:
+            raise ValueError(
+                f"{type(self).__name__} runs without gradient and cannot be unrolled through all "
+                f"{self.max_steps} steps; use FixedPointIteration with Unroll, or an adjoint with "
+                "fewer gradient steps (Truncated, OneStep, Phantom, Implicit, Neumann)."
+            )
+        budget = self.max_steps - grad_steps - 1
+        if budget < self.min_budget:
+            raise ValueError(
+                f"{type(self).__name__}: max_steps={self.max_steps} leaves {budget} solver steps "
+                f"after {grad_steps} gradient step(s) and the residual check; it needs at least "
+                f"{self.min_budget}. Raise max_steps."
+            )
+        rec = TraceRecorder(self.name)
+
+        def flat_f(x: Tensor) -> Tensor:
+            z = spec.unflatten(x)
+            fz = f(z)
+            rec.record(z, fz)
+            return spec.flatten(fz)
+
+        with torch.no_grad():
+            x = self._run(flat_f, spec.flatten(z0), budget)
+            z = spec.unflatten(x)
+            rec.record(z, f(z))
+        rec.check_finite(z0)
+        z = _apply_steps(grad_step or f, z, grad_steps)
+        stats = rec.build(spec.batch, x.device, x.dtype, self.tol, self.stop_mode)
+        _warn_if_not_converged(stats, self.tol)
+        return z, stats
+
+    def _torchdeq_tol(self) -> float:
+        return -math.inf if self.tol is None else float(self.tol)
+
+
+@SOLVERS.register("anderson")
+@dataclass(frozen=True)
+class Anderson(_TorchDEQSolver):
+    """Anderson acceleration (torchdeq's ``anderson_solver``), guarded.
+
+    Args:
+        max_steps: budget of ``f`` evaluations. tol: stopping tolerance (None: use the budget).
+        m: history size (>= 2). lam: Tikhonov regularisation of the mixing system.
+        damping: mixing step size in (0, 1]. stop_mode: "rel" or "abs".
+
+    A singular mixing system (torchdeq has no fallback) or a non-finite result is retried once
+    with ``lam`` raised to ``retry_lam``; if that fails too, NonFiniteError is raised.
+    """
+
+    max_steps: int = 50
+    tol: float | None = 1e-5
+    m: int = 5
+    lam: float = 1e-4
+    damping: float = 1.0
+    stop_mode: str = "rel"
+    retry_lam: float = 1e-2
+    min_budget = 3
+
+    def __post_init__(self) -> None:
+        check_positive_int("Anderson", "max_steps", self.max_steps, minimum=4)
+        check_tolerance("Anderson", "tol", self.tol, optional=True)
+        check_positive_int("Anderson", "m", self.m, minimum=2)
+        check_unit_interval("Anderson", "damping", self.damping)
+        check_choice("Anderson", "stop_mode", self.stop_mode, STOP_MODES)
+        if self.lam < 0:
+            raise ValueError(f"Anderson: lam must be >= 0, got {self.lam!r}")
+
+    def _run(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, max_iter: int) -> Tensor:
+        return guarded_anderson(
+            flat_f,
+            x0,
+            max_iter=max_iter,
+            tol=self._torchdeq_tol(),
+            stop_mode=self.stop_mode,
+            m=self.m,
+            lam=self.lam,
+            damping=self.damping,
+            retry_lam=self.retry_lam,
+        )
+
+
+@SOLVERS.register("broyden")
+@dataclass(frozen=True)
+class Broyden(_TorchDEQSolver):
+    """Broyden's method (torchdeq's ``broyden_solver``, no line search), guarded.
+
+    Args:
+        max_steps: budget of ``f`` evaluations. tol: stopping tolerance (None: use the budget).
+        stop_mode: "rel" or "abs".
+    """
+
+    max_steps: int = 50
+    tol: float | None = 1e-5
+    stop_mode: str = "rel"
+
+    def __post_init__(self) -> None:
+        check_positive_int("Broyden", "max_steps", self.max_steps, minimum=2)
+        check_tolerance("Broyden", "tol", self.tol, optional=True)
+        check_choice("Broyden", "stop_mode", self.stop_mode, STOP_MODES)
+
+    def _run(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, max_iter: int) -> Tensor:
+        x, _, _ = broyden_solver(
+            flat_f,
+            x0,
+            max_iter=max_iter,
+            tol=self._torchdeq_tol(),
+            stop_mode=self.stop_mode,
+            ls=False,
+        )
+        if not bool(torch.isfinite(x).all()):
+            raise NonFiniteError(
+                "Broyden: the solution is non-finite (a degenerate rank-one update); "
+                "use Anderson or FixedPointIteration, or a smaller max_steps."
+            )
+        return x.reshape_as(x0)
+
+
+def guarded_anderson(
+    flat_f: Callable[[Tensor], Tensor],
+    x0: Tensor,
+    *,
+    max_iter: int,
+    tol: float,
+    stop_mode: str,
+    m: int,
+    lam: float,
+    damping: float,
+    retry_lam: float,
+) -> Tensor:
+    """torchdeq's Anderson on (B, N) vectors, retried once with ``retry_lam`` when it fails.
+
+    Failure means a singular mixing system (``torch.linalg.LinAlgError``) or a non-finite
+    result; both come from a (near) rank-deficient residual history, e.g. a start at the fixed
+    point with ``lam = 0``.
+    """
+    for attempt, reg in enumerate((lam, max(retry_lam, lam))):
+        try:
+            x, _, _ = anderson_solver(
+                flat_f,
+                x0,
+                max_iter=max_iter,
+                tol=tol,
+                stop_mode=stop_mode,
+                m=m,
+                lam=reg,
+                tau=damping,
+            )
+        except torch.linalg.LinAlgError as err:
+            failure = f"singular mixing system ({err})"
+        else:
+            if bool(torch.isfinite(x).all()):
+                return x.reshape_as(x0)
+            failure = "non-finite result"
+        if attempt == 0:
+            logger.warning(
+                "Anderson: %s with lam=%g; retrying with lam=%g", failure, reg, max(retry_lam, lam)
+            )
+    raise NonFiniteError(
+        f"Anderson failed twice ({failure}), last with lam={max(retry_lam, lam):g}; "
+        "raise lam/retry_lam or use FixedPointIteration."
+    )
+
+
+def _advance(step: StepFn, z: State, rec: TraceRecorder) -> State:
+    z_next = step(z)
+    rec.record(z, z_next)
+    return z_next
+
+
+def _apply_steps(step: StepFn, z: State, n: int) -> State:
+    for _ in range(n):
+        z = step(z)
+    return z
+
+
+def _warn_if_not_converged(stats: SolverStats, tol: float | None) -> None:
+    if tol is None or stats.converged is None or bool(stats.converged.all()):
+        return
+    warnings.warn(
+        f"{stats.solver}: forward solve did not reach tol={tol:g} in {stats.steps} steps "
+        f"(worst relative residual {float(stats.rel_residual.max()):.3e}); raise max_steps "
+        "or use Anderson",
+        ConvergenceWarning,
+        stacklevel=4,
+    )

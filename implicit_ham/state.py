@@ -1,0 +1,130 @@
+"""The structure of a fixed-point state: a Tensor or a tuple of Tensors, batch first.
+
+Solvers work on tuples internally; ``StateSpec`` remembers the user's structure, checks that
+``f`` returns the same structure, and flattens a state to one (B, N) matrix for the solvers that
+need vectors (Anderson, Broyden, the linear solvers of the implicit backward pass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+State = tuple[Tensor, ...]
+StepFn = Callable[[State], State]
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """Shapes and dtypes of a state; ``is_tuple`` says whether the user passed a tuple."""
+
+    shapes: tuple[torch.Size, ...]
+    dtype: torch.dtype
+    is_tuple: bool
+
+    @classmethod
+    def of(cls, z0: Tensor | Sequence[Tensor]) -> StateSpec:
+        """Validate ``z0`` (a Tensor or a tuple of Tensors sharing batch size and dtype)."""
+        parts = tuple(z0) if isinstance(z0, (tuple, list)) else (z0,)
+        if not parts or not all(isinstance(t, Tensor) for t in parts):
+            raise TypeError(
+                f"z0 must be a Tensor or a non-empty tuple of Tensors, got {type(z0).__name__}"
+            )
+        for i, t in enumerate(parts):
+            if t.ndim == 0:
+                raise ValueError(f"z0: state[{i}] is a scalar; states are batch first (B, ...)")
+            if not t.is_floating_point():
+                raise TypeError(f"z0: state[{i}] has dtype {t.dtype}; a floating dtype is needed")
+        batch = {t.shape[0] for t in parts}
+        if len(batch) > 1:
+            raise ValueError(
+                f"z0: all state tensors must share the batch size (dim 0), got "
+                f"{[tuple(t.shape) for t in parts]}"
+            )
+        dtypes = {t.dtype for t in parts}
+        if len(dtypes) > 1:
+            raise TypeError(
+                f"z0: all state tensors must share one dtype, got {sorted(map(str, dtypes))}"
+            )
+        return cls(tuple(t.shape for t in parts), parts[0].dtype, isinstance(z0, (tuple, list)))
+
+    @property
+    def batch(self) -> int:
+        """Batch size B."""
+        return self.shapes[0][0]
+
+    @property
+    def numel_per_sample(self) -> int:
+        """N: the number of entries of one sample's state, all tensors together."""
+        return sum(s.numel() // s[0] for s in self.shapes)
+
+    def as_tuple(self, z: Tensor | Sequence[Tensor]) -> State:
+        """The internal tuple form of a user-structured state."""
+        return tuple(z) if self.is_tuple else (z,)  # type: ignore[arg-type]
+
+    def restore(self, z: State) -> Tensor | State:
+        """The user's structure (a Tensor or a tuple) from the internal tuple form."""
+        return tuple(z) if self.is_tuple else z[0]
+
+    def check(self, z: object, where: str) -> State:
+        """Validate a value returned by ``f``; raise a clear error on a structure mismatch."""
+        parts = tuple(z) if isinstance(z, (tuple, list)) else (z,)
+        expected = [tuple(s) for s in self.shapes]
+        if isinstance(z, (tuple, list)) != self.is_tuple or len(parts) != len(self.shapes):
+            raise ValueError(
+                f"{where}: f must return the same structure as z0 "
+                f"({'a tuple of ' + str(len(expected)) if self.is_tuple else 'a single Tensor'}"
+                f" with shapes {expected}), got {_describe(z)}"
+            )
+        for i, (t, shape) in enumerate(zip(parts, self.shapes, strict=True)):
+            if not isinstance(t, Tensor) or t.shape != shape:
+                raise ValueError(
+                    f"{where}: f returned state[{i}] with shape "
+                    f"{tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}, "
+                    f"but z0 has shape {tuple(shape)}; f(z, *args) must preserve every shape"
+                )
+        return parts
+
+    def flatten(self, z: State) -> Tensor:
+        """(B, N): each sample's state tensors concatenated."""
+        return torch.cat([t.reshape(self.batch, -1) for t in z], dim=1)
+
+    def unflatten(self, flat: Tensor) -> State:
+        """Inverse of ``flatten``: (B, N) -> tuple of tensors with the spec's shapes."""
+        sizes = [s.numel() // s[0] for s in self.shapes]
+        chunks = torch.split(flat.reshape(self.batch, -1), sizes, dim=1)
+        return tuple(c.reshape(s) for c, s in zip(chunks, self.shapes, strict=True))
+
+    def zeros_like_missing(self, parts: Sequence[Tensor | None], like: State) -> State:
+        """Replace ``None`` gradients by zeros of the matching state tensor."""
+        return tuple(
+            torch.zeros_like(r) if p is None else p for p, r in zip(parts, like, strict=True)
+        )
+
+
+def per_sample_norm(z: State) -> Tensor:
+    """(B,): the Euclidean norm of each sample's whole state."""
+    sq = [torch.linalg.vector_norm(t.reshape(t.shape[0], -1), dim=1) ** 2 for t in z]
+    return torch.stack(sq).sum(0).sqrt()
+
+
+def per_sample_distance(a: State, b: State) -> Tensor:
+    """(B,): ``per_sample_norm(a - b)``."""
+    return per_sample_norm(tuple(x - y for x, y in zip(a, b, strict=True)))
+
+
+def finite_flags(z: State) -> Tensor:
+    """(n_tensors,) bool: whether each state tensor is entirely finite (no host sync)."""
+    return torch.stack([torch.isfinite(t).all() for t in z])
+
+
+def _describe(z: object) -> str:
+    if isinstance(z, Tensor):
+        return f"a Tensor of shape {tuple(z.shape)}"
+    if isinstance(z, (tuple, list)):
+        inner = ", ".join(_describe(t) for t in z)
+        return f"a {type(z).__name__} of {len(z)} ({inner})"
+    return f"a {type(z).__name__}"
