@@ -13,7 +13,7 @@ from .adjoints import (
     Unroll,
 )
 from .errors import ConvergenceWarning, NonFiniteError
-from .fixed_point import Solution, fixed_point
+from .fixed_point import FixedPointProblem, Solution, fixed_point
 from .linear_solvers import (
     GMRES,
     LINEAR_SOLVERS,
@@ -51,6 +51,7 @@ __all__ = [
     "Dense",
     "FixedPointIteration",
     "FixedPointLinear",
+    "FixedPointProblem",
     "Implicit",
     "LinearSolver",
     "Neumann",

@@ -35,6 +35,28 @@ class Solution:
         return self.backward_log[-1] if self.backward_log else None
 
 
+@dataclass(frozen=True)
+class FixedPointProblem:
+    """A fixed-point problem ``z = f(z, *args)`` with its initial state, as data.
+
+    Layers expose the problem they solve (e.g. a decomposition's ``implicit_problem(x)``) so
+    that diagnostics can re-solve it under other solvers / backward modes and probe ``f``.
+
+    Attributes:
+        f: ``f(z, *args) -> z'``. z0: initial state (Tensor or tuple, batch first). args: inputs.
+    """
+
+    f: Callable[..., Tensor | Sequence[Tensor]]
+    z0: Tensor | tuple[Tensor, ...]
+    args: tuple[Any, ...] = ()
+
+    def solve(
+        self, solver: Solver | str | None = None, adjoint: Adjoint | str | None = None
+    ) -> Solution:
+        """``fixed_point(self.f, self.z0, *self.args, solver=solver, adjoint=adjoint)``."""
+        return fixed_point(self.f, self.z0, *self.args, solver=solver, adjoint=adjoint)
+
+
 def fixed_point(
     f: Callable[..., Tensor | Sequence[Tensor]],
     z0: Tensor | Sequence[Tensor],
