@@ -1,5 +1,6 @@
 """implicit-ham: optimization layers with selectable forward solvers and backward modes."""
 
+from . import diagnostics, tracking
 from .adjoints import (
     ADJOINTS,
     Adjoint,
@@ -12,7 +13,17 @@ from .adjoints import (
     Truncated,
     Unroll,
 )
-from .errors import ConvergenceWarning, NonFiniteError
+from .decompositions import (
+    CD,
+    DECOMPOSITIONS,
+    NMF,
+    SVD,
+    VQ,
+    Decomposition,
+    get_decomposition,
+    register_decomposition,
+)
+from .errors import ConditioningWarning, ConvergenceWarning, NonFiniteError
 from .fixed_point import FixedPointProblem, Solution, fixed_point
 from .linear_solvers import (
     GMRES,
@@ -23,6 +34,14 @@ from .linear_solvers import (
     Dense,
     FixedPointLinear,
     LinearSolver,
+)
+from .modules import (
+    Hamburger,
+    IdentityContext,
+    SDPAttention2d,
+    SelfAttention2d,
+    context_names,
+    make_context,
 )
 from .solvers import SOLVERS, Anderson, Broyden, FixedPointIteration, Solver
 from .stats import BackwardStats, SolverStats
@@ -36,9 +55,14 @@ make_linear_solver = LINEAR_SOLVERS.make
 
 __all__ = [
     "ADJOINTS",
+    "CD",
+    "DECOMPOSITIONS",
     "GMRES",
     "LINEAR_SOLVERS",
+    "NMF",
     "SOLVERS",
+    "SVD",
+    "VQ",
     "Adjoint",
     "AdjointOperator",
     "Anderson",
@@ -47,28 +71,40 @@ __all__ = [
     "BackwardStats",
     "Broyden",
     "BroydenLinear",
+    "ConditioningWarning",
     "ConvergenceWarning",
+    "Decomposition",
     "Dense",
     "FixedPointIteration",
     "FixedPointLinear",
     "FixedPointProblem",
+    "Hamburger",
+    "IdentityContext",
     "Implicit",
     "LinearSolver",
     "Neumann",
     "NonFiniteError",
     "OneStep",
     "Phantom",
+    "SDPAttention2d",
+    "SelfAttention2d",
     "Solution",
     "Solver",
     "SolverStats",
     "ThroughIterations",
     "Truncated",
     "Unroll",
+    "context_names",
+    "diagnostics",
     "fixed_point",
+    "get_decomposition",
     "make_adjoint",
+    "make_context",
     "make_linear_solver",
     "make_solver",
     "register_adjoint",
+    "register_decomposition",
     "register_linear_solver",
     "register_solver",
+    "tracking",
 ]

@@ -9,3 +9,7 @@ class NonFiniteError(RuntimeError):
 
 class ConvergenceWarning(UserWarning):
     """A forward or backward solve stopped before reaching its tolerance."""
+
+
+class ConditioningWarning(UserWarning):
+    """``I - J`` at a fixed point is ill-conditioned: implicit gradients there are unreliable."""

@@ -135,7 +135,7 @@ class GMRES(LinearSolver):
                 hess[: j + 1, j] += coeffs
             hess[j + 1, j] = torch.linalg.vector_norm(w)
             h = hess[: j + 2, : j + 1]
-            y = torch.linalg.lstsq(h, rhs[: j + 2, None]).solution[:, 0]
+            y = torch.linalg.lstsq(h, rhs[: j + 2, None], driver="gels").solution[:, 0]
             residual = float(torch.linalg.vector_norm(h @ y - rhs[: j + 2]))
             breakdown = float(hess[j + 1, j]) <= 1e-14 * beta
             if residual <= target or breakdown:

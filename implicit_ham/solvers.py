@@ -281,17 +281,19 @@ class Broyden(_TorchDEQSolver):
     max_steps: int = 50
     tol: float | None = 1e-5
     stop_mode: str = "rel"
+    min_budget = 2
 
     def __post_init__(self) -> None:
-        check_positive_int("Broyden", "max_steps", self.max_steps, minimum=2)
+        check_positive_int("Broyden", "max_steps", self.max_steps, minimum=3)
         check_tolerance("Broyden", "tol", self.tol, optional=True)
         check_choice("Broyden", "stop_mode", self.stop_mode, STOP_MODES)
 
     def _run(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, max_iter: int) -> Tensor:
+        # torchdeq evaluates f once at x0, then once per iteration: max_iter + 1 evaluations.
         x, _, _ = broyden_solver(
             flat_f,
             x0,
-            max_iter=max_iter,
+            max_iter=max_iter - 1,
             tol=self._torchdeq_tol(),
             stop_mode=self.stop_mode,
             ls=False,

@@ -105,10 +105,23 @@ class StateSpec:
         )
 
 
+def per_tensor_norms(z: State) -> Tensor:
+    """(B, n_tensors): the Euclidean norm of each sample's part of each state tensor."""
+    return torch.stack(
+        [torch.linalg.vector_norm(t.reshape(t.shape[0], -1), dim=1) for t in z], dim=1
+    )
+
+
+def combine_norms(parts: Tensor) -> Tensor:
+    """(B, n) per-tensor norms -> (B,) the norm of their concatenation, without overflowing
+    when the parts are finite (the parts are scaled by their maximum first)."""
+    scale = parts.amax(dim=1, keepdim=True).clamp_min(torch.finfo(parts.dtype).tiny)
+    return scale[:, 0] * torch.linalg.vector_norm(parts / scale, dim=1)
+
+
 def per_sample_norm(z: State) -> Tensor:
     """(B,): the Euclidean norm of each sample's whole state."""
-    sq = [torch.linalg.vector_norm(t.reshape(t.shape[0], -1), dim=1) ** 2 for t in z]
-    return torch.stack(sq).sum(0).sqrt()
+    return combine_norms(per_tensor_norms(z))
 
 
 def per_sample_distance(a: State, b: State) -> Tensor:

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from .errors import NonFiniteError
-from .state import State, finite_flags, per_sample_distance, per_sample_norm
+from .state import State, combine_norms, finite_flags, per_sample_norm, per_tensor_norms
 
 
 @dataclass
@@ -82,16 +82,20 @@ class TraceRecorder:
     def record(self, z_prev: State, z_next: State) -> Tensor:
         """Record one step ``z_prev -> z_next``; return its (B,) absolute residual.
 
+        A state tensor counts as non-finite at this step if it holds NaN/inf or if the norm of
+        its change overflows.
+
         ``scale`` undoes a damping factor: for ``z' = a f(z) + (1-a) z``, ``||f(z) - z|| =
         ||z' - z|| / a``.
         """
         with torch.no_grad():
             prev = tuple(t.detach() for t in z_prev)
             nxt = tuple(t.detach() for t in z_next)
-            res = per_sample_distance(nxt, prev) / self.scale
+            parts = per_tensor_norms(tuple(x - y for x, y in zip(nxt, prev, strict=True)))
+            res = combine_norms(parts) / self.scale
             self.residuals.append(res)
             self.rel.append(res / (per_sample_norm(nxt) + torch.finfo(res.dtype).tiny))
-            self.finite.append(finite_flags(nxt))
+            self.finite.append(finite_flags(nxt) & torch.isfinite(parts).all(0))
         return res
 
     def check_finite(self, z0: State, steps_offset: int = 0) -> None:
@@ -103,8 +107,9 @@ class TraceRecorder:
         step, tensor = bad[0], bad[1]
         where = "the initial state z0" if step == 0 else f"forward step {step + steps_offset}"
         raise NonFiniteError(
-            f"{self.solver}: non-finite value (NaN or inf) in state[{tensor}] at {where}. "
-            "Check f for overflow or division by zero, damp the iteration, or use float64."
+            f"{self.solver}: non-finite value (NaN or inf, or a step whose size overflows) in "
+            f"state[{tensor}] at {where}. Check f for overflow or division by zero, damp the "
+            "iteration, or use float64."
         )
 
     def build(
