@@ -1,0 +1,29 @@
+"""Matrix decompositions as implicit layers: the base class, the registry and the built-ins.
+
+Built-ins: ``NMF``, ``VQ``, ``CD`` (Hamburger's three) and ``SVD`` (subspace iteration, added
+through the public plug-in API only).
+"""
+
+from .base import Decomposition
+from .cd import CD
+from .nmf import NMF
+from .registry import (
+    DECOMPOSITIONS,
+    DecompositionRegistry,
+    get_decomposition,
+    register_decomposition,
+)
+from .svd import SVD
+from .vq import VQ
+
+__all__ = [
+    "CD",
+    "DECOMPOSITIONS",
+    "NMF",
+    "SVD",
+    "VQ",
+    "Decomposition",
+    "DecompositionRegistry",
+    "get_decomposition",
+    "register_decomposition",
+]

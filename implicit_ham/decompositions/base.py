@@ -1,0 +1,300 @@
+"""``Decomposition``: a matrix decomposition as an implicit (fixed-point) layer.
+
+A feature map x (B, C, H, W) is reshaped to X (B*S, d, n) with S groups:
+``spatial=True``: d = C/S channels, n = H*W pixels; ``spatial=False`` (the channel ham): the
+roles are swapped, d = H*W and n = C/S. The iteration state is the tuple (bases D (B*S, d, r),
+coefficients C (B*S, n, r)); X goes in the problem's ``args`` so every backward mode's gradient
+reaches the input through them. A subclass supplies the algorithm:
+
+* ``init(x, bases) -> (D0, C0)`` (default ``C0 = softmax_r(inv_t * X^T D0)``),
+* ``step(x, state) -> state``: one iteration, the map ``f`` of the fixed-point problem,
+* ``compute_coef(x, state) -> C`` (default: the state's C) and ``readout(x, state) = D C^T``,
+* optionally ``objective(x, state)`` (default ``||X - readout||_F^2`` per sample).
+
+Gradient semantics of ``forward`` (the solve always runs ``steps`` iterations in training and
+``eval_steps`` in evaluation, so the value does not depend on the backward mode):
+
+* ``adjoint=OneStep()`` and ``grad_through_bases=False`` (the defaults, the paper's one-step
+  gradient): the K iterations run under ``torch.no_grad()``; ``compute_coef`` then runs with
+  gradient and the output ``D_K C^T`` uses the detached bases D_K, so the gradient reaches X
+  only through the final coefficient computation.
+* ``adjoint=OneStep()`` and ``grad_through_bases=True``: the last iteration carries gradient
+  (bases and coefficients), then the readout with gradient through both.
+* any other backward mode (Unroll, Truncated, Phantom, Neumann, Implicit) is handed to
+  ``fixed_point`` unchanged, then the readout runs with gradient through bases and coefficients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..adjoints import ADJOINTS, Adjoint, OneStep
+from ..errors import NonFiniteError
+from ..fixed_point import FixedPointProblem, Solution
+from ..solvers import SOLVERS, FixedPointIteration, Solver
+from ..validation import check_choice, check_positive_int, check_tolerance, check_unit_interval
+
+State = tuple[Tensor, Tensor]
+INIT_MODES = ("random", "online")
+
+
+class Decomposition(nn.Module, ABC):
+    """Base of every decomposition layer: x (B, C, H, W) -> its low-rank part, same shape.
+
+    Args:
+        rank: r, the number of bases.
+        groups: S, channel groups decomposed independently (C must be divisible by S).
+        steps: iterations K in training mode. eval_steps: iterations in evaluation mode.
+        inv_t: softmax inverse temperature; None takes the class default ``default_inv_t``.
+        eps: the small constant of every division and normalisation.
+        spatial: True: d = C/S, n = H*W; False: d = H*W, n = C/S (the channel ham).
+        init: "random" (fresh bases drawn by ``sample_bases`` from torch's global RNG on x's
+            device at every forward, L2-normalised over d) or "online" (a buffer ``bases``
+            (S, d, r), updated in training outside autograd by
+            ``D <- normalize_d(D + eta * (mean_batch(D_K) - D))``).
+        channels: C, optional; required for ``init="online"`` (it fixes d = C/S, so online
+            init needs ``spatial=True``), otherwise only used to validate divisibility early.
+        eta: the online update rate.
+        solver: forward solver (instance or registry name), default ``FixedPointIteration()``;
+            its ``max_steps`` is replaced by ``steps`` / ``eval_steps``.
+        adjoint: backward mode (instance or registry name), default ``OneStep()``; a plain
+            attribute that may be swapped between calls.
+        grad_through_bases: only with ``OneStep``: let the last iteration's bases carry gradient
+            (see the module docstring).
+
+    Attributes:
+        last_solution: the ``Solution`` of the latest forward (None before the first): its
+            value detached (so the module stays deep-copyable), its stats, and the same
+            ``backward_log`` list the backward pass appends to.
+    """
+
+    default_inv_t: ClassVar[float] = 1.0
+    nonnegative: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        rank: int = 64,
+        *,
+        groups: int = 1,
+        steps: int = 6,
+        eval_steps: int = 7,
+        inv_t: float | None = None,
+        eps: float = 1e-6,
+        spatial: bool = True,
+        init: str = "random",
+        channels: int | None = None,
+        eta: float = 0.9,
+        solver: Solver | str | None = None,
+        adjoint: Adjoint | str | None = None,
+        grad_through_bases: bool = False,
+    ) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        for name, value in (
+            ("rank", rank),
+            ("groups", groups),
+            ("steps", steps),
+            ("eval_steps", eval_steps),
+        ):
+            check_positive_int(owner, name, value)
+        check_tolerance(owner, "eps", eps)
+        check_tolerance(owner, "inv_t", inv_t, optional=True)
+        check_choice(owner, "init", init, INIT_MODES)
+        check_unit_interval(owner, "eta", eta)
+        self.rank, self.groups, self.steps, self.eval_steps = rank, groups, steps, eval_steps
+        self.inv_t = float(self.default_inv_t if inv_t is None else inv_t)
+        self.eps, self.spatial, self.init_mode, self.eta = eps, bool(spatial), init, eta
+        self.channels = channels
+        self.solver = SOLVERS.resolve(FixedPointIteration() if solver is None else solver, Solver)
+        self.adjoint = ADJOINTS.resolve(OneStep() if adjoint is None else adjoint, Adjoint)
+        self.grad_through_bases = bool(grad_through_bases)
+        self.last_solution: Solution | None = None
+        if channels is not None:
+            check_positive_int(owner, "channels", channels)
+            self._check_groups(channels)
+        if init == "online":
+            self._register_online_bases()
+
+    # ----------------------------------------------------------------- the plug-in interface
+    def sample_bases(self, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        """Random initial bases of ``shape`` (..., d, r) before normalisation: standard normal,
+        on ``like``'s device and dtype. Override for another distribution (NMF: uniform)."""
+        return torch.randn(shape, device=like.device, dtype=like.dtype)
+
+    def init(self, x: Tensor, bases: Tensor) -> State:
+        """The initial state from the initial bases D0 (B*S, d, r) that the init policy chose:
+        ``(D0, C0)`` with ``C0 = softmax_r(inv_t * X^T D0)`` (B*S, n, r)."""
+        return bases, torch.softmax(self.inv_t * x.transpose(1, 2) @ bases, dim=-1)
+
+    @abstractmethod
+    def step(self, x: Tensor, state: State) -> State:
+        """One iteration: X (B*S, d, n), (D, C) -> (D', C') with the same shapes."""
+
+    def compute_coef(self, x: Tensor, state: State) -> Tensor:
+        """The coefficients (B*S, n, r) used by the readout; default: the state's own C."""
+        return state[1]
+
+    def readout(self, x: Tensor, state: State) -> Tensor:
+        """The low-rank reconstruction ``D compute_coef(X, state)^T`` (B*S, d, n)."""
+        return state[0] @ self.compute_coef(x, state).transpose(1, 2)
+
+    def objective(self, x: Tensor, state: State) -> Tensor:
+        """(B*S,): the reconstruction error ``||X - readout(X, state)||_F^2`` per sample."""
+        return (x - self.readout(x, state)).square().sum(dim=(1, 2))
+
+    def check_input(self, x: Tensor, bases: Tensor) -> None:
+        """Raise ValueError if X (B*S, d, n) or the initial bases are outside the algorithm's
+        domain (e.g. negative values for NMF). Default: anything finite is accepted."""
+
+    # ------------------------------------------------------------------------ the layer
+    def flatten(self, x: Tensor) -> Tensor:
+        """(B, C, H, W) -> X (B*S, d, n) in this layer's layout."""
+        if x.ndim != 4:
+            raise ValueError(
+                f"{type(self).__name__} expects a feature map (B, C, H, W), got shape "
+                f"{tuple(x.shape)}; reshape the input to 4 dimensions."
+            )
+        batch, channels, height, width = x.shape
+        self._check_groups(channels)
+        if self.channels is not None and channels != self.channels:
+            raise ValueError(
+                f"{type(self).__name__} was built for channels={self.channels}, got an input "
+                f"with {channels}; pass matching channels (or channels=None with init='random')."
+            )
+        grouped = x.reshape(batch * self.groups, channels // self.groups, height * width)
+        return grouped if self.spatial else grouped.transpose(1, 2)
+
+    def unflatten(self, y: Tensor, shape: torch.Size | tuple[int, ...]) -> Tensor:
+        """Inverse of ``flatten``: (B*S, d, n) -> ``shape`` (B, C, H, W)."""
+        return (y if self.spatial else y.transpose(1, 2)).reshape(shape)
+
+    def active_solver(self) -> Solver:
+        """The forward solver with ``max_steps`` = ``steps`` (training) or ``eval_steps``."""
+        solver = SOLVERS.resolve(self.solver, Solver)
+        return dataclasses.replace(
+            solver, max_steps=self.steps if self.training else self.eval_steps
+        )
+
+    def active_adjoint(self) -> Adjoint:
+        """The current backward mode (``adjoint`` resolved from a name if needed)."""
+        return ADJOINTS.resolve(self.adjoint, Adjoint)
+
+    def initial_bases(self, x: Tensor, init: Tensor | None = None) -> Tensor:
+        """D0 (B*S, d, r) for X (B*S, d, n): ``init`` if given, else per the init policy."""
+        count, d, _ = x.shape
+        shape = (count, d, self.rank)
+        if init is not None:
+            if not isinstance(init, Tensor) or tuple(init.shape) != shape:
+                got = tuple(init.shape) if isinstance(init, Tensor) else type(init).__name__
+                raise ValueError(
+                    f"{type(self).__name__}: explicit init bases must have shape (B*S, d, r) = "
+                    f"{shape} for this input, got {got}; pass bases shaped like that."
+                )
+            return init.to(device=x.device, dtype=x.dtype)
+        if self.init_mode == "online":
+            if self.bases.shape[1] != d:
+                raise ValueError(
+                    f"{type(self).__name__}: the online bases have d={self.bases.shape[1]}, "
+                    f"the input gives d={d}; feed inputs with the channels it was built for."
+                )
+            return self.bases.to(x.dtype).repeat(count // self.groups, 1, 1)
+        return F.normalize(self.sample_bases(shape, like=x), dim=1, eps=self.eps)
+
+    def implicit_problem(self, x: Tensor, init: Tensor | None = None) -> FixedPointProblem:
+        """The fixed-point problem ``forward`` solves for x (B, C, H, W): ``f(state, X)`` is one
+        ``step``, ``z0 = init(X, D0)``, ``args = (X,)`` with X (B*S, d, n). With random init,
+        each call draws new bases; pass ``init`` for a reproducible problem."""
+        if not bool(torch.isfinite(x).all()):
+            raise NonFiniteError(
+                f"{type(self).__name__}: the input contains NaN or infinity; check the layer "
+                "that produces it (or the data) before the decomposition."
+            )
+        flat = self.flatten(x)
+        self._check_rank(flat)
+        bases = self.initial_bases(flat, init)
+        self.check_input(flat, bases)
+        return FixedPointProblem(self.iterate, tuple(self.init(flat, bases)), (flat,))
+
+    def iterate(self, state: State, x: Tensor) -> State:
+        """``f(z, *args)`` in ``fixed_point``'s argument order: ``step(x, state)``."""
+        return tuple(self.step(x, state))  # type: ignore[return-value]
+
+    def forward(self, x: Tensor, init: Tensor | None = None) -> Tensor:
+        """x (B, C, H, W) -> its low-rank reconstruction (B, C, H, W).
+
+        Args:
+            x: the feature map.
+            init: optional explicit initial bases (B*S, d, r), e.g. for reproducible runs.
+        """
+        problem = self.implicit_problem(x, init)
+        adjoint = self.active_adjoint()
+        if isinstance(adjoint, OneStep) and not self.grad_through_bases:
+            with torch.no_grad():
+                solution = problem.solve(self.active_solver(), adjoint)
+        else:
+            solution = problem.solve(self.active_solver(), adjoint)
+        self.last_solution = Solution(
+            tuple(t.detach() for t in solution.value), solution.stats, solution.backward_log
+        )
+        if self.init_mode == "online" and self.training:
+            self._update_online_bases(solution.value[0])
+        return self.unflatten(self.readout(problem.args[0], solution.value), x.shape)
+
+    def extra_repr(self) -> str:
+        parts = [
+            f"rank={self.rank}",
+            f"groups={self.groups}",
+            f"steps={self.steps}",
+            f"eval_steps={self.eval_steps}",
+            f"inv_t={self.inv_t:g}",
+            f"spatial={self.spatial}",
+            f"init={self.init_mode!r}",
+            f"adjoint={self.adjoint!r}",
+        ]
+        solver = SOLVERS.resolve(self.solver, Solver)
+        if solver != FixedPointIteration(max_steps=solver.max_steps):
+            parts.append(f"solver={solver!r}")
+        if self.grad_through_bases:
+            parts.append("grad_through_bases=True")
+        return ", ".join(parts)
+
+    # ------------------------------------------------------------------------- internals
+    def _check_groups(self, channels: int) -> None:
+        if channels % self.groups:
+            raise ValueError(
+                f"{type(self).__name__}: channels={channels} is not divisible by "
+                f"groups={self.groups}; choose groups that divide the channel count."
+            )
+
+    def _check_rank(self, x: Tensor) -> None:
+        _, d, n = x.shape
+        if self.rank >= min(d, n):
+            raise ValueError(
+                f"{type(self).__name__}: rank={self.rank} must be smaller than min(d, n) = "
+                f"min({d}, {n}) (layout {'spatial' if self.spatial else 'channel'}: d x n = "
+                f"{d} x {n}); a rank-{self.rank} factorisation is then not low-rank. Lower "
+                "the rank or the groups, or feed a larger feature map."
+            )
+
+    def _register_online_bases(self) -> None:
+        if self.channels is None or not self.spatial:
+            raise ValueError(
+                f"{type(self).__name__}: init='online' keeps bases of a fixed size d = C/S, so "
+                "it needs channels=C and spatial=True; pass channels or use init='random'."
+            )
+        shape = (self.groups, self.channels // self.groups, self.rank)
+        bases = self.sample_bases(shape, like=torch.empty(0))
+        self.register_buffer("bases", F.normalize(bases, dim=1, eps=self.eps))
+
+    def _update_online_bases(self, bases: Tensor) -> None:
+        """``D <- normalize_d(D + eta * (mean_batch(D_K) - D))`` without autograd."""
+        with torch.no_grad():
+            mean = bases.detach().reshape(-1, *self.bases.shape).mean(dim=0)
+            moved = self.bases + self.eta * (mean.to(self.bases.dtype) - self.bases)
+            self.bases.copy_(F.normalize(moved, dim=1, eps=self.eps))

@@ -1,0 +1,62 @@
+"""Non-negative matrix factorisation by Lee & Seung's multiplicative updates (Hamburger's NMF)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .base import Decomposition, State
+from .registry import register_decomposition
+
+
+@register_decomposition("nmf")
+class NMF(Decomposition):
+    """NMF ham: X ~ D C^T with D, C >= 0, for a non-negative X (B*S, d, n).
+
+    Initial bases uniform in [0, 1), L2-normalised over d; ``C0 = softmax_r(X^T D0)``
+    (``inv_t = 1``). One iteration (``eps = 1e-6``)::
+
+        C <- C * (X^T D) / (C D^T D + eps)
+        D <- D * (X C) / (D C^T C + eps)
+
+    ``compute_coef`` is one more C update; the readout is ``D C^T``. The updates never
+    increase ``||X - D C^T||_F^2`` (the ``objective``). See ``Decomposition`` for the
+    gradient semantics; the paper's one-step gradient reaches X only through the final C
+    update, with D_K and C_K held constant.
+    """
+
+    default_inv_t = 1.0
+    nonnegative = True
+
+    def sample_bases(self, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        """Uniform [0, 1) bases (non-negative, as NMF needs)."""
+        return torch.rand(shape, device=like.device, dtype=like.dtype)
+
+    def step(self, x: Tensor, state: State) -> State:
+        bases, coef = state
+        coef = self._update_coef(x, bases, coef)
+        gram = coef.transpose(1, 2) @ coef
+        bases = bases * (x @ coef) / (bases @ gram + self.eps)
+        return bases, coef
+
+    def compute_coef(self, x: Tensor, state: State) -> Tensor:
+        return self._update_coef(x, *state)
+
+    def objective(self, x: Tensor, state: State) -> Tensor:
+        """(B*S,): ``||X - D C^T||_F^2`` with the state's own C (what the updates decrease)."""
+        bases, coef = state
+        return (x - bases @ coef.transpose(1, 2)).square().sum(dim=(1, 2))
+
+    def check_input(self, x: Tensor, bases: Tensor) -> None:
+        for what, value in (("input", x), ("initial bases", bases)):
+            low = float(value.detach().min())
+            if low < 0:
+                raise ValueError(
+                    f"NMF needs a non-negative {what}, got a minimum of {low:.3g}; put a ReLU "
+                    "in front of it (Hamburger's lower bread does) or use VQ / CD."
+                )
+
+    def _update_coef(self, x: Tensor, bases: Tensor, coef: Tensor) -> Tensor:
+        """``C * (X^T D) / (C D^T D + eps)``: (B*S, n, r)."""
+        gram = bases.transpose(1, 2) @ bases
+        return coef * (x.transpose(1, 2) @ bases) / (coef @ gram + self.eps)
