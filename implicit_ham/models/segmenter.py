@@ -11,6 +11,9 @@ from .backbone import LocalBackbone
 class ContextSegmenter(nn.Module):
     """(B, in_channels, H, W) -> logits (B, num_classes, H, W).
 
+    The classifier is per-pixel (1x1 convolutions with one hidden layer), so it adds no spatial
+    context of its own.
+
     Args:
         in_channels: image channels. num_classes: output classes (background included).
         context: a (B, width, h, w) -> (B, width, h, w) module (Hamburger, attention, identity).
@@ -23,7 +26,12 @@ class ContextSegmenter(nn.Module):
         super().__init__()
         self.backbone = LocalBackbone(in_channels, width)
         self.context = context
-        self.classifier = nn.Conv2d(width, num_classes, 1)
+        self.classifier = nn.Sequential(
+            nn.Conv2d(width, width, 1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(width, num_classes, 1),
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, in_channels, H, W) -> (B, num_classes, H, W) logits."""

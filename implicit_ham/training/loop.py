@@ -79,7 +79,7 @@ def train_epoch(
         total, count = total + loss.detach(), count + 1
         if step % log_every == 0:
             for sink in sinks:
-                sink.log({"train/loss": float(loss)}, step)
+                sink.log({"train/loss": float(loss.detach())}, step)
         step += 1
         if progress is not None:
             progress.advance(progress_task)

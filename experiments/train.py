@@ -1,0 +1,34 @@
+"""Train + evaluate one configuration: ``python -m experiments.train [overrides]``.
+
+Sweeps: ``python -m experiments.train -m adjoint=unroll,one_step,implicit context.steps=1,3,6``.
+The logic lives in ``implicit_ham.experiment.run_training``; this file only wires Hydra.
+"""
+
+from __future__ import annotations
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from implicit_ham.experiment import run_training, write_results
+from implicit_ham.experiment.schema import register_configs
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> float:
+    """Run the job; return the validation loss (for sweepers that minimise)."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    output_dir = HydraConfig.get().runtime.output_dir
+    try:
+        results = run_training(resolved, output_dir)
+    except Exception as err:
+        write_results(output_dir, {"status": "failed", "error": f"{type(err).__name__}: {err}",
+                                   "config": resolved})
+        raise
+    return float(results["metrics"]["val/loss"])
+
+
+if __name__ == "__main__":
+    main()

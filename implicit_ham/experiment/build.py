@@ -1,0 +1,107 @@
+"""Build an experiment's parts (data, model, optimiser, sinks) from a resolved config.
+
+Functions take plain mappings (a resolved ``DictConfig`` converted to a dict, or a dict written
+by hand), so they work with or without Hydra.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from ..adjoints import Adjoint
+from ..data import LegendSegDataset, make_dataset, task_of
+from ..data.factory import TaskInfo
+from ..decompositions.registry import DECOMPOSITIONS
+from ..models import ContextClassifier, ContextSegmenter
+from ..modules.context import make_context
+from ..solvers import Solver
+from ..tracking import CSVSink, JSONLSink, Sink, WandbSink
+
+VAL_SPLITS = {"legend_seg": "val", "digits": "val", "cifar10": "test", "voc2012": "val"}
+
+
+def build_datasets(data: Mapping[str, Any]) -> tuple[Dataset, Dataset, TaskInfo]:
+    """(train set, validation set, task) of the data config (see ``schema`` data options)."""
+    options = {k: v for k, v in data.items() if k != "name"}
+    name = data["name"]
+    if name == "legend_seg":
+        shared = {k: options[k] for k in ("image_size", "num_classes", "seed")}
+        train = LegendSegDataset(options["train_size"], split="train", **shared)
+        val = LegendSegDataset(options["val_size"], split="val", **shared)
+        return (
+            TensorDataset(*train.materialize()),
+            TensorDataset(*val.materialize()),
+            task_of(name, num_classes=shared["num_classes"]),
+        )
+    root = options.pop("root", None)
+    train = make_dataset(name, root=root, split="train", **options)
+    val = make_dataset(name, root=root, split=VAL_SPLITS[name], **options)
+    return train, val, task_of(name, **options)
+
+
+def build_loaders(
+    train: Dataset, val: Dataset, batch_size: int, seed: int
+) -> tuple[DataLoader, DataLoader]:
+    """Shuffled training batches (order fixed by ``seed``) and ordered validation batches."""
+    generator = torch.Generator().manual_seed(seed)
+    return (
+        DataLoader(train, batch_size=batch_size, shuffle=True, generator=generator),
+        DataLoader(val, batch_size=batch_size, shuffle=False),
+    )
+
+
+def build_context(
+    context: Mapping[str, Any], channels: int, solver: Solver, adjoint: Adjoint
+) -> nn.Module:
+    """The context module named ``context["name"]`` on ``channels`` channels; decompositions
+    get ``solver`` and ``adjoint``, baselines ignore them."""
+    options = {k: v for k, v in context.items() if k != "name"}
+    name = context["name"]
+    if name in DECOMPOSITIONS.names():
+        return make_context(name, channels, solver=solver, adjoint=adjoint, **options)
+    return make_context(name, channels, **options)
+
+
+def build_model(task: TaskInfo, context: nn.Module, width: int) -> nn.Module:
+    """A segmenter or classifier (by ``task.kind``) around ``context``."""
+    cls = ContextSegmenter if task.kind == "segmentation" else ContextClassifier
+    return cls(task.in_channels, task.num_classes, context, width=width)
+
+
+def build_optimizer(optim: Mapping[str, Any], model: nn.Module) -> torch.optim.Optimizer:
+    """Instantiate the partial optimiser config on ``model``'s parameters."""
+    return instantiate(dict(optim))(model.parameters())
+
+
+def build_sinks(
+    logger_cfg: Mapping[str, Any], directory: Path, config: Mapping[str, Any]
+) -> list[Sink]:
+    """Metric sinks: files (JSONL + CSV) unless ``kind == "none"``, plus wandb for ``"wandb"``
+    (offline unless ``WANDB_API_KEY`` is set or ``mode`` says otherwise)."""
+    sinks: list[Sink] = []
+    kind = logger_cfg["kind"]
+    if kind in ("files", "wandb"):
+        sinks += [JSONLSink(directory), CSVSink(directory)]
+    if kind == "wandb":
+        mode = logger_cfg.get("mode") or (
+            "online" if os.environ.get("WANDB_API_KEY") else "offline"
+        )
+        sinks.append(
+            WandbSink(
+                logger_cfg["project"],
+                group=logger_cfg.get("group"),
+                tags=list(logger_cfg.get("tags") or []),
+                config=dict(config),
+                mode=mode,
+                dir=str(directory),
+            )
+        )
+    return sinks

@@ -1,0 +1,46 @@
+"""``results.json``: what every experiment job writes (its config, metrics and timings)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+RESULTS_FILE = "results.json"
+
+
+def write_results(directory: str | Path, results: Mapping[str, Any]) -> Path:
+    """Write ``results`` to ``directory/results.json`` atomically (temporary file, rename).
+
+    Non-finite floats are written as null so the file stays valid JSON.
+    """
+    path = Path(directory) / RESULTS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as fh:
+        json.dump(_finite(results), fh, indent=2, sort_keys=True)
+        tmp = fh.name
+    os.replace(tmp, path)
+    return path
+
+
+def read_results(path: str | Path) -> dict[str, Any]:
+    """Read one ``results.json`` (a path to the file or to its job directory)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESULTS_FILE
+    with path.open() as fh:
+        return json.load(fh)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

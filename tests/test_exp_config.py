@@ -1,0 +1,121 @@
+"""Hydra config tree: every group option composes against its schema and builds; typos fail."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+import implicit_ham as ih
+from implicit_ham.experiment.build import build_context
+from implicit_ham.experiment.schema import GROUPS, register_configs
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _schemas() -> None:
+    register_configs()
+
+
+def _compose(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def test_every_schema_option_has_a_yaml_file_and_back() -> None:
+    for group, options in GROUPS.items():
+        yaml_options = set(_options(group)) - {"off"}
+        assert yaml_options == set(options), group
+
+
+ADJOINT_CLASSES = {"unroll": ih.Unroll, "one_step": ih.OneStep, "truncated": ih.Truncated,
+                   "phantom": ih.Phantom, "neumann": ih.Neumann, "implicit": ih.Implicit}
+
+
+@pytest.mark.parametrize("option", sorted(ADJOINT_CLASSES))
+def test_adjoint_options_instantiate_library_objects(option: str) -> None:
+    cfg = _compose(f"adjoint={option}")
+    assert type(instantiate(cfg.adjoint)) is ADJOINT_CLASSES[option]
+
+
+@pytest.mark.parametrize("option,cls", [("fixed_point", ih.FixedPointIteration),
+                                        ("anderson", ih.Anderson), ("broyden", ih.Broyden)])
+def test_solver_options_instantiate_library_objects(option: str, cls: type) -> None:
+    assert type(instantiate(_compose(f"solver={option}").solver)) is cls
+
+
+@pytest.mark.parametrize("option", ["nmf", "vq", "cd", "svd", "self_attention",
+                                    "sdpa_attention", "none"])
+def test_context_options_build_a_shape_preserving_module(option: str) -> None:
+    cfg = _compose(f"context={option}", "context.rank=4" if option in
+                   ("nmf", "vq", "cd", "svd") else "seed=0")
+    context = build_context(OmegaConf.to_container(cfg.context), 16, ih.FixedPointIteration(),
+                            ih.OneStep())
+    x = torch.rand(2, 16, 8, 8)
+    assert context(x).shape == x.shape
+
+
+@pytest.mark.parametrize("group", ["data", "optim", "logger", "diagnostics"])
+def test_other_group_options_compose(group: str) -> None:
+    for option in _options(group):
+        cfg = _compose(f"{group}={option}")
+        assert cfg[group] is not None
+
+
+def test_optimiser_config_is_a_partial_over_parameters() -> None:
+    cfg = _compose("optim=sgd", "optim.lr=0.5")
+    optimizer = instantiate(cfg.optim)([torch.nn.Parameter(torch.zeros(2))])
+    assert isinstance(optimizer, torch.optim.SGD) and optimizer.defaults["lr"] == 0.5
+
+
+@pytest.mark.parametrize("preset", ["demo", "adjoint_ablation", "attention_vs_md",
+                                    "optuna_search"])
+def test_experiment_presets_compose(preset: str) -> None:
+    assert _compose(f"+experiment={preset}").epochs > 0
+
+
+def test_arms_override_context_and_adjoint() -> None:
+    cfg = _compose("+arm=cd_implicit")
+    assert cfg.context.name == "cd" and cfg.adjoint._target_ == "implicit_ham.Implicit"
+
+
+def test_unknown_group_option_lists_the_choices() -> None:
+    with pytest.raises(MissingConfigException, match="implicit"):
+        _compose("adjoint=implicitt")
+
+
+def test_misspelt_key_fails_at_composition() -> None:
+    with pytest.raises(ConfigCompositionException, match="tl"):
+        _compose("adjoint=implicit", "adjoint.tl=3")
+
+
+def test_key_of_another_option_fails_at_composition() -> None:
+    with pytest.raises(ConfigCompositionException, match="rank"):
+        _compose("context=self_attention", "context.rank=4")
+
+
+def test_wrong_type_fails_at_composition() -> None:
+    with pytest.raises(ConfigCompositionException):
+        _compose("epochs=many")
+
+
+def test_misspelt_root_key_fails() -> None:
+    with pytest.raises(ConfigCompositionException, match="epoch"):
+        _compose("epoch=3")
+
+
+def test_missing_data_root_is_reported_on_access() -> None:
+    cfg = _compose("data=cifar10")
+    with pytest.raises((ValidationError, ConfigKeyError, Exception), match="root"):
+        OmegaConf.to_container(cfg.data, throw_on_missing=True)
