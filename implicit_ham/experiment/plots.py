@@ -9,9 +9,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from .report import Row, label  # noqa: E402
+from .report import Row, label
 
 
 def plot_metric_bars(rows: Sequence[Row], metric: str, path: str | Path) -> Path:
@@ -19,8 +19,13 @@ def plot_metric_bars(rows: Sequence[Row], metric: str, path: str | Path) -> Path
     shown = [(label(row.overrides), row.mean_std(metric)) for row in rows]
     shown = [(name, stats) for name, stats in shown if stats is not None]
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(shown) + 1.2))
-    ax.barh([name for name, _ in shown], [s[0] for _, s in shown],
-            xerr=[s[1] for _, s in shown], color="tab:blue", alpha=0.8)
+    ax.barh(
+        [name for name, _ in shown],
+        [s[0] for _, s in shown],
+        xerr=[s[1] for _, s in shown],
+        color="tab:blue",
+        alpha=0.8,
+    )
     ax.invert_yaxis()
     ax.set_xlabel(metric)
     ax.grid(axis="x", alpha=0.3)

@@ -71,7 +71,9 @@ def collect_jobs(sweep_dir: str | Path) -> list[Job]:
     dirs |= {p.parent.parent for p in sweep_dir.rglob(".hydra/overrides.yaml")}
     jobs = [_read_job(d) for d in sorted(dirs, key=_job_sort_key)]
     if not jobs:
-        raise FileNotFoundError(f"no jobs (results.json or .hydra/overrides.yaml) under {sweep_dir}")
+        raise FileNotFoundError(
+            f"no jobs (results.json or .hydra/overrides.yaml) under {sweep_dir}"
+        )
     return jobs
 
 
@@ -85,8 +87,9 @@ def group_jobs(jobs: Iterable[Job], ignore: Sequence[str] = IGNORED_OVERRIDES) -
     return list(rows.values())
 
 
-def markdown_table(rows: Sequence[Row], metrics: Sequence[str] | None = None,
-                   digits: int = 3) -> str:
+def markdown_table(
+    rows: Sequence[Row], metrics: Sequence[str] | None = None, digits: int = 3
+) -> str:
     """A markdown table: one column per swept key, ``n`` (ok / all), then mean ± std per metric.
 
     Only metrics present in at least one job are shown (``DEFAULT_METRICS`` by default).
@@ -119,8 +122,12 @@ def failures_table(jobs: Sequence[Job]) -> str:
     return "\n".join(lines)
 
 
-def write_report(sweep_dir: str | Path, output: str | Path | None = None,
-                 metrics: Sequence[str] | None = None, title: str | None = None) -> Path:
+def write_report(
+    sweep_dir: str | Path,
+    output: str | Path | None = None,
+    metrics: Sequence[str] | None = None,
+    title: str | None = None,
+) -> Path:
     """Write ``report.md`` (table, failures, plots) for ``sweep_dir``; return its path."""
     from .plots import plot_curves, plot_metric_bars
 
@@ -129,8 +136,14 @@ def write_report(sweep_dir: str | Path, output: str | Path | None = None,
     out_dir.mkdir(parents=True, exist_ok=True)
     jobs = collect_jobs(sweep_dir)
     rows = group_jobs(jobs)
-    parts = [f"# {title or 'Sweep report'}", "", f"Source: `{sweep_dir}` ({len(jobs)} jobs).", "",
-             markdown_table(rows, metrics), ""]
+    parts = [
+        f"# {title or 'Sweep report'}",
+        "",
+        f"Source: `{sweep_dir}` ({len(jobs)} jobs).",
+        "",
+        markdown_table(rows, metrics),
+        "",
+    ]
     failures = failures_table(jobs)
     if failures:
         parts += ["## Failed jobs", "", failures, ""]
@@ -139,8 +152,12 @@ def write_report(sweep_dir: str | Path, output: str | Path | None = None,
             name = metric.replace("/", "_")
             plot_metric_bars(rows, metric, out_dir / f"{name}.png")
             plot_curves(rows, metric, out_dir / f"{name}_curves.png")
-            parts += [f"![{metric}]({name}.png)", "", f"![{metric} per epoch]({name}_curves.png)",
-                      ""]
+            parts += [
+                f"![{metric}]({name}.png)",
+                "",
+                f"![{metric} per epoch]({name}_curves.png)",
+                "",
+            ]
     path = out_dir / "report.md"
     path.write_text("\n".join(parts))
     return path
@@ -155,15 +172,18 @@ def _read_job(directory: Path) -> Job:
     overrides = _read_overrides(directory / ".hydra" / "overrides.yaml")
     history = _read_history(directory / "metrics.jsonl")
     if not (directory / RESULTS_FILE).exists():
-        return Job(directory, overrides, "missing", {}, "no results.json (killed or running)",
-                   history)
+        return Job(
+            directory, overrides, "missing", {}, "no results.json (killed or running)", history
+        )
     results = read_results(directory)
-    metrics = {k: v for k, v in (results.get("metrics") or {}).items()
-               if isinstance(v, (int, float))}
+    metrics = {
+        k: v for k, v in (results.get("metrics") or {}).items() if isinstance(v, (int, float))
+    }
     if "train_time_s" in results:
         metrics["train_time_s"] = results["train_time_s"]
-    return Job(directory, overrides, results.get("status", "ok"), metrics, results.get("error"),
-               history)
+    return Job(
+        directory, overrides, results.get("status", "ok"), metrics, results.get("error"), history
+    )
 
 
 def _read_overrides(path: Path) -> dict[str, str]:

@@ -237,6 +237,17 @@ class DiagnosticsConf:
     layer_hooks: bool = True
 
 
+@dataclass
+class StudyConf:
+    """Options of ``experiments.grad_study`` and ``experiments.convergence``."""
+
+    ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    samples: int = 2
+    reference_steps: int = 500
+    conditioning: bool = True
+    max_steps: int = 60
+
+
 # ----------------------------------------------------------------------------- root
 
 
@@ -259,6 +270,8 @@ class TrainConfig:
     threads: int | None = None
     log_every: int = 10
     progress: bool = True
+    checkpoint: str | None = None
+    study: StudyConf = field(default_factory=StudyConf)
 
 
 GROUPS: dict[str, dict[str, type]] = {

@@ -1,0 +1,26 @@
+"""No-training study of a model's implicit layer: ``python -m experiments.convergence [overrides]``.
+
+Same config tree as experiments.train (``checkpoint=PATH`` studies a trained model). The logic
+lives in ``implicit_ham.experiment.studies.run_convergence``; this file only wires Hydra.
+"""
+
+from __future__ import annotations
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from implicit_ham.experiment.schema import register_configs
+from implicit_ham.experiment.studies import run_convergence
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    """Run the study and write its results into the job directory."""
+    run_convergence(OmegaConf.to_container(cfg, resolve=True), HydraConfig.get().runtime.output_dir)
+
+
+if __name__ == "__main__":
+    main()
