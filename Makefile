@@ -10,7 +10,6 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install torch==2.13.0
 	$(PY) -m pip install -e '.[dev]'
 	touch $(STAMP)
@@ -20,13 +19,16 @@ test: install
 	$(PY) -m pytest -q
 
 demo: install
-	$(PY) -m experiments.demo
+	$(PY) -m experiments.train -m +experiment=demo
+	$(PY) -m experiments.report multirun/demo --title "make demo: backward modes on legend_seg"
+	@echo "report: multirun/demo/report.md (plots beside it; per-job results.json and metrics in multirun/demo/<n>/)"
 
 lint: install
 	$(PY) -m ruff check implicit_ham experiments tests
 
 bench: install
 	$(PY) -m experiments.bench_adjoints
+	$(PY) -m experiments.bench
 
 clean:
 	rm -rf $(VENV) outputs multirun wandb

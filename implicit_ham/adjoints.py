@@ -149,12 +149,16 @@ class Implicit(AtFixedPoint):
         max_steps: budget of VJPs for the linear solve.
         tol: target relative residual ``||g - J^T g - v|| / ||v||``.
         on_divergence: "warn" (default) or "raise" when the solve misses ``tol``.
+        cond_threshold: warn ``ConditioningWarning`` when the linear solver reports κ(I - J)
+            above this (Dense: exact; GMRES: a lower bound from its Arnoldi matrices); None
+            disables the check.
     """
 
     linear_solver: LinearSolver | str = "gmres"
     max_steps: int = 100
     tol: float = 1e-5
     on_divergence: str = "warn"
+    cond_threshold: float | None = 1e6
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -163,6 +167,7 @@ class Implicit(AtFixedPoint):
         check_positive_int("Implicit", "max_steps", self.max_steps)
         check_tolerance("Implicit", "tol", self.tol)
         check_choice("Implicit", "on_divergence", self.on_divergence, ("warn", "raise"))
+        check_tolerance("Implicit", "cond_threshold", self.cond_threshold, optional=True)
 
     def backward_solve(self, op: AdjointOperator, v: Tensor) -> tuple[Tensor, BackwardStats]:
         solver: LinearSolver = self.linear_solver  # type: ignore[assignment]
@@ -180,6 +185,7 @@ class Implicit(AtFixedPoint):
             tol=self.tol,
             cond=cond,
             on_divergence=self.on_divergence,
+            cond_threshold=self.cond_threshold,
         )
         return g, stats
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .errors import ConvergenceWarning, NonFiniteError
+from .errors import ConditioningWarning, ConvergenceWarning, NonFiniteError
 from .linear_solvers import AdjointOperator
 from .state import State, StateSpec, StepFn
 from .stats import BackwardStats
@@ -133,11 +133,13 @@ def finish_backward(
     tol: float | None,
     cond: float | None,
     on_divergence: str = "warn",
+    cond_threshold: float | None = None,
 ) -> BackwardStats:
     """Check the adjoint vector g at its true residual and build its statistics.
 
     Raises NonFiniteError if g is not finite. When ``tol`` is given and the residual misses it,
-    warns (``on_divergence="warn"``) or raises (``"raise"``), with the numbers.
+    warns (``on_divergence="warn"``) or raises (``"raise"``), with the numbers. When the solver
+    reported ``cond`` above ``cond_threshold``, warns ``ConditioningWarning``.
     """
     if not bool(torch.isfinite(g).all()):
         raise NonFiniteError(
@@ -151,6 +153,15 @@ def finish_backward(
     rel_res = abs_res / v_norm if v_norm > 0 else abs_res
     converged = None if tol is None else rel_res <= tol
     stats = BackwardStats(adjoint, linear_solver, steps, abs_res, rel_res, converged, cond)
+    if cond is not None and cond_threshold is not None and cond > cond_threshold:
+        warnings.warn(
+            f"{adjoint} backward: cond(I - J) >= {cond:.3e} exceeds {cond_threshold:g} "
+            f"({linear_solver}); the fixed point is (nearly) not isolated, e.g. NMF's scaling "
+            "symmetry, and the implicit gradient (I - J)^-T v is unreliable there. Use OneStep, "
+            "Phantom or Unroll, or regularise the map.",
+            ConditioningWarning,
+            stacklevel=2,
+        )
     if converged is False:
         message = (
             f"{adjoint} backward: {linear_solver} did not reach tol={tol:g} in {steps} VJPs "

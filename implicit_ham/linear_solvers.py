@@ -50,7 +50,8 @@ class LinearSolver(ABC):
     def solve(
         self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float
     ) -> tuple[Tensor, int, float | None]:
-        """Return ``(g, vjp_count, cond)``; ``cond`` is κ(I - J) when computed, else None.
+        """Return ``(g, vjp_count, cond)``; ``cond`` is κ(I - J) (exact, or a lower bound for
+        GMRES) when the solver obtains it, else None.
 
         Args:
             op: the operator. v: (M,) right-hand side (the incoming gradient).
@@ -86,6 +87,9 @@ class FixedPointLinear(LinearSolver):
 class GMRES(LinearSolver):
     """Restarted GMRES on ``A = I - J^T`` (Gram-Schmidt applied twice per Arnoldi step).
 
+    Reports κ of its Arnoldi Hessenberg matrices (largest over cycles) as ``cond``: a free lower
+    bound of κ(I - J), so a large value is conclusive evidence of an ill-conditioned system.
+
     Args:
         restart: Krylov dimension before a restart.
     """
@@ -103,24 +107,26 @@ class GMRES(LinearSolver):
 
         x = torch.zeros_like(v)
         target = tol * float(torch.linalg.vector_norm(v))
-        r, steps = v, 0
+        r, steps, cond = v, 0, None
         while steps < max_steps:
             beta = float(torch.linalg.vector_norm(r))
             if beta <= target or beta == 0.0:
                 break
-            y, basis, used, converged = self._cycle(matvec, r, beta, target, max_steps - steps)
-            steps += used
+            y, basis, hess, converged = self._cycle(matvec, r, beta, target, max_steps - steps)
+            steps += hess.shape[1]
+            cond = max(cond or 0.0, _hessenberg_cond(hess))
             x = x + basis.T @ y
             if converged or steps >= max_steps:
                 break
             r = v - matvec(x)
             steps += 1
-        return x, steps, None
+        return x, steps, cond
 
     def _cycle(
         self, matvec: Callable[[Tensor], Tensor], r: Tensor, beta: float, target: float, budget: int
-    ) -> tuple[Tensor, Tensor, int, bool]:
-        """One Arnoldi cycle: Krylov coefficients, basis, matvecs used, whether converged."""
+    ) -> tuple[Tensor, Tensor, Tensor, bool]:
+        """One Arnoldi cycle: Krylov coefficients, basis, Hessenberg matrix (its column count is
+        the matvecs used), whether converged."""
         dim = min(self.restart, budget)
         basis = [r / beta]
         hess = torch.zeros(dim + 1, dim, dtype=r.dtype, device=r.device)
@@ -139,9 +145,9 @@ class GMRES(LinearSolver):
             residual = float(torch.linalg.vector_norm(h @ y - rhs[: j + 2]))
             breakdown = float(hess[j + 1, j]) <= 1e-14 * beta
             if residual <= target or breakdown:
-                return y, torch.stack(basis), j + 1, residual <= target
+                return y, torch.stack(basis), h, residual <= target
             basis.append(w / hess[j + 1, j])
-        return y, torch.stack(basis[:dim]), dim, False
+        return y, torch.stack(basis[:dim]), hess, False
 
 
 @LINEAR_SOLVERS.register("anderson")
@@ -223,6 +229,13 @@ class Dense(LinearSolver):
                 "not isolated (e.g. NMF's scaling symmetry). Use a damped/regularised map."
             ) from err
         return g, op.size, cond
+
+
+def _hessenberg_cond(hess: Tensor) -> float:
+    """κ of an Arnoldi Hessenberg matrix H (m+1, m) of A: a lower bound of κ(A), since
+    ``A V_m = V_{m+1} H`` with orthonormal V gives σ_max(H) <= σ_max(A), σ_min(H) >= σ_min(A)."""
+    values = torch.linalg.svdvals(hess)
+    return float(values[0] / values[-1]) if float(values[-1]) > 0 else float("inf")
 
 
 class _CountingMap:

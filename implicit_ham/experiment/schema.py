@@ -103,6 +103,7 @@ class ImplicitConf:
     max_steps: int = 100
     tol: float = 1e-5
     on_divergence: str = "warn"
+    cond_threshold: float | None = 1e6
 
 
 # ----------------------------------------------------------------------------- solver
