@@ -24,8 +24,10 @@ def main(cfg: DictConfig) -> float:
     try:
         results = run_training(resolved, output_dir)
     except Exception as err:
-        write_results(output_dir, {"status": "failed", "error": f"{type(err).__name__}: {err}",
-                                   "config": resolved})
+        write_results(
+            output_dir,
+            {"status": "failed", "error": f"{type(err).__name__}: {err}", "config": resolved},
+        )
         raise
     return float(results["metrics"]["val/loss"])
 
