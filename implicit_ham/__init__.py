@@ -23,7 +23,12 @@ from .decompositions import (
     get_decomposition,
     register_decomposition,
 )
-from .errors import ConditioningWarning, ConvergenceWarning, NonFiniteError
+from .errors import (
+    BackwardSolveError,
+    ConditioningWarning,
+    ConvergenceWarning,
+    NonFiniteError,
+)
 from .fixed_point import FixedPointProblem, Solution, fixed_point
 from .linear_solvers import (
     GMRES,
@@ -68,6 +73,7 @@ __all__ = [
     "Anderson",
     "AndersonLinear",
     "AtFixedPoint",
+    "BackwardSolveError",
     "BackwardStats",
     "Broyden",
     "BroydenLinear",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .implicit_backward import attach_fixed_point_gradient, finish_backward
+from .implicit_backward import ON_DIVERGENCE, attach_fixed_point_gradient, finish_backward
 from .linear_solvers import LINEAR_SOLVERS, AdjointOperator, LinearSolver
 from .registry import Registry
 from .solvers import Solver
@@ -148,7 +148,10 @@ class Implicit(AtFixedPoint):
             "broyden", "dense").
         max_steps: budget of VJPs for the linear solve.
         tol: target relative residual ``||g - J^T g - v|| / ||v||``.
-        on_divergence: "warn" (default) or "raise" when the solve misses ``tol``.
+        on_divergence: when the solve misses ``tol`` or returns a non-finite adjoint: "warn"
+            (default; a non-finite adjoint still raises), "raise" (``BackwardSolveError``), or
+            "fallback" (warn and use the one-step gradient g = v for this backward; the stats
+            say ``fallback=True``).
         cond_threshold: warn ``ConditioningWarning`` when the linear solver reports κ(I - J)
             above this (Dense: exact; GMRES: a lower bound from its Arnoldi matrices); None
             disables the check.
@@ -166,7 +169,7 @@ class Implicit(AtFixedPoint):
         )
         check_positive_int("Implicit", "max_steps", self.max_steps)
         check_tolerance("Implicit", "tol", self.tol)
-        check_choice("Implicit", "on_divergence", self.on_divergence, ("warn", "raise"))
+        check_choice("Implicit", "on_divergence", self.on_divergence, ON_DIVERGENCE)
         check_tolerance("Implicit", "cond_threshold", self.cond_threshold, optional=True)
 
     def backward_solve(self, op: AdjointOperator, v: Tensor) -> tuple[Tensor, BackwardStats]:
@@ -175,7 +178,7 @@ class Implicit(AtFixedPoint):
             g, steps, cond = torch.zeros_like(v), 0, None
         else:
             g, steps, cond = solver.solve(op, v, self.max_steps, self.tol)
-        stats = finish_backward(
+        return finish_backward(
             op,
             v,
             g,
@@ -187,7 +190,6 @@ class Implicit(AtFixedPoint):
             on_divergence=self.on_divergence,
             cond_threshold=self.cond_threshold,
         )
-        return g, stats
 
 
 @ADJOINTS.register("neumann")
@@ -209,7 +211,7 @@ class Neumann(AtFixedPoint):
             term = self.tau * op.vjp(term) + (1 - self.tau) * term
             total = total + term
         g = self.tau * total
-        stats = finish_backward(
+        return finish_backward(
             op,
             v,
             g,
@@ -219,4 +221,3 @@ class Neumann(AtFixedPoint):
             tol=None,
             cond=None,
         )
-        return g, stats

@@ -13,3 +13,7 @@ class ConvergenceWarning(UserWarning):
 
 class ConditioningWarning(UserWarning):
     """``I - J`` at a fixed point is ill-conditioned: implicit gradients there are unreliable."""
+
+
+class BackwardSolveError(RuntimeError):
+    """An implicit backward solve missed its tolerance under ``on_divergence="raise"``."""

@@ -11,6 +11,7 @@ receives the incoming gradient v, turns it into an adjoint vector g with a ``Bac
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .errors import ConditioningWarning, ConvergenceWarning, NonFiniteError
+from .errors import BackwardSolveError, ConditioningWarning, ConvergenceWarning, NonFiniteError
 from .linear_solvers import AdjointOperator
 from .state import State, StateSpec, StepFn
 from .stats import BackwardStats
@@ -122,6 +123,9 @@ class _FixedPointGradient(torch.autograd.Function):
         return (None, *ctx.backward_solve(grads))
 
 
+ON_DIVERGENCE = ("warn", "raise", "fallback")
+
+
 def finish_backward(
     op: AdjointOperator,
     v: Tensor,
@@ -134,46 +138,66 @@ def finish_backward(
     cond: float | None,
     on_divergence: str = "warn",
     cond_threshold: float | None = None,
-) -> BackwardStats:
-    """Check the adjoint vector g at its true residual and build its statistics.
+) -> tuple[Tensor, BackwardStats]:
+    """Check the adjoint vector g at its true residual; return it (or its fallback) and stats.
 
-    Raises NonFiniteError if g is not finite. When ``tol`` is given and the residual misses it,
-    warns (``on_divergence="warn"``) or raises (``"raise"``), with the numbers. When the solver
-    reported ``cond`` above ``cond_threshold``, warns ``ConditioningWarning``.
+    A failed solve is a non-finite g, or (when ``tol`` is given) a residual above ``tol``. On
+    failure ``on_divergence`` decides: "warn" (``ConvergenceWarning``; a non-finite g still
+    raises ``NonFiniteError``), "raise" (``BackwardSolveError`` / ``NonFiniteError``), or
+    "fallback" (warn and return the one-step gradient g = v instead, flagged in the stats).
+    When the solver reported ``cond`` above ``cond_threshold``, warns ``ConditioningWarning``.
     """
-    if not bool(torch.isfinite(g).all()):
-        raise NonFiniteError(
-            f"{adjoint} backward: the adjoint vector is non-finite after {steps} VJPs "
-            f"({linear_solver}); the incoming gradient was "
-            f"{'finite' if bool(torch.isfinite(v).all()) else 'already non-finite'}. "
-            "I - J is likely singular at this fixed point; use a different backward mode."
-        )
+    finite = bool(torch.isfinite(g).all())
     v_norm = float(torch.linalg.vector_norm(v))
-    abs_res = float(torch.linalg.vector_norm(g - op.vjp(g) - v))
+    abs_res = float(torch.linalg.vector_norm(g - op.vjp(g) - v)) if finite else float("inf")
     rel_res = abs_res / v_norm if v_norm > 0 else abs_res
-    converged = None if tol is None else rel_res <= tol
+    converged = None if tol is None and finite else finite and (tol is None or rel_res <= tol)
+    _warn_if_ill_conditioned(adjoint, linear_solver, cond, cond_threshold)
     stats = BackwardStats(adjoint, linear_solver, steps, abs_res, rel_res, converged, cond)
-    if cond is not None and cond_threshold is not None and cond > cond_threshold:
+    if converged is not False:
+        return g, stats
+    problem = (
+        f"{adjoint} backward: {linear_solver} "
+        + (
+            f"did not reach tol={tol:g} in {steps} VJPs (relative residual {rel_res:.3e}"
+            if finite
+            else f"returned a non-finite adjoint after {steps} VJPs (incoming gradient "
+            f"{'finite' if bool(torch.isfinite(v).all()) else 'already non-finite'}"
+        )
+        + (f", cond(I - J) >= {cond:.3e}" if cond is not None else "")
+        + ")"
+    )
+    if on_divergence == "fallback":
         warnings.warn(
-            f"{adjoint} backward: cond(I - J) >= {cond:.3e} exceeds {cond_threshold:g} "
-            f"({linear_solver}); the fixed point is (nearly) not isolated, e.g. NMF's scaling "
-            "symmetry, and the implicit gradient (I - J)^-T v is unreliable there. Use OneStep, "
-            "Phantom or Unroll, or regularise the map.",
-            ConditioningWarning,
+            problem + "; using the one-step gradient for this batch (fallback)",
+            ConvergenceWarning,
             stacklevel=2,
         )
-    if converged is False:
-        message = (
-            f"{adjoint} backward: {linear_solver} did not reach tol={tol:g} in {steps} VJPs "
-            f"(relative residual {rel_res:.3e}"
-            + (f", cond(I - J) = {cond:.3e}" if cond is not None else "")
-            + "); the gradient is inaccurate. Raise max_steps, use another linear solver, "
-            "or another backward mode."
-        )
-        if on_divergence == "raise":
-            raise RuntimeError(message)
-        warnings.warn(message, ConvergenceWarning, stacklevel=2)
-    return stats
+        return v.clone(), dataclasses.replace(stats, fallback=True)
+    fix = (
+        "Raise max_steps, use another linear solver or backward mode, or on_divergence='fallback'."
+    )
+    if not finite:
+        raise NonFiniteError(f"{problem}; I - J is likely singular here. {fix}")
+    if on_divergence == "raise":
+        raise BackwardSolveError(f"{problem}. {fix}")
+    warnings.warn(f"{problem}; the gradient is inaccurate. {fix}", ConvergenceWarning, stacklevel=2)
+    return g, stats
+
+
+def _warn_if_ill_conditioned(
+    adjoint: str, linear_solver: str, cond: float | None, threshold: float | None
+) -> None:
+    if cond is None or threshold is None or cond <= threshold:
+        return
+    warnings.warn(
+        f"{adjoint} backward: cond(I - J) >= {cond:.3e} exceeds {threshold:g} "
+        f"({linear_solver}); the fixed point is (nearly) not isolated, e.g. NMF's scaling "
+        "symmetry, and the implicit gradient (I - J)^-T v is unreliable there. Use OneStep, "
+        "Phantom or Unroll, or regularise the map.",
+        ConditioningWarning,
+        stacklevel=3,
+    )
 
 
 def _reaches_other_leaves(fz: State, z_req: State) -> bool:

@@ -57,7 +57,9 @@ class BackwardStats:
         abs_residual: ``||g - J^T g - v||`` at the returned adjoint vector g.
         rel_residual: ``abs_residual / ||v||``.
         converged: whether ``rel_residual <= tol``; None for a fixed truncation (Neumann).
-        cond: condition number of ``I - J`` when the solver computed it (dense), else None.
+        cond: κ(I - J) when the solver obtained it (dense: exact; GMRES: a lower bound).
+        fallback: True when the solve failed and ``on_divergence="fallback"`` replaced its
+            result by the one-step gradient (g = v).
     """
 
     adjoint: str
@@ -67,6 +69,7 @@ class BackwardStats:
     rel_residual: float
     converged: bool | None
     cond: float | None = None
+    fallback: bool = False
 
 
 @dataclass

@@ -54,3 +54,46 @@ def test_well_conditioned_system_does_not_warn() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", ih.ConditioningWarning)
         _backward(ih.Implicit("dense", cond_threshold=1e3), [1.0, 0.9, 0.5])
+
+
+def _slow_map_problem():
+    """tanh map with spectral radius ~0.95 (a 2-VJP Neumann solve cannot converge)."""
+    gen = torch.Generator().manual_seed(5)
+    q, _ = torch.linalg.qr(torch.randn(6, 6, generator=gen, dtype=torch.float64))
+    w = 0.95 * q
+    x = torch.randn(2, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    return (lambda z, x: torch.tanh(z @ w.T + x)), x
+
+
+def test_fallback_replaces_a_failed_solve_by_the_one_step_gradient() -> None:
+    f, x = _slow_map_problem()
+    adjoint = ih.Implicit("fixed_point", max_steps=2, tol=1e-10, on_divergence="fallback")
+    sol = ih.fixed_point(
+        f,
+        torch.zeros(2, 6, dtype=torch.float64),
+        x,
+        solver=ih.FixedPointIteration(max_steps=200),
+        adjoint=adjoint,
+    )
+    v = torch.randn(2, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    with pytest.warns(ih.ConvergenceWarning, match="fallback"):
+        (grad,) = torch.autograd.grad((sol.value * v).sum(), x)
+    z_star = sol.value.detach()
+    x_ref = x.detach().requires_grad_()
+    (expected,) = torch.autograd.grad((f(z_star, x_ref) * v).sum(), x_ref)
+    torch.testing.assert_close(grad, expected, rtol=1e-12, atol=1e-14)
+    assert sol.backward_stats.fallback and sol.backward_stats.converged is False
+
+
+def test_raise_policy_raises_backward_solve_error() -> None:
+    f, x = _slow_map_problem()
+    adjoint = ih.Implicit("fixed_point", max_steps=2, tol=1e-10, on_divergence="raise")
+    sol = ih.fixed_point(
+        f,
+        torch.zeros(2, 6, dtype=torch.float64),
+        x,
+        solver=ih.FixedPointIteration(max_steps=200),
+        adjoint=adjoint,
+    )
+    with pytest.raises(ih.BackwardSolveError, match="did not reach tol=1e-10"):
+        sol.value.sum().backward()
