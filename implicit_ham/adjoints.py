@@ -24,7 +24,7 @@ from torch import Tensor
 from .implicit_backward import ON_DIVERGENCE, attach_fixed_point_gradient, finish_backward
 from .linear_solvers import LINEAR_SOLVERS, AdjointOperator, LinearSolver
 from .registry import Registry
-from .solvers import Solver
+from .solvers import Solver, damped
 from .state import State, StateSpec, StepFn
 from .stats import BackwardStats, SolverStats
 from .validation import check_choice, check_positive_int, check_tolerance, check_unit_interval
@@ -116,10 +116,7 @@ class Phantom(ThroughIterations):
         return self.k
 
     def grad_step(self, f: StepFn) -> StepFn | None:
-        tau = self.tau
-        if tau == 1.0:
-            return f
-        return lambda z: tuple(tau * fz + (1 - tau) * zi for fz, zi in zip(f(z), z, strict=True))
+        return damped(f, self.tau)
 
 
 class AtFixedPoint(Adjoint):

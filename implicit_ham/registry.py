@@ -58,7 +58,7 @@ class Registry(Generic[T]):
     def make(self, name: str, **kwargs: Any) -> T:
         """Instantiate the class registered under ``name``, rejecting unknown keyword arguments."""
         cls = self.get(name)
-        valid = _parameter_names(cls)
+        valid = parameter_names(cls)
         unknown = sorted(set(kwargs) - set(valid))
         if unknown:
             raise TypeError(
@@ -79,8 +79,23 @@ class Registry(Generic[T]):
         return spec
 
 
-def _parameter_names(cls: type) -> list[str]:
+def parameter_names(cls: type) -> list[str]:
+    """The keyword names ``cls(...)`` accepts: a dataclass's init fields, or the named
+    parameters of ``__init__`` followed up the class chain while they forward ``**kwargs``."""
     if dataclasses.is_dataclass(cls):
         return [f.name for f in dataclasses.fields(cls) if f.init]
-    params = inspect.signature(cls).parameters.values()
-    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    names: list[str] = []
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(vars(klass)["__init__"]).parameters.values()
+        names += [
+            p.name
+            for p in params
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            and p.name != "self"
+            and p.name not in names
+        ]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names

@@ -97,10 +97,7 @@ class FixedPointIteration(Solver):
 
     def step_map(self, f: StepFn) -> StepFn:
         """The map one iteration applies (``f`` itself when undamped)."""
-        if self.damping == 1.0:
-            return f
-        a = self.damping
-        return lambda z: tuple(a * fz + (1 - a) * zi for fz, zi in zip(f(z), z, strict=True))
+        return damped(f, self.damping)
 
     def solve(
         self,
@@ -350,6 +347,13 @@ def guarded_anderson(
         f"Anderson failed twice ({failure}), last with lam={max(retry_lam, lam):g}; "
         "raise lam/retry_lam or use FixedPointIteration."
     )
+
+
+def damped(f: StepFn, weight: float) -> StepFn:
+    """The map ``z -> weight * f(z) + (1 - weight) * z`` (``f`` itself for weight 1)."""
+    if weight == 1.0:
+        return f
+    return lambda z: tuple(weight * fz + (1 - weight) * zi for fz, zi in zip(f(z), z, strict=True))
 
 
 def _advance(step: StepFn, z: State, rec: TraceRecorder) -> State:

@@ -1,14 +1,12 @@
 """The decomposition registry: config names -> ``Decomposition`` classes.
 
-It reuses the core ``Registry`` (unknown names list the valid ones) and extends two things:
-``register`` accepts only ``Decomposition`` subclasses, and ``make`` validates keyword arguments
-against the whole constructor chain, so a subclass may add its own options (``beta`` for CD)
-and forward the base ones with ``**kwargs``.
+It reuses the core ``Registry`` (unknown names and unknown options list the valid ones; options
+are followed up the constructor chain, so a subclass may add its own, ``beta`` for CD, and
+forward the base ones with ``**kwargs``); ``register`` accepts only ``Decomposition`` subclasses.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -32,37 +30,6 @@ class DecompositionRegistry(Registry[Decomposition]):
             return inner(cls)
 
         return decorator
-
-    def make(self, name: str, **kwargs: Any) -> Decomposition:
-        """Instantiate ``name``, rejecting keyword arguments no constructor in the chain takes."""
-        cls = self.get(name)
-        valid = constructor_options(cls)
-        unknown = sorted(set(kwargs) - set(valid))
-        if unknown:
-            raise TypeError(
-                f"unknown option(s) {', '.join(unknown)} for {self.kind} {name!r}; "
-                f"valid options: {', '.join(valid)}"
-            )
-        return cls(**kwargs)
-
-
-def constructor_options(cls: type) -> list[str]:
-    """The keyword names ``cls(...)`` accepts, following ``**kwargs`` up the class chain."""
-    names: list[str] = []
-    for klass in cls.__mro__:
-        if "__init__" not in vars(klass):
-            continue
-        params = inspect.signature(vars(klass)["__init__"]).parameters.values()
-        names += [
-            p.name
-            for p in params
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-            and p.name != "self"
-            and p.name not in names
-        ]
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            break
-    return names
 
 
 DECOMPOSITIONS = DecompositionRegistry("decomposition")

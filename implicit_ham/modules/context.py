@@ -11,8 +11,8 @@ from typing import Any
 
 from torch import nn
 
-from ..decompositions.registry import DECOMPOSITIONS, constructor_options, get_decomposition
-from ..registry import Registry
+from ..decompositions.registry import DECOMPOSITIONS, get_decomposition
+from ..registry import Registry, parameter_names
 from .attention import SDPAttention2d, SelfAttention2d
 from .hamburger import Hamburger
 from .identity import IdentityContext
@@ -47,7 +47,7 @@ def make_context(name: str, channels: int, **kwargs: Any) -> nn.Module:
         raise KeyError(f"unknown context {name!r}; valid choices: {', '.join(context_names())}")
     block = {key: kwargs.pop(key) for key in BLOCK_OPTIONS if key in kwargs}
     dual = bool(block.pop("dual", False))
-    unknown = sorted(set(kwargs) - set(constructor_options(DECOMPOSITIONS.get(name))))
+    unknown = sorted(set(kwargs) - set(parameter_names(DECOMPOSITIONS.get(name))))
     if unknown or {"channels", "spatial"} & set(kwargs):
         bad = unknown or sorted({"channels", "spatial"} & set(kwargs))
         raise TypeError(
