@@ -119,3 +119,12 @@ def test_missing_data_root_is_reported_on_access() -> None:
     cfg = _compose("data=cifar10")
     with pytest.raises((ValidationError, ConfigKeyError, Exception), match="root"):
         OmegaConf.to_container(cfg.data, throw_on_missing=True)
+
+
+def test_bad_data_root_is_a_clear_error_with_the_expected_layout(tmp_path: Path) -> None:
+    from implicit_ham.data import DataLayoutError
+    from implicit_ham.experiment.build import build_datasets
+
+    cfg = _compose("data=cifar10", f"data.root={tmp_path / 'nowhere'}")
+    with pytest.raises(DataLayoutError, match="data_batch_1"):
+        build_datasets(OmegaConf.to_container(cfg.data, resolve=True))
