@@ -55,14 +55,15 @@ class ThroughIterations(Adjoint):
     def grad_steps(self, solver: Solver) -> int:
         """How many trailing steps carry gradient."""
 
-    def grad_step(self, f: StepFn) -> StepFn | None:
-        """The map those steps apply; None means the solver's own step."""
-        return None
+    def grad_step(self, step: StepFn) -> StepFn:
+        """The map those steps apply, given the solver's own step map (default: that map)."""
+        return step
 
     def run(
         self, f: StepFn, z0: State, spec: StateSpec, solver: Solver
     ) -> tuple[State, SolverStats, list[BackwardStats]]:
-        z, stats = solver.solve(f, z0, spec, self.grad_steps(solver), self.grad_step(f))
+        grad_step = self.grad_step(solver.step_map(f))
+        z, stats = solver.solve(f, z0, spec, self.grad_steps(solver), grad_step)
         return z, stats, []
 
 
@@ -103,7 +104,8 @@ class OneStep(ThroughIterations):
 @dataclass(frozen=True)
 class Phantom(ThroughIterations):
     """Unrolling-based phantom gradient (Geng et al., NeurIPS 2021): the last ``k`` steps are
-    ``z <- tau f(z) + (1 - tau) z`` with gradient. ``tau = 1`` gives ``Truncated(k)``."""
+    ``z <- tau F(z) + (1 - tau) z`` with gradient, F the solver's own step (``f``, or its damped
+    version under a damped FixedPointIteration). ``tau = 1`` gives ``Truncated(k)``."""
 
     k: int = 5
     tau: float = 0.5
@@ -115,8 +117,8 @@ class Phantom(ThroughIterations):
     def grad_steps(self, solver: Solver) -> int:
         return self.k
 
-    def grad_step(self, f: StepFn) -> StepFn | None:
-        return damped(f, self.tau)
+    def grad_step(self, step: StepFn) -> StepFn:
+        return damped(step, self.tau)
 
 
 class AtFixedPoint(Adjoint):

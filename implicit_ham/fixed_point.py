@@ -9,6 +9,7 @@ from typing import Any
 from torch import Tensor
 
 from .adjoints import ADJOINTS, Adjoint, OneStep
+from .grad_guard import guard_gradient
 from .solvers import SOLVERS, FixedPointIteration, Solver
 from .state import State, StateSpec
 from .stats import BackwardStats, SolverStats
@@ -80,12 +81,18 @@ def fixed_point(
         settings ``value`` is identical under Unroll, Truncated, OneStep, Phantom(tau=1),
         Implicit and Neumann (exactly so for FixedPointIteration; the torchdeq solvers spend
         the last k of their budget on plain steps under the through-iteration modes).
+        A NaN / inf gradient reaching ``args`` or ``z0`` raises ``NonFiniteError``.
     """
     if not callable(f):
         raise TypeError(f"f must be callable, got {type(f).__name__}")
     solver = SOLVERS.resolve(FixedPointIteration() if solver is None else solver, Solver)
     adjoint = ADJOINTS.resolve(OneStep() if adjoint is None else adjoint, Adjoint)
     spec = StateSpec.of(z0)
+    where = f"fixed_point (adjoint={adjoint.name})"
+    args = tuple(guard_gradient(a, f"{where}, args[{i}]") for i, a in enumerate(args))
+    z0 = spec.restore(
+        tuple(guard_gradient(t, f"{where}, z0[{i}]") for i, t in enumerate(spec.as_tuple(z0)))
+    )
 
     def step(z: State) -> State:
         return spec.check(f(spec.restore(z), *args), where="fixed_point")

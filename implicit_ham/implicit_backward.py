@@ -149,7 +149,12 @@ def finish_backward(
     """
     finite = bool(torch.isfinite(g).all())
     v_norm = float(torch.linalg.vector_norm(v))
-    abs_res = float(torch.linalg.vector_norm(g - op.vjp(g) - v)) if finite else float("inf")
+    if v_norm == 0.0 and finite and not bool(g.any()):
+        abs_res = 0.0  # g = 0 solves the system exactly; J^T 0 may be NaN where J is not finite
+    elif finite:
+        abs_res = float(torch.linalg.vector_norm(g - op.vjp(g) - v))
+    else:
+        abs_res = float("inf")
     rel_res = abs_res / v_norm if v_norm > 0 else abs_res
     converged = None if tol is None and finite else finite and (tol is None or rel_res <= tol)
     _warn_if_ill_conditioned(adjoint, linear_solver, cond, cond_threshold)

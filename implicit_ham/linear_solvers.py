@@ -5,6 +5,7 @@
 vector of length M = B * N (so samples coupled inside ``f``, e.g. by batch statistics, are handled
 correctly). Every solver has the signature ``solve(op, v, max_steps, tol) -> (g, steps, cond)``;
 the caller checks the residual at the returned g itself, so no solver can report a false success.
+A solver that meets a non-finite product returns a NaN vector; the caller applies the policy.
 """
 
 from __future__ import annotations
@@ -112,7 +113,10 @@ class GMRES(LinearSolver):
             beta = float(torch.linalg.vector_norm(r))
             if beta <= target or beta == 0.0:
                 break
-            y, basis, hess, converged = self._cycle(matvec, r, beta, target, max_steps - steps)
+            try:
+                y, basis, hess, converged = self._cycle(matvec, r, beta, target, max_steps - steps)
+            except _NonFiniteProductError:
+                return torch.full_like(v, float("nan")), steps, cond
             steps += hess.shape[1]
             cond = max(cond or 0.0, _hessenberg_cond(hess))
             x = x + basis.T @ y
@@ -135,6 +139,8 @@ class GMRES(LinearSolver):
         y = rhs[:0]
         for j in range(dim):
             w = matvec(basis[j])
+            if not bool(torch.isfinite(w).all()):
+                raise _NonFiniteProductError
             for _ in range(2):
                 coeffs = torch.stack(basis) @ w
                 w = w - torch.stack(basis).T @ coeffs
@@ -164,17 +170,20 @@ class AndersonLinear(LinearSolver):
     ) -> tuple[Tensor, int, float | None]:
         target = tol * float(torch.linalg.vector_norm(v))
         counter = _CountingMap(op.vjp, v)
-        g = guarded_anderson(
-            counter,
-            v[None],
-            max_iter=max(max_steps, 3),
-            tol=target,
-            stop_mode="abs",
-            m=self.m,
-            lam=self.lam,
-            damping=1.0,
-            retry_lam=self.retry_lam,
-        )
+        try:
+            g = guarded_anderson(
+                counter,
+                v[None],
+                max_iter=max(max_steps, 3),
+                tol=target,
+                stop_mode="abs",
+                m=self.m,
+                lam=self.lam,
+                damping=1.0,
+                retry_lam=self.retry_lam,
+            )
+        except NonFiniteError:
+            return torch.full_like(v, float("nan")), counter.calls, None
         return g[0], counter.calls, None
 
 
@@ -191,11 +200,6 @@ class BroydenLinear(LinearSolver):
         g, _, _ = broyden_solver(
             counter, v[None], max_iter=max_steps, tol=target, stop_mode="abs", ls=False
         )
-        if not bool(torch.isfinite(g).all()):
-            raise NonFiniteError(
-                "implicit backward: Broyden returned a non-finite adjoint; "
-                "use linear_solver='gmres'"
-            )
         return g.reshape(-1), counter.calls, None
 
 
@@ -219,6 +223,8 @@ class Dense(LinearSolver):
             )
         eye = torch.eye(op.size, dtype=v.dtype, device=v.device)
         jac_t = op.vjp_batched(eye).T
+        if not bool(torch.isfinite(jac_t).all()):
+            return torch.full_like(v, float("nan")), op.size, None
         system = eye - jac_t
         cond = float(torch.linalg.cond(system))
         try:
@@ -236,6 +242,10 @@ def _hessenberg_cond(hess: Tensor) -> float:
     ``A V_m = V_{m+1} H`` with orthonormal V gives σ_max(H) <= σ_max(A), σ_min(H) >= σ_min(A)."""
     values = torch.linalg.svdvals(hess)
     return float(values[0] / values[-1]) if float(values[-1]) > 0 else float("inf")
+
+
+class _NonFiniteProductError(Exception):
+    """A Jacobian-vector product came back NaN / inf (GMRES stops and reports a NaN result)."""
 
 
 class _CountingMap:

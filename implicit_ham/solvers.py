@@ -63,6 +63,11 @@ class Solver(ABC):
             grad_step: the map used for those steps; defaults to the solver's own step.
         """
 
+    def step_map(self, f: StepFn) -> StepFn:
+        """The map one plain iteration of this solver applies (``f`` unless damped); the
+        through-iteration backward modes build their gradient steps from it."""
+        return f
+
     @property
     def name(self) -> str:
         """The registry name of this solver."""
