@@ -1,16 +1,21 @@
 """Train + evaluate one configuration: ``python -m experiments.train [overrides]``.
 
 Sweeps: ``python -m experiments.train -m adjoint=unroll,one_step,implicit context.steps=1,3,6``.
+Running the same command again resumes each job from its newest checkpoint; data parallel:
+``torchrun --standalone --nproc_per_node=2 -m experiments.train hydra.run.dir=DIR ...``.
 The logic lives in ``implicit_ham.experiment.run_training``; this file only wires Hydra.
 """
 
 from __future__ import annotations
+
+import os
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from implicit_ham.experiment import run_training, write_results
+from implicit_ham.experiment.resume import ResumeConflictError
 from implicit_ham.experiment.schema import register_configs
 
 register_configs()
@@ -23,7 +28,11 @@ def main(cfg: DictConfig) -> float:
     output_dir = HydraConfig.get().runtime.output_dir
     try:
         results = run_training(resolved, output_dir)
+    except ResumeConflictError:
+        raise  # the directory belongs to another run: leave its results.json as it is
     except Exception as err:
+        if os.environ.get("RANK", "0") != "0":
+            raise  # under torchrun only rank 0 writes the job's files
         write_results(
             output_dir,
             {"status": "failed", "error": f"{type(err).__name__}: {err}", "config": resolved},

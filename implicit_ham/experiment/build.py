@@ -24,6 +24,7 @@ from ..models import ContextClassifier, ContextSegmenter
 from ..modules.context import make_context
 from ..solvers import Solver
 from ..tracking import CSVSink, JSONLSink, Sink, WandbSink
+from ..training.sampler import EpochBatchSampler
 
 VAL_SPLITS = {"legend_seg": "val", "digits": "val", "cifar10": "test", "voc2012": "val"}
 
@@ -48,13 +49,18 @@ def build_datasets(data: Mapping[str, Any]) -> tuple[Dataset, Dataset, TaskInfo]
 
 
 def build_loaders(
-    train: Dataset, val: Dataset, batch_size: int, seed: int
+    train: Dataset, val: Dataset, batch_size: int, seed: int, *, rank: int = 0, world_size: int = 1
 ) -> tuple[DataLoader, DataLoader]:
-    """Shuffled training batches (order fixed by ``seed``) and ordered validation batches."""
-    generator = torch.Generator().manual_seed(seed)
+    """Shuffled training batches (an ``EpochBatchSampler``: the order of epoch e depends only
+    on (seed, e); this rank's slice of each global batch) and ordered validation batches. Both
+    loaders own a generator, so iterating them never draws from torch's global RNG."""
+    size = len(train)  # type: ignore[arg-type]
+    sampler = EpochBatchSampler(size, batch_size, seed=seed, rank=rank, world_size=world_size)
     return (
-        DataLoader(train, batch_size=batch_size, shuffle=True, generator=generator),
-        DataLoader(val, batch_size=batch_size, shuffle=False),
+        DataLoader(train, batch_sampler=sampler, generator=torch.Generator().manual_seed(seed)),
+        DataLoader(
+            val, batch_size=batch_size, shuffle=False, generator=torch.Generator().manual_seed(seed)
+        ),
     )
 
 

@@ -249,6 +249,26 @@ class StudyConf:
     max_steps: int = 60
 
 
+@dataclass
+class ReliabilityConf:
+    """Failure policy, checkpoints, resume and determinism of ``experiments.train``.
+
+    on_failure: "warn" | "raise" | "skip_batch" | "fallback" (see
+    ``implicit_ham.training.failures``). checkpoint_every: also checkpoint every N steps
+    (0: at epoch ends only). keep: checkpoints kept. resume: continue from the job
+    directory's newest checkpoint. deterministic: ``torch.use_deterministic_algorithms``.
+    warn_first / warn_every: rate limit of the failure warnings.
+    """
+
+    on_failure: str = "warn"
+    checkpoint_every: int = 0
+    keep: int = 2
+    resume: bool = True
+    deterministic: bool = True
+    warn_first: int = 3
+    warn_every: int = 100
+
+
 # ----------------------------------------------------------------------------- root
 
 
@@ -273,6 +293,7 @@ class TrainConfig:
     progress: bool = True
     checkpoint: str | None = None
     study: StudyConf = field(default_factory=StudyConf)
+    reliability: ReliabilityConf = field(default_factory=ReliabilityConf)
 
 
 GROUPS: dict[str, dict[str, type]] = {

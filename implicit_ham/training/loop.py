@@ -1,11 +1,14 @@
-"""A plain training loop: epochs of SGD steps, evaluation, callbacks, sinks, rich progress."""
+"""The training loop: epochs of guarded SGD steps, evaluation, checkpoint and metric callbacks,
+rich progress; resumable at any step boundary (``TrainState``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -13,7 +16,10 @@ import torch.nn.functional as F
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from torch import Tensor, nn
 
+from .distributed import DistributedContext, unwrap
+from .guard import GuardedStep
 from .metrics import ConfusionMatrix
+from .sampler import EpochBatchSampler
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +54,49 @@ class StepHooks:
     after_step: Callable[[int], None] | None = None
 
 
+@dataclass
+class TrainState:
+    """Where a training run stands at a step boundary: with the model, optimiser and scheduler
+    states, everything a resumed run needs to continue exactly.
+
+    Attributes:
+        epoch: the epoch in progress (1-based; ``epochs + 1`` once training is over).
+        batch: batches of that epoch already consumed (the data-loader position).
+        step: optimisation steps attempted so far (skipped batches included).
+        loss_sum, loss_count: sum and number of this epoch's batch losses (skipped excluded).
+        skipped: batches skipped by the failure policy so far.
+        metrics: the last finished epoch's metrics.
+        best: the lowest validation loss so far and its epoch (empty before an evaluation).
+    """
+
+    epoch: int = 1
+    batch: int = 0
+    step: int = 0
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    skipped: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    best: dict[str, float] = field(default_factory=dict)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state as plain data (checkpoint-safe)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> TrainState:
+        """Inverse of ``state_dict``."""
+        return cls(**state)
+
+    def finish_epoch(self, metrics: dict[str, float]) -> None:
+        """Move to the next epoch after ``metrics`` of the current one were computed."""
+        self.metrics = dict(metrics)
+        loss = metrics.get("val/loss")
+        finite = loss is not None and math.isfinite(loss)
+        if finite and (not self.best or loss < self.best["val/loss"]):
+            self.best = {"val/loss": loss, "epoch": self.epoch}
+        self.epoch, self.batch, self.loss_sum, self.loss_count = self.epoch + 1, 0, 0.0, 0
+
+
 def train_epoch(
     model: nn.Module,
     batches: Iterable[tuple[Tensor, Tensor]],
@@ -55,35 +104,52 @@ def train_epoch(
     optimizer: torch.optim.Optimizer,
     *,
     device: torch.device,
-    step: int,
+    state: TrainState | None = None,
+    step_fn: Callable[[Tensor, Tensor, int], Tensor | None] | None = None,
     hooks: StepHooks | None = None,
     sinks: Sequence[MetricSink] = (),
     log_every: int = 10,
+    on_step: Callable[[TrainState], None] | None = None,
     progress: Progress | None = None,
     progress_task: Any = None,
-) -> tuple[int, dict[str, float]]:
-    """One pass over ``batches``; returns the new global step and the epoch's mean loss."""
+) -> dict[str, float]:
+    """Train on ``batches`` (the rest of epoch ``state.epoch``), updating ``state`` after every
+    batch and then calling ``on_step(state)`` (e.g. to checkpoint).
+
+    Args:
+        step_fn: ``(inputs, target, step) -> loss or None (skipped)`` running one optimisation
+            step; default a ``GuardedStep`` with policy "warn" and ``hooks``.
+
+    Returns:
+        ``{"train/loss": mean batch loss of the epoch}`` (batches before a resume included;
+        NaN when every batch was skipped).
+    """
     model.train()
-    hooks = hooks or StepHooks()
-    total, count = torch.zeros((), device=device), 0
-    for inputs, target in batches:
-        inputs, target = inputs.to(device), target.to(device)
-        optimizer.zero_grad(set_to_none=True)
-        loss = task.loss(model(inputs), target)
-        loss.backward()
-        if hooks.after_backward is not None:
-            hooks.after_backward(step)
-        optimizer.step()
-        if hooks.after_step is not None:
-            hooks.after_step(step)
-        total, count = total + loss.detach(), count + 1
-        if step % log_every == 0:
-            for sink in sinks:
-                sink.log({"train/loss": float(loss.detach())}, step)
-        step += 1
-        if progress is not None:
-            progress.advance(progress_task)
-    return step, {"train/loss": float(total / max(count, 1))}
+    state = state if state is not None else TrainState()
+    own = step_fn is None
+    runner = step_fn or GuardedStep(model, task, optimizer, hooks=hooks)
+    try:
+        for inputs, target in batches:
+            loss = runner(inputs.to(device), target.to(device), state.step)
+            if loss is None:
+                state.skipped += 1
+            else:
+                state.loss_sum, state.loss_count = (
+                    state.loss_sum + float(loss),
+                    state.loss_count + 1,
+                )
+                if state.step % log_every == 0:
+                    for sink in sinks:
+                        sink.log({"train/loss": float(loss)}, state.step)
+            state.step, state.batch = state.step + 1, state.batch + 1
+            if on_step is not None:
+                on_step(state)
+            if progress is not None:
+                progress.advance(progress_task)
+    finally:
+        if own and isinstance(runner, GuardedStep):
+            runner.close()
+    return {"train/loss": _mean(state.loss_sum, state.loss_count)}
 
 
 @torch.no_grad()
@@ -119,49 +185,109 @@ def fit(
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     show_progress: bool = True,
     log_every: int = 10,
+    state: TrainState | None = None,
+    step_fn: Callable[[Tensor, Tensor, int], Tensor | None] | None = None,
+    checkpoint: Callable[[TrainState], None] | None = None,
+    checkpoint_every: int = 0,
+    dist: DistributedContext | None = None,
 ) -> dict[str, float]:
-    """Train for ``epochs`` and evaluate after each; return the last epoch's metrics.
+    """Train until ``epochs`` are done and evaluate after each; return the last epoch's metrics.
+
+    Starts from ``state`` (a resumed run's position; default the beginning). When
+    ``train_batches`` is a DataLoader over an ``EpochBatchSampler`` it is positioned at
+    (``state.epoch``, ``state.batch``) each epoch; any other iterable can only start at an
+    epoch boundary. ``checkpoint(state)`` is called every ``checkpoint_every`` steps (0: never
+    mid-epoch) and after every epoch (after the scheduler step and the evaluation). Under data
+    parallelism (``dist``) the train loss is averaged over ranks and rank 0 evaluates.
+    ``hooks`` are used by the default ``step_fn`` (a ``GuardedStep`` with policy "warn"); a
+    given ``step_fn`` carries its own.
 
     Logs one line per epoch (``logging``) and, when ``show_progress``, a rich progress bar.
     """
-    step, metrics = 0, {}
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        disable=not show_progress,
-        transient=True,
-    ) as progress:
-        for epoch in range(1, epochs + 1):
-            bar = progress.add_task(f"epoch {epoch}/{epochs}", total=len(train_batches))
-            start = time.perf_counter()
-            step, train_metrics = train_epoch(
-                model,
-                train_batches,
-                task,
-                optimizer,
-                device=device,
-                step=step,
-                hooks=hooks,
-                sinks=sinks,
-                log_every=log_every,
-                progress=progress,
-                progress_task=bar,
-            )
-            if scheduler is not None:
-                scheduler.step()
-            metrics = {
-                **train_metrics,
-                **evaluate(model, val_batches, task, device=device),
-                "epoch": epoch,
-                "epoch_time_s": time.perf_counter() - start,
-            }
-            progress.remove_task(bar)
-            for sink in sinks:
-                sink.log(metrics, step)
-            logger.info("epoch %d/%d  %s", epoch, epochs, _format(metrics))
-    return metrics
+    state = state if state is not None else TrainState()
+    dist = dist or DistributedContext(device=device)
+    runner = step_fn or GuardedStep(model, task, optimizer, hooks=hooks, dist=dist)
+
+    def after_step(current: TrainState) -> None:
+        if checkpoint is not None and checkpoint_every and current.step % checkpoint_every == 0:
+            checkpoint(current)
+
+    try:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            disable=not show_progress,
+            transient=True,
+        ) as progress:
+            while state.epoch <= epochs:
+                _position(train_batches, state)
+                bar = progress.add_task(
+                    f"epoch {state.epoch}/{epochs}",
+                    total=state.batch + len(train_batches),
+                    completed=state.batch,
+                )
+                start = time.perf_counter()
+                train_epoch(
+                    model,
+                    train_batches,
+                    task,
+                    optimizer,
+                    device=device,
+                    state=state,
+                    step_fn=runner,
+                    sinks=sinks,
+                    log_every=log_every,
+                    on_step=after_step,
+                    progress=progress,
+                    progress_task=bar,
+                )
+                if scheduler is not None:
+                    scheduler.step()
+                loss_sum, loss_count = dist.sum([state.loss_sum, state.loss_count])
+                val = (
+                    evaluate(unwrap(model), val_batches, task, device=device)
+                    if dist.is_main
+                    else {}
+                )
+                metrics = dist.broadcast(
+                    {
+                        "train/loss": _mean(loss_sum, loss_count),
+                        **val,
+                        "epoch": state.epoch,
+                        "epoch_time_s": time.perf_counter() - start,
+                    }
+                )
+                progress.remove_task(bar)
+                for sink in sinks:
+                    sink.log(metrics, state.step)
+                logger.info("epoch %d/%d  %s", state.epoch, epochs, _format(metrics))
+                state.finish_epoch(metrics)
+                if checkpoint is not None:
+                    checkpoint(state)
+    finally:
+        if step_fn is None and isinstance(runner, GuardedStep):
+            runner.close()
+    return state.metrics
+
+
+def _mean(total: float, count: float) -> float:
+    """``total / count``; NaN when every batch of the epoch was skipped."""
+    return total / count if count else float("nan")
+
+
+def _position(batches: Any, state: TrainState) -> None:
+    """Put an ``EpochBatchSampler`` loader at the state's epoch and batch."""
+    sampler = getattr(batches, "batch_sampler", None)
+    if isinstance(sampler, EpochBatchSampler):
+        sampler.set_position(state.epoch, state.batch)
+    elif state.batch:
+        raise ValueError(
+            f"cannot resume in the middle of epoch {state.epoch} (batch {state.batch}): the "
+            "training batches are not a DataLoader over an EpochBatchSampler. Build the loader "
+            "with implicit_ham.training.EpochBatchSampler."
+        )
 
 
 def _format(metrics: dict[str, float]) -> str:
