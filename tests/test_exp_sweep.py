@@ -12,18 +12,43 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["epochs=1", "data.train_size=16", "data.val_size=8", "data.image_size=32",
-        "data.num_classes=3", "context.rank=4", "context.steps=2", "context.eval_steps=2",
-        "batch_size=8", "progress=false", "threads=1", "diagnostics.every=1"]
+TINY = [
+    "epochs=1",
+    "data.train_size=16",
+    "data.val_size=8",
+    "data.image_size=32",
+    "data.num_classes=3",
+    "context.rank=4",
+    "context.steps=2",
+    "context.eval_steps=2",
+    "batch_size=8",
+    "progress=false",
+    "threads=1",
+    "diagnostics.every=1",
+]
 
 pytestmark = pytest.mark.slow
 
 
 def _train(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "1"}
-    return subprocess.run([sys.executable, "-m", "experiments.train", "-m", *TINY, *overrides,
-                           f"hydra.sweep.dir={tmp_path}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "experiments.train",
+            "-m",
+            *TINY,
+            *overrides,
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
 
 
 def _results(sweep: Path) -> dict[str, dict]:
@@ -45,8 +70,14 @@ def test_basic_launcher_multirun_and_report(tmp_path: Path) -> None:
         assert result["config"]["context"]["steps"] == 2
     logged = (tmp_path / "0" / "metrics.jsonl").read_text()
     assert "grad_norm" in logged and "solver/" in logged
-    report = subprocess.run([sys.executable, "-m", "experiments.report", str(tmp_path)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
+    report = subprocess.run(
+        [sys.executable, "-m", "experiments.report", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     assert "| adjoint |" in (tmp_path / "report.md").read_text(), report.stderr
 
 
@@ -57,7 +88,13 @@ def test_submitit_local_launcher(tmp_path: Path) -> None:
 
 
 def test_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
-    proc = _train(tmp_path, "solver=anderson", "context.steps=5", "adjoint=unroll,one_step")
+    proc = _train(
+        tmp_path,
+        "solver=anderson",
+        "context.steps=5",
+        "context.eval_steps=5",
+        "adjoint=unroll,one_step",
+    )
     assert proc.returncode != 0
     statuses = {k.strip(): v["status"] for k, v in _results(tmp_path).items()}
     assert sorted(statuses.values()) == ["failed", "ok"]
