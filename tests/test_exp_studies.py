@@ -22,7 +22,7 @@ TINY = [
     "model.width=16",
     "study.samples=1",
     "study.ks=[1,4]",
-    "study.reference_steps=200",
+    "study.reference_steps=40",
     "study.max_steps=12",
 ]
 
