@@ -6,6 +6,7 @@ by hand), so they work with or without Hydra.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,11 +21,14 @@ from ..adjoints import Adjoint
 from ..data import LegendSegDataset, make_dataset, task_of
 from ..data.factory import TaskInfo
 from ..decompositions.registry import DECOMPOSITIONS
-from ..models import ContextClassifier, ContextSegmenter
+from ..models import ContextClassifier, ContextSegmenter, TwoStreamSegmenter
+from ..models import context_channels as two_stream_channels
 from ..modules.context import make_context
 from ..solvers import Solver
 from ..tracking import CSVSink, JSONLSink, Sink, WandbSink
 from ..training.sampler import EpochBatchSampler
+from ..validation import check_choice
+from .schema import ModelConf
 
 VAL_SPLITS = {"legend_seg": "val", "digits": "val", "cifar10": "test", "voc2012": "val"}
 
@@ -76,10 +80,47 @@ def build_context(
     return make_context(name, channels, **options)
 
 
-def build_model(task: TaskInfo, context: nn.Module, width: int) -> nn.Module:
-    """A segmenter or classifier (by ``task.kind``) around ``context``."""
-    cls = ContextSegmenter if task.kind == "segmentation" else ContextClassifier
-    return cls(task.in_channels, task.num_classes, context, width=width)
+SEGMENTER_ARCHS = ("two_stream", "serial")
+
+
+def _model_conf(model: Mapping[str, Any]) -> ModelConf:
+    """The model config with its defaults filled in; unknown keys or arch raise."""
+    try:
+        conf = ModelConf(**dict(model))
+    except TypeError as err:
+        raise ValueError(
+            f"model config {dict(model)!r}: {err}; valid keys: "
+            f"{', '.join(f.name for f in dataclasses.fields(ModelConf))}"
+        ) from err
+    check_choice("model", "arch", conf.arch, SEGMENTER_ARCHS)
+    return conf
+
+
+def context_channels(task: TaskInfo, model: Mapping[str, Any]) -> int:
+    """Channels of the context module that ``build_model(task, context, model)`` needs."""
+    conf = _model_conf(model)
+    if task.kind == "segmentation" and conf.arch == "two_stream":
+        return two_stream_channels(task.in_channels, conf.colour_bins, conf.position_grid)
+    return conf.width
+
+
+def build_model(task: TaskInfo, context: nn.Module, model: Mapping[str, Any]) -> nn.Module:
+    """A segmenter (``model["arch"]``) or a classifier (by ``task.kind``) around ``context``,
+    which must take ``context_channels(task, model)`` channels."""
+    conf = _model_conf(model)
+    if task.kind != "segmentation":
+        return ContextClassifier(task.in_channels, task.num_classes, context, width=conf.width)
+    if conf.arch == "serial":
+        return ContextSegmenter(task.in_channels, task.num_classes, context, width=conf.width)
+    return TwoStreamSegmenter(
+        task.in_channels,
+        task.num_classes,
+        context,
+        width=conf.width,
+        colour_bins=conf.colour_bins,
+        position_grid=conf.position_grid,
+        colour_scale=conf.colour_scale,
+    )
 
 
 def build_optimizer(optim: Mapping[str, Any], model: nn.Module) -> torch.optim.Optimizer:

@@ -145,7 +145,7 @@ class LegendSegConf:
     """The embedded task: segment blobs by matching their texture to a legend strip."""
 
     name: str = "legend_seg"
-    train_size: int = 512
+    train_size: int = 1024
     val_size: int = 128
     image_size: int = 64
     num_classes: int = 4
@@ -178,9 +178,21 @@ class Voc2012Conf:
 
 @dataclass
 class ModelConf:
-    """Backbone width (also the context module's channels)."""
+    """The network around the context module.
+
+    ``arch`` (segmentation only; classifiers are always backbone -> context -> pool):
+    ``two_stream`` (``TwoStreamSegmenter``: the context module reads a colour histogram and a
+    position code, ``colour_bins ** 3 + position_grid ** 2`` channels for RGB, the backbone's
+    ``width`` features go to the head beside it) or ``serial`` (``ContextSegmenter``: backbone ->
+    context on ``width`` channels -> head). On legend_seg only ``two_stream`` learns the legend
+    in a short run (why: ``implicit_ham/models/two_stream.py``).
+    """
 
     width: int = 32
+    arch: str = "two_stream"
+    colour_bins: int = 3
+    position_grid: int = 8
+    colour_scale: float = 3.0
 
 
 @dataclass

@@ -29,7 +29,7 @@ from ..diagnostics import (
 from ..diagnostics.measure import fork_rng_on
 from ..fixed_point import FixedPointProblem
 from ..solvers import Anderson, Broyden, FixedPointIteration
-from .build import build_context, build_datasets, build_model
+from .build import build_context, build_datasets, build_model, context_channels
 from .results import write_results
 from .train import seed_everything
 
@@ -109,8 +109,8 @@ def _layer_and_input(cfg: Mapping[str, Any]) -> tuple[Decomposition, Tensor]:
     seed_everything(int(cfg["seed"]))
     _, val_set, info = build_datasets(cfg["data"])
     solver, adjoint = instantiate(dict(cfg["solver"])), instantiate(dict(cfg["adjoint"]))
-    context = build_context(cfg["context"], cfg["model"]["width"], solver, adjoint)
-    model = build_model(info, context, cfg["model"]["width"])
+    context = build_context(cfg["context"], context_channels(info, cfg["model"]), solver, adjoint)
+    model = build_model(info, context, cfg["model"])
     if cfg.get("checkpoint"):
         state = torch.load(cfg["checkpoint"], map_location="cpu", weights_only=True)
         model.load_state_dict(state["model"])

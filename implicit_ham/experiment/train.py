@@ -37,6 +37,7 @@ from .build import (
     build_model,
     build_optimizer,
     build_sinks,
+    context_channels,
 )
 from .results import write_results
 from .resume import JobCheckpoints
@@ -101,8 +102,8 @@ def _train(cfg: dict[str, Any], output_dir: Path, dist: DistributedContext) -> d
         world_size=dist.world_size,
     )
     solver, adjoint = instantiate(dict(cfg["solver"])), instantiate(dict(cfg["adjoint"]))
-    context = build_context(cfg["context"], cfg["model"]["width"], solver, adjoint)
-    model = build_model(info, context, cfg["model"]["width"]).to(device)
+    context = build_context(cfg["context"], context_channels(info, cfg["model"]), solver, adjoint)
+    model = build_model(info, context, cfg["model"]).to(device)
     optimizer = build_optimizer(cfg["optim"], model)
     model = dist.wrap(model)
     sinks = build_sinks(cfg["logger"], output_dir, cfg) if dist.is_main else []
