@@ -8,6 +8,8 @@ reaches the input through them. A subclass supplies the algorithm:
 
 * ``init(x, bases) -> (D0, C0)`` (default ``C0 = softmax_r(inv_t * X^T D0)``),
 * ``step(x, state) -> state``: one iteration, the map ``f`` of the fixed-point problem,
+* optionally ``loop_invariants(x)`` and ``step_with(x, state, invariants)``: quantities of X
+  that every iteration needs, computed once per solve (see ``IterationMap``),
 * ``compute_coef(x, state) -> C`` (default: the state's C) and ``readout(x, state) = D C^T``,
 * optionally ``objective(x, state)`` (default ``||X - readout||_F^2`` per sample).
 
@@ -28,7 +30,9 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from collections.abc import Callable
+from functools import partial
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -39,9 +43,19 @@ from ..errors import NonFiniteError
 from ..fixed_point import FixedPointProblem, Solution
 from ..solvers import SOLVERS, FixedPointIteration, Solver
 from ..validation import check_choice, check_positive_int, check_tolerance, check_unit_interval
+from .iteration import IterationMap
 
 State = tuple[Tensor, Tensor]
 INIT_MODES = ("random", "online")
+
+
+def is_finite(x: Tensor) -> bool:
+    """Whether x holds no NaN or infinity: one pass (``aminmax`` propagates NaN) and one host
+    synchronisation, several times cheaper than ``isfinite(x).all()`` on a large map."""
+    if x.numel() == 0:
+        return True
+    low, high = torch.aminmax(x.detach())
+    return bool(torch.isfinite(torch.stack([low, high])).all())
 
 
 class Decomposition(nn.Module, ABC):
@@ -67,6 +81,9 @@ class Decomposition(nn.Module, ABC):
             attribute that may be swapped between calls.
         grad_through_bases: only with ``OneStep``: let the last iteration's bases carry gradient
             (see the module docstring).
+        compile: run ``step`` and ``readout`` through ``torch.compile`` (fused elementwise
+            work; the first call per shape and grad mode compiles, which takes seconds and
+            needs a C++ compiler on the CPU). Values match eager mode up to rounding.
 
     Attributes:
         last_solution: the ``Solution`` of the latest forward (None before the first): its
@@ -93,6 +110,7 @@ class Decomposition(nn.Module, ABC):
         solver: Solver | str | None = None,
         adjoint: Adjoint | str | None = None,
         grad_through_bases: bool = False,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         owner = type(self).__name__
@@ -114,6 +132,8 @@ class Decomposition(nn.Module, ABC):
         self.solver = SOLVERS.resolve(FixedPointIteration() if solver is None else solver, Solver)
         self.adjoint = ADJOINTS.resolve(OneStep() if adjoint is None else adjoint, Adjoint)
         self.grad_through_bases = bool(grad_through_bases)
+        self.use_compile = bool(compile)
+        self._compiled: dict[str, Callable[..., Any]] = {}
         self.last_solution: Solution | None = None
         if channels is not None:
             check_positive_int(owner, "channels", channels)
@@ -130,11 +150,21 @@ class Decomposition(nn.Module, ABC):
     def init(self, x: Tensor, bases: Tensor) -> State:
         """The initial state from the initial bases D0 (B*S, d, r) that the init policy chose:
         ``(D0, C0)`` with ``C0 = softmax_r(inv_t * X^T D0)`` (B*S, n, r)."""
-        return bases, torch.softmax(self.inv_t * x.transpose(1, 2) @ bases, dim=-1)
+        return bases, torch.softmax(self.inv_t * (x.transpose(1, 2) @ bases), dim=-1)
 
     @abstractmethod
     def step(self, x: Tensor, state: State) -> State:
         """One iteration: X (B*S, d, n), (D, C) -> (D', C') with the same shapes."""
+
+    def loop_invariants(self, x: Tensor) -> Any:
+        """What every iteration on X (B*S, d, n) needs that does not change during a solve;
+        the solve computes it once and hands it to ``step_with``. Default: None."""
+        return None
+
+    def step_with(self, x: Tensor, state: State, invariants: Any) -> State:
+        """``step`` given ``loop_invariants(x)``; default: ``step(x, state)``. A subclass that
+        defines invariants overrides this and lets ``step`` compute them itself."""
+        return self.step(x, state)
 
     def compute_coef(self, x: Tensor, state: State) -> Tensor:
         """The coefficients (B*S, n, r) used by the readout; default: the state's own C."""
@@ -208,9 +238,10 @@ class Decomposition(nn.Module, ABC):
 
     def implicit_problem(self, x: Tensor, init: Tensor | None = None) -> FixedPointProblem:
         """The fixed-point problem ``forward`` solves for x (B, C, H, W): ``f(state, X)`` is one
-        ``step``, ``z0 = init(X, D0)``, ``args = (X,)`` with X (B*S, d, n). With random init,
-        each call draws new bases; pass ``init`` for a reproducible problem."""
-        if not bool(torch.isfinite(x).all()):
+        ``step`` (an ``IterationMap``, which computes the loop invariants once per solve),
+        ``z0 = init(X, D0)``, ``args = (X,)`` with X (B*S, d, n). With random init, each call
+        draws new bases; pass ``init`` for a reproducible problem."""
+        if not is_finite(x):
             raise NonFiniteError(
                 f"{type(self).__name__}: the input contains NaN or infinity; check the layer "
                 "that produces it (or the data) before the decomposition."
@@ -219,11 +250,13 @@ class Decomposition(nn.Module, ABC):
         self._check_rank(flat)
         bases = self.initial_bases(flat, init)
         self.check_input(flat, bases)
-        return FixedPointProblem(self.iterate, tuple(self.init(flat, bases)), (flat,))
+        z0 = tuple(self.init(flat, bases))
+        return FixedPointProblem(IterationMap(self), z0, (flat,))
 
     def iterate(self, state: State, x: Tensor) -> State:
-        """``f(z, *args)`` in ``fixed_point``'s argument order: ``step(x, state)``."""
-        return tuple(self.step(x, state))  # type: ignore[return-value]
+        """``f(z, *args)`` in ``fixed_point``'s argument order: ``step(x, state)`` (without the
+        per-solve memo of ``implicit_problem``'s map)."""
+        return tuple(self.kernel("step")(x, state))  # type: ignore[return-value]
 
     def forward(self, x: Tensor, init: Tensor | None = None) -> Tensor:
         """x (B, C, H, W) -> its low-rank reconstruction (B, C, H, W).
@@ -244,7 +277,8 @@ class Decomposition(nn.Module, ABC):
         )
         if self.init_mode == "online" and self.training:
             self._update_online_bases(solution.value[0])
-        return self.unflatten(self.readout(problem.args[0], solution.value), x.shape)
+        readout = self.kernel("readout")(problem.args[0], solution.value)
+        return self.unflatten(readout, x.shape)
 
     def extra_repr(self) -> str:
         parts = [
@@ -262,7 +296,27 @@ class Decomposition(nn.Module, ABC):
             parts.append(f"solver={solver!r}")
         if self.grad_through_bases:
             parts.append("grad_through_bases=True")
+        if self.use_compile:
+            parts.append("compile=True")
         return ", ".join(parts)
+
+    def kernel(self, name: str) -> Callable[..., Any]:
+        """The method ``name`` ("step", "step_with", "readout") bound to this layer: eager, or
+        with ``compile=True`` the class's function through ``torch.compile`` (built once per
+        layer; compiling the unbound function keeps a deep copy correct)."""
+        if not self.use_compile:
+            return getattr(self, name)
+        compiled = self._compiled.get(name)
+        if compiled is None:
+            compiled = torch.compile(getattr(type(self), name))
+            self._compiled[name] = compiled
+        return partial(compiled, self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle / deep-copy state without the compiled functions (rebuilt on demand)."""
+        state = self.__dict__.copy()
+        state["_compiled"] = {}
+        return state
 
     # ------------------------------------------------------------------------- internals
     def _check_groups(self, channels: int) -> None:

@@ -8,6 +8,7 @@ from torch import Tensor
 
 from ..validation import check_tolerance
 from .base import Decomposition, State
+from .fused import column_norms, normalize_over_n, normalized_similarity
 from .registry import register_decomposition
 
 
@@ -24,7 +25,9 @@ class CD(Decomposition):
 
     ``compute_coef`` is the ridge regression ``C = X^T D (D^T D + beta I_r)^{-1}``, computed as
     a linear solve (no explicit inverse), ``beta = 0.1``; the readout is ``D C^T``. See
-    ``Decomposition`` for the gradient semantics.
+    ``Decomposition`` for the gradient semantics. Like ``VQ``, the iteration scales
+    ``X^T D`` by ``1 / max(||x_j||, eps)`` (the ``loop_invariants``, once per solve) instead
+    of normalising a copy of X per iteration.
 
     Args:
         beta: the ridge parameter (> 0); the other arguments are ``Decomposition``'s.
@@ -37,10 +40,16 @@ class CD(Decomposition):
         check_tolerance("CD", "beta", beta)
         self.beta = float(beta)
 
+    def loop_invariants(self, x: Tensor) -> Tensor:
+        """``inv_t / max(||x_j||, eps)`` (B*S, n, 1), the scale of the logits."""
+        return self.inv_t / column_norms(x).clamp_min(self.eps)
+
     def step(self, x: Tensor, state: State) -> State:
-        similarity = F.normalize(x, dim=1, eps=self.eps).transpose(1, 2) @ state[0]
-        coef = torch.softmax(self.inv_t * similarity, dim=-1)
-        coef = coef / (coef.sum(dim=1, keepdim=True) + self.eps)
+        return self.step_with(x, state, self.loop_invariants(x))
+
+    def step_with(self, x: Tensor, state: State, invariants: Tensor) -> State:
+        coef = torch.softmax(normalized_similarity(x, state[0], invariants), dim=-1)
+        coef = normalize_over_n(coef, self.eps)
         return F.normalize(x @ coef, dim=1, eps=self.eps), coef
 
     def compute_coef(self, x: Tensor, state: State) -> Tensor:

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from .base import Decomposition, State
+from .fused import multiplicative_update
 from .registry import register_decomposition
 
 
@@ -23,6 +24,12 @@ class NMF(Decomposition):
     increase ``||X - D C^T||_F^2`` (the ``objective``). See ``Decomposition`` for the
     gradient semantics; the paper's one-step gradient reaches X only through the final C
     update, with D_K and C_K held constant.
+
+    Evaluation order (the same in every gradient mode, so the forward value never depends on
+    the backward mode): the r x r Gram matrices ``D^T D`` and ``C^T C`` are formed first, so
+    the only products of size d x n x r are ``X^T D``, ``X C`` and the readout; temporaries
+    are updated in place when autograd does not need them (see ``fused``); the quotient is
+    ``(X^T D) * (C / (C D^T D + eps))``.
     """
 
     default_inv_t = 1.0
@@ -35,9 +42,9 @@ class NMF(Decomposition):
     def step(self, x: Tensor, state: State) -> State:
         bases, coef = state
         coef = self._update_coef(x, bases, coef)
-        gram = coef.transpose(1, 2) @ coef
-        bases = bases * (x @ coef) / (bases @ gram + self.eps)
-        return bases, coef
+        numer = x @ coef
+        denom = bases @ (coef.mT @ coef)
+        return multiplicative_update(bases, numer, denom, self.eps), coef
 
     def compute_coef(self, x: Tensor, state: State) -> Tensor:
         return self._update_coef(x, *state)
@@ -48,8 +55,8 @@ class NMF(Decomposition):
         return (x - bases @ coef.transpose(1, 2)).square().sum(dim=(1, 2))
 
     def check_input(self, x: Tensor, bases: Tensor) -> None:
-        for what, value in (("input", x), ("initial bases", bases)):
-            low = float(value.detach().min())
+        lows = torch.stack([x.detach().amin(), bases.detach().amin()]).tolist()
+        for what, low in zip(("input", "initial bases"), lows, strict=True):
             if low < 0:
                 raise ValueError(
                     f"NMF needs a non-negative {what}, got a minimum of {low:.3g}; put a ReLU "
@@ -58,5 +65,6 @@ class NMF(Decomposition):
 
     def _update_coef(self, x: Tensor, bases: Tensor, coef: Tensor) -> Tensor:
         """``C * (X^T D) / (C D^T D + eps)``: (B*S, n, r)."""
-        gram = bases.transpose(1, 2) @ bases
-        return coef * (x.transpose(1, 2) @ bases) / (coef @ gram + self.eps)
+        numer = x.mT @ bases
+        denom = coef @ (bases.mT @ bases)
+        return multiplicative_update(coef, numer, denom, self.eps)

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .base import Decomposition, State
+from .fused import column_norms, normalize_over_n, normalized_similarity
 from .registry import register_decomposition
 
 
@@ -24,6 +25,11 @@ class VQ(Decomposition):
     ``compute_coef``: ``C = softmax_r(inv_t * (X / (||X||_d + eps))^T normalize_d(D))`` with
     ``||X||_d`` taken without gradient; the readout is ``D C^T``. See ``Decomposition`` for the
     gradient semantics.
+
+    Evaluation: ``normalize_d(X)^T D`` is computed as ``(X^T D) * s`` with the per-pixel scale
+    ``s = 1 / max(||x_j||, eps)`` (the ``loop_invariants``, computed once per solve), so no
+    normalised copy of X (B*S, d, n) is made and X is read twice per iteration, by the two
+    products; temporaries are updated in place when autograd does not need them.
     """
 
     default_inv_t = 100.0
@@ -31,19 +37,24 @@ class VQ(Decomposition):
     def assignments(self, x: Tensor, bases: Tensor) -> Tensor:
         """Soft assignments ``softmax_r(inv_t * normalize_d(X)^T normalize_d(D))`` (B*S, n, r);
         each row sums to 1 over r."""
-        similarity = F.normalize(x, dim=1, eps=self.eps).transpose(1, 2) @ F.normalize(
-            bases, dim=1, eps=self.eps
-        )
-        return torch.softmax(self.inv_t * similarity, dim=-1)
+        return self._assignments(x, bases, self.loop_invariants(x))
+
+    def loop_invariants(self, x: Tensor) -> Tensor:
+        """``inv_t / max(||x_j||, eps)`` (B*S, n, 1), the scale of the logits."""
+        return self.inv_t / column_norms(x).clamp_min(self.eps)
 
     def step(self, x: Tensor, state: State) -> State:
-        coef = self.assignments(x, state[0])
-        coef = coef / (coef.sum(dim=1, keepdim=True) + self.eps)
+        return self.step_with(x, state, self.loop_invariants(x))
+
+    def step_with(self, x: Tensor, state: State, invariants: Tensor) -> State:
+        coef = normalize_over_n(self._assignments(x, state[0], invariants), self.eps)
         return x @ coef, coef
 
     def compute_coef(self, x: Tensor, state: State) -> Tensor:
-        norm = torch.linalg.vector_norm(x.detach(), dim=1, keepdim=True)
-        similarity = (x / (norm + self.eps)).transpose(1, 2) @ F.normalize(
-            state[0], dim=1, eps=self.eps
-        )
-        return torch.softmax(self.inv_t * similarity, dim=-1)
+        scale = self.inv_t / (column_norms(x.detach()) + self.eps)
+        bases = F.normalize(state[0], dim=1, eps=self.eps)
+        return torch.softmax(normalized_similarity(x, bases, scale), dim=-1)
+
+    def _assignments(self, x: Tensor, bases: Tensor, scale: Tensor) -> Tensor:
+        bases = F.normalize(bases, dim=1, eps=self.eps)
+        return torch.softmax(normalized_similarity(x, bases, scale), dim=-1)

@@ -81,8 +81,11 @@ class SelfAttention2d(_Attention2d):
 class SDPAttention2d(_Attention2d):
     """The same attention through ``F.scaled_dot_product_attention`` (fused where available).
 
-    Arguments as ``SelfAttention2d``.
+    Arguments as ``SelfAttention2d``. The fused kernels (flash attention on the CPU and the
+    GPU) need a unit stride along d_h; the projections give (B, heads, N, d_h) views with
+    stride N there, so they are made contiguous first (O(N d) copies), otherwise SDPA falls
+    back to its math path, which materialises the N x N matrix like ``SelfAttention2d``.
     """
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return F.scaled_dot_product_attention(q, k, v)
+        return F.scaled_dot_product_attention(q.contiguous(), k.contiguous(), v.contiguous())

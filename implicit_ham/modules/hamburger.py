@@ -72,7 +72,8 @@ class Hamburger(nn.Module):
         )
         inner = width * len(hams)
         lower: list[nn.Module] = [nn.Conv2d(channels, inner, 1)]
-        self.lower_bread = nn.Sequential(*lower, nn.ReLU()) if lower_relu else lower[0]
+        relu = nn.ReLU(inplace=True)  # on the conv's fresh output: no second map allocated
+        self.lower_bread = nn.Sequential(*lower, relu) if lower_relu else lower[0]
         self.ham = ham
         self.channel_ham = channel_ham
         if version == "v1":
@@ -82,7 +83,7 @@ class Hamburger(nn.Module):
             )
         else:
             self.cheese = nn.Sequential(
-                nn.Conv2d(inner, inner, 1, bias=False), nn.BatchNorm2d(inner), nn.ReLU()
+                nn.Conv2d(inner, inner, 1, bias=False), nn.BatchNorm2d(inner), nn.ReLU(inplace=True)
             )
             self.upper_bread = nn.Conv2d(inner, channels, 1, bias=False)
         if version == "v2+":
@@ -102,8 +103,8 @@ class Hamburger(nn.Module):
             h = self.cheese(h)
         h = self.upper_bread(h)
         if self.version == "v2+":
-            return torch.relu(self.coef_ham * h + self.coef_shortcut * z)
-        return torch.relu(h + z)
+            return torch.relu_((self.coef_ham * h).add_(self.coef_shortcut * z))
+        return torch.relu_(h.add_(z))  # h: the upper bread's fresh output, not saved by it
 
     def extra_repr(self) -> str:
         dual = ", dual=True" if self.channel_ham is not None else ""
