@@ -107,9 +107,12 @@ class StateSpec:
 
 def per_tensor_norms(z: State) -> Tensor:
     """(B, n_tensors): the Euclidean norm of each sample's part of each state tensor."""
-    return torch.stack(
-        [torch.linalg.vector_norm(t.reshape(t.shape[0], -1), dim=1) for t in z], dim=1
-    )
+    return torch.stack([_norm_per_sample(t) for t in z], dim=1)
+
+
+def _norm_per_sample(t: Tensor) -> Tensor:
+    """(B,): the norm of each sample of ``t`` (B, ...), without copying a non-contiguous t."""
+    return t.abs() if t.ndim == 1 else torch.linalg.vector_norm(t, dim=tuple(range(1, t.ndim)))
 
 
 def combine_norms(parts: Tensor) -> Tensor:

@@ -85,8 +85,9 @@ class TraceRecorder:
     def record(self, z_prev: State, z_next: State) -> Tensor:
         """Record one step ``z_prev -> z_next``; return its (B,) absolute residual.
 
-        A state tensor counts as non-finite at this step if it holds NaN/inf or if the norm of
-        its change overflows.
+        A state tensor counts as non-finite at this step if the norm of its change is NaN / inf:
+        that catches a NaN / inf in the new iterate (the previous one was checked already) and a
+        change whose size overflows, in the same reduction that measures the residual.
 
         ``scale`` undoes a damping factor: for ``z' = a f(z) + (1-a) z``, ``||f(z) - z|| =
         ||z' - z|| / a``.
@@ -98,7 +99,7 @@ class TraceRecorder:
             res = combine_norms(parts) / self.scale
             self.residuals.append(res)
             self.rel.append(res / (per_sample_norm(nxt) + torch.finfo(res.dtype).tiny))
-            self.finite.append(finite_flags(nxt) & torch.isfinite(parts).all(0))
+            self.finite.append(torch.isfinite(parts).all(0))
         return res
 
     def check_finite(self, z0: State, steps_offset: int = 0) -> None:
