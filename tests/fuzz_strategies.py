@@ -24,9 +24,10 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import pytest
 import torch
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
@@ -193,3 +194,16 @@ def check_finite(what: str, tensor: Tensor | None) -> None:
             f"{what}: {int(bad.sum())} of {tensor.numel()} entries are NaN/inf, returned "
             "without an error"
         )
+
+
+# Documented errors of a forward / backward pass on finite input, and the words they must use.
+RUN_ERRORS = {ih.NonFiniteError: NON_FINITE_MESSAGE, ih.BackwardSolveError: r"did not reach tol"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    """One intra-op thread: the suite shares a 2-core machine and the tensors are tiny."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

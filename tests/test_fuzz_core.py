@@ -14,18 +14,19 @@ Bugs it found have pinned reproductions at the end (regression tests).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
 import torch
 from fuzz_strategies import (
     DTYPES,
-    NON_FINITE_MESSAGE,
+    RUN_ERRORS,
     ValueSpec,
     check_documented_error,
     check_finite,
     fuzz_settings,
+    one_thread,  # noqa: F401  (autouse fixture)
     run_recording,
     value_specs,
 )
@@ -55,17 +56,7 @@ ADJOINTS: dict[str, ih.Adjoint] = {
 # has its own test: it fails under a damped solver).
 VALUE_PRESERVING = tuple(name for name in ADJOINTS if not name.startswith("phantom"))
 MIN_SOLVER_BUDGET = {"anderson": 3, "broyden": 2}
-RUN_ERRORS = {ih.NonFiniteError: NON_FINITE_MESSAGE, ih.BackwardSolveError: r"did not reach tol"}
 BUDGET_ERROR = r"cannot be unrolled|leaves \d+ solver steps"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: the suite shares a 2-core machine and the tensors are tiny."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -25,13 +25,14 @@ from fuzz_strategies import (
     DTYPES,
     FINITE_KINDS,
     KINDS,
-    NON_FINITE_MESSAGE,
+    RUN_ERRORS,
     SIGNS,
     ValueSpec,
     check_documented_error,
     check_finite,
     expect_error,
     fuzz_settings,
+    one_thread,  # noqa: F401  (autouse fixture)
     run_recording,
     value_specs,
 )
@@ -54,16 +55,6 @@ BACKWARD_MODES: dict[str, tuple[ih.Adjoint, bool]] = {
     "implicit_fallback": (ih.Implicit(on_divergence="fallback"), False),
 }
 # Documented errors of a forward / backward pass on finite input, and the words they must use.
-RUN_ERRORS = {ih.NonFiniteError: NON_FINITE_MESSAGE, ih.BackwardSolveError: r"did not reach tol"}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: the suite shares a 2-core machine and the tensors are tiny."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @dataclass(frozen=True)
