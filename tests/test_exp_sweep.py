@@ -100,3 +100,29 @@ def test_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
     assert sorted(statuses.values()) == ["failed", "ok"]
     failed = next(v for v in _results(tmp_path).values() if v["status"] == "failed")
     assert "cannot be unrolled" in failed["error"]
+
+
+def test_optuna_search_preset_runs_and_reports_the_best_trial(tmp_path: Path) -> None:
+    env = {**os.environ, "HYDRA_FULL_ERROR": "1"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "experiments.train",
+            "-m",
+            "+experiment=optuna_search",
+            "hydra.sweeper.n_trials=2",
+            *TINY,
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    best = (tmp_path / "optimization_results.yaml").read_text()
+    assert "optim.lr" in best and "best_value" in best
+    assert len(_results(tmp_path)) == 2
