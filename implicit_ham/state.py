@@ -56,11 +56,6 @@ class StateSpec:
         """Batch size B."""
         return self.shapes[0][0]
 
-    @property
-    def numel_per_sample(self) -> int:
-        """N: the number of entries of one sample's state, all tensors together."""
-        return sum(s.numel() // s[0] for s in self.shapes)
-
     def as_tuple(self, z: Tensor | Sequence[Tensor]) -> State:
         """The internal tuple form of a user-structured state."""
         return tuple(z) if self.is_tuple else (z,)  # type: ignore[arg-type]
@@ -125,11 +120,6 @@ def combine_norms(parts: Tensor) -> Tensor:
 def per_sample_norm(z: State) -> Tensor:
     """(B,): the Euclidean norm of each sample's whole state."""
     return combine_norms(per_tensor_norms(z))
-
-
-def per_sample_distance(a: State, b: State) -> Tensor:
-    """(B,): ``per_sample_norm(a - b)``."""
-    return per_sample_norm(tuple(x - y for x, y in zip(a, b, strict=True)))
 
 
 def finite_flags(z: State) -> Tensor:

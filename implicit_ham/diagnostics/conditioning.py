@@ -76,20 +76,16 @@ def estimate_conditioning(
     f: Callable[..., Any],
     z_star: Tensor | Sequence[Tensor],
     *args: Any,
-    krylov_dim: int = 30,
-    restarts: int = 3,
-    lanczos_steps: int = 30,
-    inverse_steps: int = 2,
-    inner_steps: int = 100,
-    inner_tol: float | None = None,
-    seed: int = 0,
     backend: str = "auto",
+    **options: Any,
 ) -> ConditioningReport:
     """Conditioning of ``I - J`` with ``J = df/dz`` at ``z_star`` (usable from a callback).
 
     Args:
         f: ``f(z, *args) -> z'``. z_star: the point, a Tensor (B, ...) or tuple of them.
         *args: the other inputs of ``f`` (held constant).
+        backend: "auto", "func" or "autograd" (see ``FixedPointJacobian``).
+        **options: the keyword options of ``conditioning_of``:
         krylov_dim, restarts: Arnoldi dimension and restarts for the spectral radius.
         lanczos_steps: Lanczos steps on ``(I - J)^T (I - J)``.
         inverse_steps: inverse-iteration steps refining sigma_min (0 to skip).
@@ -97,22 +93,11 @@ def estimate_conditioning(
             (default: sqrt of the dtype's machine epsilon, 1.5e-8 in float64, 3.5e-4 in
             float32; the Arnoldi stopping tolerance is max(1e-4, the same)).
         seed: seed of the random start vectors (a private generator; global RNG untouched).
-        backend: "auto", "func" or "autograd" (see ``FixedPointJacobian``).
 
     Cost: about ``krylov_dim * (restarts + 1) + 2 * lanczos_steps + 2 * inverse_steps *
     inner_steps`` products at most, each comparable to one evaluation of ``f``.
     """
-    jac = FixedPointJacobian(f, z_star, *args, backend=backend)
-    return conditioning_of(
-        jac,
-        krylov_dim=krylov_dim,
-        restarts=restarts,
-        lanczos_steps=lanczos_steps,
-        inverse_steps=inverse_steps,
-        inner_steps=inner_steps,
-        inner_tol=inner_tol,
-        seed=seed,
-    )
+    return conditioning_of(FixedPointJacobian(f, z_star, *args, backend=backend), **options)
 
 
 def conditioning_of(
@@ -126,7 +111,8 @@ def conditioning_of(
     inner_tol: float | None = None,
     seed: int = 0,
 ) -> ConditioningReport:
-    """``estimate_conditioning`` on an existing ``FixedPointJacobian`` (same arguments)."""
+    """``estimate_conditioning`` on an existing ``FixedPointJacobian`` (its options documented
+    there); an unknown option is a TypeError naming it."""
     z = jac.z_star
     gen = torch.Generator(device=z.device).manual_seed(seed)
     start = torch.randn(z.shape, generator=gen, device=z.device, dtype=z.dtype)

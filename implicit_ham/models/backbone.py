@@ -46,8 +46,10 @@ class LocalBackbone(nn.Module):
         return self.layers(x)
 
     def extra_repr(self) -> str:
-        return (f"in_channels={self.in_channels}, width={self.width}, coords={self.coords}, "
-                f"rf={self.receptive_field}")
+        return (
+            f"in_channels={self.in_channels}, width={self.width}, coords={self.coords}, "
+            f"rf={self.receptive_field}"
+        )
 
 
 def coordinate_channels(x: Tensor) -> Tensor:
