@@ -15,6 +15,7 @@ A backward mode never changes the forward value, only the gradient. Two families
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ import torch
 from torch import Tensor
 
 from .implicit_backward import ON_DIVERGENCE, attach_fixed_point_gradient, finish_backward
-from .linear_solvers import LINEAR_SOLVERS, AdjointOperator, LinearSolver
+from .linear_solvers import LINEAR_SOLVERS, AdjointOperator, LinearSolver, discounted
 from .registry import Registry
 from .solvers import Solver, damped
 from .state import State, StateSpec, StepFn
@@ -154,6 +155,12 @@ class Implicit(AtFixedPoint):
         cond_threshold: warn ``ConditioningWarning`` when the linear solver reports κ(I - J)
             above this (Dense: exact; GMRES: a lower bound from its Arnoldi matrices); None
             disables the check.
+        ridge: λ >= 0. With λ > 0 the solve is ``g = J^T g / (1 + λ) + v`` (the Neumann series
+            discounted by ``1 / (1 + λ)`` per term): a biased gradient between the implicit one
+            (λ = 0) and the one-step one (λ -> inf), for iterations whose ``I - J`` is
+            (near-)singular, such as NMF's. If J's spectral radius is ρ <= 1, the system's
+            eigenvalues are at least ``1 - ρ / (1 + λ)`` away from zero. Tolerance, residual and
+            κ then refer to the regularised system ``I - J / (1 + λ)``.
     """
 
     linear_solver: LinearSolver | str = "gmres"
@@ -161,6 +168,7 @@ class Implicit(AtFixedPoint):
     tol: float = 1e-5
     on_divergence: str = "warn"
     cond_threshold: float | None = 1e6
+    ridge: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -170,9 +178,17 @@ class Implicit(AtFixedPoint):
         check_tolerance("Implicit", "tol", self.tol)
         check_choice("Implicit", "on_divergence", self.on_divergence, ON_DIVERGENCE)
         check_tolerance("Implicit", "cond_threshold", self.cond_threshold, optional=True)
+        ridge = self.ridge
+        if not (isinstance(ridge, (int, float)) and math.isfinite(ridge) and ridge >= 0):
+            raise ValueError(
+                f"Implicit: ridge must be a finite number >= 0 (0: exact implicit gradient), "
+                f"got {self.ridge!r}"
+            )
 
     def backward_solve(self, op: AdjointOperator, v: Tensor) -> tuple[Tensor, BackwardStats]:
         solver: LinearSolver = self.linear_solver  # type: ignore[assignment]
+        if self.ridge:
+            op = discounted(op, 1.0 / (1.0 + self.ridge))
         if not bool(v.any()):
             g, steps, cond = torch.zeros_like(v), 0, None
         else:

@@ -44,6 +44,16 @@ class AdjointOperator:
     size: int
 
 
+def discounted(op: AdjointOperator, factor: float) -> AdjointOperator:
+    """The operator ``factor * J^T`` (same size): ``Implicit(ridge=λ)`` solves with
+    ``factor = 1 / (1 + λ)``."""
+    return AdjointOperator(
+        vjp=lambda g: factor * op.vjp(g),
+        vjp_batched=lambda g: factor * op.vjp_batched(g),
+        size=op.size,
+    )
+
+
 class LinearSolver(ABC):
     """Solves ``(I - J^T) g = v`` given ``J^T`` as an operator."""
 

@@ -104,6 +104,7 @@ class ImplicitConf:
     tol: float = 1e-5
     on_divergence: str = "warn"
     cond_threshold: float | None = 1e6
+    ridge: float = 0.0
 
 
 # ----------------------------------------------------------------------------- solver
@@ -314,6 +315,7 @@ GROUPS: dict[str, dict[str, type]] = {
         "vq": HamContext,
         "cd": CDContext,
         "svd": HamContext,
+        "nmf_normalized": HamContext,
         "self_attention": AttentionContext,
         "sdpa_attention": AttentionContext,
         "none": NoContext,
