@@ -20,6 +20,7 @@ from .decompositions import (
     SVD,
     VQ,
     Decomposition,
+    NormalizedNMF,
     get_decomposition,
     register_decomposition,
 )
@@ -90,6 +91,7 @@ __all__ = [
     "LinearSolver",
     "Neumann",
     "NonFiniteError",
+    "NormalizedNMF",
     "OneStep",
     "Phantom",
     "SDPAttention2d",

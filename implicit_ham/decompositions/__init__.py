@@ -1,12 +1,14 @@
 """Matrix decompositions as implicit layers: the base class, the registry and the built-ins.
 
-Built-ins: ``NMF``, ``VQ``, ``CD`` (Hamburger's three) and ``SVD`` (subspace iteration, added
-through the public plug-in API only).
+Built-ins: ``NMF``, ``VQ``, ``CD`` (Hamburger's three), ``SVD`` (subspace iteration) and
+``NormalizedNMF`` (NMF without its scaling symmetry), the last two added through the public
+plug-in API only.
 """
 
 from .base import Decomposition
 from .cd import CD
 from .nmf import NMF
+from .nmf_normalized import NormalizedNMF
 from .registry import (
     DECOMPOSITIONS,
     DecompositionRegistry,
@@ -24,6 +26,7 @@ __all__ = [
     "VQ",
     "Decomposition",
     "DecompositionRegistry",
+    "NormalizedNMF",
     "get_decomposition",
     "register_decomposition",
 ]
