@@ -86,6 +86,26 @@ def test_grad_vs_k_one_step_is_flat_and_cosine_is_known() -> None:
         assert row["cosine"] == pytest.approx(cosine, rel=1e-9)
 
 
+def test_grad_vs_k_same_k_cosine_against_the_k_step_gradient() -> None:
+    """z_K = a^K z0 + x (1 - a^K) / (1 - a): the K-step (Unroll) gradient of sum(z_K) is
+    (1 - a^K) / (1 - a) per entry; the one-step one is 1."""
+    a = torch.tensor([0.5, 0.9], dtype=F64)
+    x = torch.tensor([1.0, -1.0], dtype=F64, requires_grad=True)
+    rows = grad_vs_k(
+        _scalar_problem(a, x),
+        lambda z: z.sum(),
+        [1, 3],
+        {"one_step": ih.OneStep()},
+        same_k=ih.Unroll(),
+    )
+    one = torch.ones(2, dtype=F64)
+    for row in rows:
+        k_step = (1 - a ** row["K"]) / (1 - a)
+        expected = float(one @ k_step / (one.norm() * k_step.norm()))
+        assert row["cosine_same_k"] == pytest.approx(expected, rel=1e-9)
+    assert rows[0]["cosine_same_k"] == pytest.approx(1.0)  # K = 1: one-step is Unroll
+
+
 def test_grad_vs_k_needs_something_to_differentiate() -> None:
     x = torch.ones(2, dtype=F64)
     with pytest.raises(ValueError, match="wrt="):

@@ -143,6 +143,7 @@ def grad_vs_k(
     solver_for: Callable[[int], Solver] | None = None,
     reference: Adjoint | None = None,
     reference_solver: Solver | None = None,
+    same_k: Adjoint | None = None,
 ) -> Rows:
     """Gradient norm and agreement with the fixed-point gradient as a function of K.
 
@@ -156,10 +157,13 @@ def grad_vs_k(
         reference: mode of the reference gradient; default ``Implicit`` with the dense solver.
         reference_solver: solver of the reference solve; default
             ``FixedPointIteration(max_steps=1000, tol=1e-10)``.
+        same_k: optionally a second reference taken at each K with ``solver_for(K)``, e.g.
+            ``Unroll()``: the exact gradient of the K-step map; adds the column
+            ``cosine_same_k``.
 
     Returns:
-        ``Rows`` with adjoint, K, grad_norm, cosine and rel_error against the reference, and
-        ref_grad_norm.
+        ``Rows`` with adjoint, K, grad_norm, cosine and rel_error against the reference,
+        ref_grad_norm, and cosine_same_k when ``same_k`` is given.
     """
     adjoints = {"unroll": Unroll()} if adjoints is None else adjoints
     solver_for = solver_for or (lambda k: FixedPointIteration(max_steps=k))
@@ -176,25 +180,32 @@ def grad_vs_k(
     ref_mode = reference or Implicit(linear_solver=Dense(), tol=1e-8)
     ref = _gradient(problem, ref_solver, ref_mode, loss_fn, wrt)
     ref_norm = float(torch.linalg.vector_norm(ref))
+    per_k = {k: _gradient(problem, solver_for(k), same_k, loss_fn, wrt) for k in ks if same_k}
     rows = Rows()
     for label, adjoint in adjoints.items():
         for k in ks:
             g = _gradient(problem, solver_for(k), adjoint, loss_fn, wrt)
             norm = float(torch.linalg.vector_norm(g))
-            denom = norm * ref_norm
-            rows.append(
-                {
-                    "adjoint": label or describe_adjoint(adjoint),
-                    "K": k,
-                    "grad_norm": norm,
-                    "cosine": float(g @ ref) / denom if denom > 0 else math.nan,
-                    "rel_error": float(torch.linalg.vector_norm(g - ref)) / ref_norm
-                    if ref_norm > 0
-                    else math.nan,
-                    "ref_grad_norm": ref_norm,
-                }
-            )
+            row = {
+                "adjoint": label or describe_adjoint(adjoint),
+                "K": k,
+                "grad_norm": norm,
+                "cosine": _cosine(g, ref),
+                "rel_error": float(torch.linalg.vector_norm(g - ref)) / ref_norm
+                if ref_norm > 0
+                else math.nan,
+                "ref_grad_norm": ref_norm,
+            }
+            if same_k is not None:
+                row["cosine_same_k"] = _cosine(g, per_k[k])
+            rows.append(row)
     return rows
+
+
+def _cosine(a: Tensor, b: Tensor) -> float:
+    """Cosine of two flat vectors; NaN when either is zero."""
+    denom = float(torch.linalg.vector_norm(a) * torch.linalg.vector_norm(b))
+    return float(a @ b) / denom if denom > 0 else math.nan
 
 
 def bptt_grad_norms(
