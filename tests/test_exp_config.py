@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 import implicit_ham as ih
-from implicit_ham.experiment.build import build_context
+from implicit_ham.experiment.build import build_context, build_datasets, context_channels
 from implicit_ham.experiment.schema import GROUPS, register_configs
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -80,9 +80,39 @@ def test_optimiser_config_is_a_partial_over_parameters() -> None:
 
 
 @pytest.mark.parametrize("preset", ["demo", "adjoint_ablation", "attention_vs_md",
-                                    "optuna_search"])
+                                    "optuna_search", "study_remedy"])
 def test_experiment_presets_compose(preset: str) -> None:
     assert _compose(f"+experiment={preset}").epochs > 0
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["+experiment=adjoint_ablation", "context=vq", "adjoint=phantom", "context.steps=12"],
+        ["+experiment=attention_vs_md", "+arm=sdpa_matched"],
+        ["+experiment=attention_vs_md", "+arm=self_attention_matched"],
+        ["+experiment=attention_vs_md", "+arm=none"],
+        ["+experiment=study_remedy", "context=nmf_normalized", "adjoint.ridge=0.1"],
+    ],
+)
+def test_every_study_job_composes_at_the_study_scale(overrides: list[str]) -> None:
+    """Each kind of job experiments/study.sh launches, as its sweep composes it."""
+    cfg = _compose(*overrides)
+    assert (cfg.epochs, cfg.batch_size, cfg.data.train_size, cfg.threads) == (12, 16, 512, 1)
+    if "eval_steps" in cfg.context:
+        assert cfg.context.eval_steps == cfg.context.steps
+
+
+def test_matched_attention_arms_have_the_hamburger_parameter_count() -> None:
+    """The claim of conf/arm/*_matched.yaml: within 1 % of the Hamburger block's parameters."""
+    counts = {}
+    for arm in ("sdpa_matched", "self_attention_matched", "nmf_unroll"):
+        cfg = _compose(f"+arm={arm}", "data.train_size=4", "data.val_size=4")
+        _, _, info = build_datasets(cfg.data)
+        module = build_context(cfg.context, context_channels(info, cfg.model), None, None)
+        counts[arm] = sum(p.numel() for p in module.parameters())
+    assert counts["sdpa_matched"] == counts["self_attention_matched"]
+    assert counts["sdpa_matched"] == pytest.approx(counts["nmf_unroll"], rel=0.01)
 
 
 def test_arms_override_context_and_adjoint() -> None:
