@@ -25,7 +25,8 @@ IGNORED_OVERRIDES = ("seed",)
 
 @dataclass
 class Job:
-    """One job of a sweep: its overrides, status and final metrics."""
+    """One job of a sweep: its overrides, status, final metrics, per-epoch history, failure
+    counts by kind (``results.json``'s ``failures.by_kind``) and resolved config."""
 
     directory: Path
     overrides: dict[str, str]
@@ -33,6 +34,8 @@ class Job:
     metrics: dict[str, float]
     error: str | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
+    failures: dict[str, int] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -163,6 +166,25 @@ def write_report(
     return path
 
 
+def find_job(sweep_dir: str | Path, **overrides: str) -> Job:
+    """The one job of ``sweep_dir`` whose overrides include all of ``overrides`` (values compared
+    as the strings Hydra recorded; a leading ``+`` of a key is ignored).
+
+    Raises:
+        LookupError: no job or several jobs match (the message lists the candidates' overrides).
+    """
+    wanted = {k.lstrip("+"): str(v) for k, v in overrides.items()}
+    jobs = collect_jobs(sweep_dir)
+    found = [j for j in jobs if all(j.overrides.get(k) == v for k, v in wanted.items())]
+    if len(found) != 1:
+        shown = "; ".join(" ".join(f"{k}={v}" for k, v in j.overrides.items()) for j in found[:5])
+        raise LookupError(
+            f"{len(found)} jobs in {sweep_dir} match {wanted} (need exactly one)"
+            + (f": {shown}" if found else "; add or correct the key=value pairs")
+        )
+    return found[0]
+
+
 def label(overrides: Mapping[str, str]) -> str:
     """A short label of a row's overrides (``key=value`` joined by spaces)."""
     return " ".join(f"{k.split('.')[-1]}={v}" for k, v in sorted(overrides.items())) or "default"
@@ -179,10 +201,19 @@ def _read_job(directory: Path) -> Job:
     metrics = {
         k: v for k, v in (results.get("metrics") or {}).items() if isinstance(v, (int, float))
     }
-    if "train_time_s" in results:
-        metrics["train_time_s"] = results["train_time_s"]
+    for key in ("train_time_s", "parameters"):
+        if isinstance(results.get(key), (int, float)):
+            metrics[key] = results[key]
+    failures = (results.get("failures") or {}).get("by_kind") or {}
     return Job(
-        directory, overrides, results.get("status", "ok"), metrics, results.get("error"), history
+        directory,
+        overrides,
+        results.get("status", "ok"),
+        metrics,
+        results.get("error"),
+        history,
+        {str(k): int(v) for k, v in failures.items()},
+        results.get("config") or {},
     )
 
 
