@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -302,6 +304,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--matmul-size", type=int, default=None, help="square matmul (2048 on CPU, else 8192)"
     )
+    parser.add_argument("--json", default=None, help="also write the tables to this JSON file")
     return parser.parse_args(argv)
 
 
@@ -336,7 +339,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Rows]:
     print(f"\ntargets (issue 6)\n{targets}")
     result = {str(hw): rows for hw, rows in tables.items()}
     matmul = Rows({"size": hw, "matmul_GFLOP/s": rate} for hw, rate in rates.items())
-    return {"matmul": matmul, **result, "sweep": sweep, "targets": targets}
+    out = {"matmul": matmul, **result, "sweep": sweep, "targets": targets}
+    if args.json:
+        setup_info = {"channels": args.channels, "rank": args.rank, "steps": args.steps}
+        payload = {"setup": setup_info | {"threads": threads, "clock": args.clock}, **out}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(payload, indent=1, default=list))
+    return out
 
 
 if __name__ == "__main__":

@@ -1,27 +1,43 @@
-"""Report a sweep: ``python -m experiments.report MULTIRUN_DIR [--out DIR] [--metrics ...]``.
+"""Report runs.
 
-Writes ``report.md`` (mean ± std over seeds per configuration, failed jobs) and PNG plots.
+* ``python -m experiments.report MULTIRUN_DIR [--out DIR] [--metrics ...] [--title ...]``: one
+  sweep -> ``report.md`` (mean ± std over seeds per configuration, failed jobs) and PNG plots.
+* ``python -m experiments.report --study [STUDY_DIR] [--out docs]``: the whole study
+  (default ``multirun/study``, written by ``experiments/study.sh``) -> ``results.md`` and its
+  figures, with the study script quoted at the top.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 
 from implicit_ham.experiment.report import write_report
+from implicit_ham.experiment.study_report import write_study_report
 
 logger = logging.getLogger("experiments.report")
+STUDY_SCRIPT = Path(__file__).with_name("study.sh")
 
 
 def main(argv: list[str] | None = None) -> None:
     """Parse the command line and write the report."""
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("sweep_dir", help="multirun folder holding the numbered job folders")
+    parser.add_argument("sweep_dir", nargs="?", default=None, help="multirun or study folder")
     parser.add_argument("--out", default=None, help="output folder (default: the sweep folder)")
     parser.add_argument("--metrics", nargs="*", default=None, help="metrics to tabulate")
     parser.add_argument("--title", default=None)
+    parser.add_argument("--study", action="store_true", help="write the study's results.md")
+    parser.add_argument("--commands", default=str(STUDY_SCRIPT), help="script quoted by --study")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.study:
+        commands = Path(args.commands).read_text()
+        path = write_study_report(args.sweep_dir or "multirun/study", args.out or "docs", commands)
+        logger.info("study report: %s", path)
+        return
+    if args.sweep_dir is None:
+        parser.error("give the multirun folder to report (or --study)")
     path = write_report(args.sweep_dir, args.out, args.metrics, args.title)
     logger.info("report: %s", path)
     logger.info("%s", path.read_text())
