@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo lint bench clean
+.PHONY: install test demo study lint bench clean
 
 install: $(STAMP)
 
@@ -22,6 +22,10 @@ demo: install
 	$(PY) -m experiments.train -m +experiment=demo
 	$(PY) -m experiments.report multirun/demo --title "make demo: backward modes on legend_seg"
 	@echo "report: multirun/demo/report.md (plots beside it; per-job results.json and metrics in multirun/demo/<n>/)"
+
+study: install
+	PY=$(PY) bash experiments/study.sh
+	@echo "results: docs/results.md (figures in docs/results/; runs in multirun/study/)"
 
 lint: install
 	$(PY) -m ruff check implicit_ham experiments tests

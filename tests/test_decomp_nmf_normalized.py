@@ -6,7 +6,6 @@ import pytest
 import torch
 
 import implicit_ham as ih
-from implicit_ham.diagnostics import estimate_conditioning
 
 DT = torch.float64
 
