@@ -49,24 +49,28 @@ def test_ridge_gradient_matches_the_discounted_formula(linear_solver: str, ridge
 def test_zero_ridge_is_the_exact_implicit_gradient_and_a_large_one_the_one_step() -> None:
     a, b, x = _linear_problem(1)
     exact = _grad(a, b, x, ih.Implicit(linear_solver="dense"))
-    torch.testing.assert_close(_grad(a, b, x, ih.Implicit(linear_solver="dense", ridge=0.0)), exact)
+    tiny = _grad(a, b, x, ih.Implicit(linear_solver="gmres", tol=1e-12, ridge=1e-9))
+    torch.testing.assert_close(tiny, exact, rtol=1e-7, atol=1e-8)
     one_step = torch.linspace(-1.0, 1.0, 10, dtype=DT).reshape(2, 5) @ b
     far = _grad(a, b, x, ih.Implicit(linear_solver="dense", ridge=1e9))
     torch.testing.assert_close(far, one_step, rtol=1e-7, atol=1e-8)
 
 
 def test_ridge_makes_a_singular_system_solvable() -> None:
-    """J = I (every point is a fixed point): λ = 0 has no solution, λ = 1 gives g = 2 v."""
+    """f(z, x) = z + (x - x_0): J = I, df/dx = I and every z is a fixed point at x = x_0.
+    λ = 0 has no solution; λ = 1 solves g = g / 2 + v, so g = 2 v and dL/dx = 2 v."""
     x = torch.randn(3, dtype=DT, requires_grad=True)
-    identity_plus = lambda z, x_: z + 0.0 * x_  # noqa: E731 - J = I, df/dx = 0 * I
+    x0 = x.detach().clone()
     sol = ih.fixed_point(
-        identity_plus,
-        x.detach().clone(),
+        lambda z, x_: z + (x_ - x0),
+        torch.zeros(3, dtype=DT),
         x,
         solver=ih.FixedPointIteration(max_steps=2),
         adjoint=ih.Implicit(linear_solver="gmres", tol=1e-10, ridge=1.0, on_divergence="raise"),
     )
-    sol.value.sum().backward()
+    weight = torch.tensor([1.0, -2.0, 0.5], dtype=DT)
+    (weight * sol.value).sum().backward()
+    torch.testing.assert_close(x.grad, 2 * weight)
     record = sol.backward_log[-1]
     assert record.converged and record.rel_residual < 1e-10
 

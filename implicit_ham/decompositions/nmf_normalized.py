@@ -6,7 +6,8 @@ the iteration's Jacobian J has the eigenvalue 1 along it and ``I - J`` is singul
 differentiation has no unique answer (docs/results.md, question 2). Rescaling each basis to
 unit L2 norm after every iteration (and each coefficient column by the inverse) picks one
 point of each scaling orbit: ``D C^T`` is what ``NMF`` computes from the same initial state,
-and J maps the scaling directions to 0.
+and J maps the scaling directions to 0. This is only part of the symmetry: at an interior fixed
+point J keeps r^2 - r unit eigenvalues and I - J stays singular (see the class docstring).
 """
 
 from __future__ import annotations

@@ -167,11 +167,12 @@ def write_report(
 
 
 def find_job(sweep_dir: str | Path, **overrides: str) -> Job:
-    """The one job of ``sweep_dir`` whose overrides include all of ``overrides`` (values compared
-    as the strings Hydra recorded; a leading ``+`` of a key is ignored).
+    """The one successful job of ``sweep_dir`` whose overrides include all of ``overrides``
+    (values compared as the strings Hydra recorded; a leading ``+`` of a key is ignored).
 
     Raises:
-        LookupError: no job or several jobs match (the message lists the candidates' overrides).
+        LookupError: no job or several jobs match, or the one match did not finish with status
+            "ok" (the message lists the candidates' overrides or the job's error).
     """
     wanted = {k.lstrip("+"): str(v) for k, v in overrides.items()}
     jobs = collect_jobs(sweep_dir)
@@ -181,6 +182,11 @@ def find_job(sweep_dir: str | Path, **overrides: str) -> Job:
         raise LookupError(
             f"{len(found)} jobs in {sweep_dir} match {wanted} (need exactly one)"
             + (f": {shown}" if found else "; add or correct the key=value pairs")
+        )
+    if found[0].status != "ok":
+        raise LookupError(
+            f"the job matching {wanted} ({found[0].directory}) has status {found[0].status!r}: "
+            f"{found[0].error}; rerun the sweep to finish it"
         )
     return found[0]
 

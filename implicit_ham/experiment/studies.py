@@ -82,7 +82,8 @@ def run_grad_study(cfg: Mapping[str, Any], output_dir: str | Path) -> dict[str, 
     with torch.no_grad():
         readout_weight = torch.randn_like(ham.readout(x_flat, problem.z0))
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", (ConvergenceWarning, ConditioningWarning))
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        warnings.simplefilter("ignore", ConditioningWarning)
         by_k = grad_vs_k(
             problem,
             lambda z: (readout_weight * ham.readout(x_flat, z)).sum(),

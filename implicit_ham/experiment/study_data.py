@@ -22,11 +22,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from .report import Job, Row, collect_jobs, group_jobs
 from .results import RESULTS_FILE, read_results
 
 SWEEPS = ("adjoints", "context", "remedy")
 STUDIES = ("grad", "convergence")
+EXPECTED_STUDIES = {  # what experiments/study.sh runs
+    "grad": (*(f"init_{c}" for c in ("nmf", "vq", "cd", "nmf_normalized")),
+             *(f"trained_{c}" for c in ("nmf", "vq", "cd"))),
+    "convergence": tuple(f"{p}_{c}" for p in ("init", "trained") for c in ("nmf", "vq", "cd")),
+}  # fmt: skip
 
 
 @dataclass
@@ -54,10 +61,20 @@ class StudyRuns:
         return self.studies.get(kind, {}).get(f"{point}_{context}")
 
     def missing(self) -> list[str]:
-        """Parts of the study that produced nothing (for the document's status line)."""
+        """Parts of the study that produced nothing (for the document's status line): empty
+        sweeps, each expected no-training study without results, the benchmark."""
         out = [f"sweep `{name}`" for name in SWEEPS if not self.sweeps.get(name)]
-        out += [f"`{kind}` studies" for kind in STUDIES if not self.studies.get(kind)]
+        for kind, names in EXPECTED_STUDIES.items():
+            out += [f"`{kind}/{name}`" for name in names if name not in self.studies.get(kind, {})]
         return out + ([] if self.bench is not None else ["`bench.json`"])
+
+    def parallel_jobs(self, sweep: str) -> int | None:
+        """``hydra.launcher.n_jobs`` of a sweep (from its multirun.yaml), or None."""
+        path = self.root / sweep / "multirun.yaml"
+        if not path.exists():
+            return None
+        launcher = ((yaml.safe_load(path.read_text()) or {}).get("hydra") or {}).get("launcher")
+        return (launcher or {}).get("n_jobs")
 
 
 def load_study(root: str | Path) -> StudyRuns:
@@ -70,8 +87,10 @@ def load_study(root: str | Path) -> StudyRuns:
         )
     runs = StudyRuns(root)
     for name in SWEEPS:
-        folder = root / name
-        runs.sweeps[name] = collect_jobs(folder) if folder.is_dir() else []
+        try:
+            runs.sweeps[name] = collect_jobs(root / name)
+        except FileNotFoundError:  # not run yet, or started without any job output
+            runs.sweeps[name] = []
     for kind in STUDIES:
         folder = root / kind
         found = sorted(folder.glob(f"*/{RESULTS_FILE}")) if folder.is_dir() else []

@@ -50,7 +50,7 @@ def plot_metric_vs_k(
             ax.set_title(f"{context}: {metric}")
             ax.set_xlabel("K (iterations)")
             ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
+    _legend(axes[0][0], fontsize=8)
     return _save(fig, path)
 
 
@@ -90,7 +90,7 @@ def plot_grad_study(
             ax.set_xlabel("K")
             ax.grid(alpha=0.3)
     axes[0].set_yscale("log")
-    axes[2].legend(fontsize=6, ncol=2)
+    _legend(axes[2], fontsize=6, ncol=2)
     return _save(fig, path)
 
 
@@ -118,7 +118,7 @@ def plot_convergence(
         for ax in axes[:, j]:
             ax.set_xlabel("iteration")
             ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    _legend(axes[0][0], fontsize=7)
     return _save(fig, path)
 
 
@@ -133,12 +133,20 @@ def plot_eval_solvers(
     for i, (_context, res) in enumerate(present.items()):
         for j, row in enumerate(res["eval_solvers"]):
             label = row["solver"] if i == 0 else None
-            ax.bar(i + j * width, row.get(metric, 0.0), width, color=f"C{j}", label=label)
+            value = row.get(metric)
+            height = float("nan") if value is None else value  # a missing value draws no bar
+            ax.bar(i + j * width, height, width, color=f"C{j}", label=label)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(present))], list(present))
     ax.set_ylabel(metric)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    _legend(ax, fontsize=7, ncol=2)
     return _save(fig, path)
+
+
+def _legend(ax: Any, **kwargs: Any) -> None:
+    """A legend when the axes have labelled artists (none when a study part is missing)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kwargs)
 
 
 def _k(k: int) -> dict[str, str]:
