@@ -72,13 +72,14 @@ def plot_grad_study(
         for row in res["grad_vs_k"]:
             by_mode.setdefault(row["adjoint"], []).append(row)
         for ax, (column, name) in zip(axes, panels, strict=True):
-            for mode, rows in by_mode.items():
+            for index, (mode, rows) in enumerate(by_mode.items()):
                 if column == "grad_norm" and mode != "unroll":
                     continue
                 ax.plot(
                     [r["K"] for r in rows],
                     [r.get(column) for r in rows],
                     POINT_STYLE.get(point, "-"),
+                    color=f"C{index}",  # one colour per mode; line style: init / trained
                     marker="o",
                     markersize=3,
                     label=f"{mode} ({point})",
@@ -127,7 +128,7 @@ def plot_eval_solvers(
 ) -> Path:
     """Bars: ``metric`` of each trained model (one group per decomposition) under each forward
     solver of ``run_convergence``'s ``eval_solvers``."""
-    fig, ax = plt.subplots(figsize=(9, 3.8))
+    fig, ax = plt.subplots(figsize=(9, 4.6))
     present = {c: r for c, r in results.items() if r and r.get("eval_solvers")}
     width = 0.8 / max(1, max((len(r["eval_solvers"]) for r in present.values()), default=1))
     for i, (_context, res) in enumerate(present.items()):
@@ -139,7 +140,7 @@ def plot_eval_solvers(
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(present))], list(present))
     ax.set_ylabel(metric)
     ax.grid(axis="y", alpha=0.3)
-    _legend(ax, fontsize=7, ncol=2)
+    _legend(ax, fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.1))
     return _save(fig, path)
 
 
