@@ -103,6 +103,19 @@ def test_every_study_job_composes_at_the_study_scale(overrides: list[str]) -> No
         assert cfg.context.eval_steps == cfg.context.steps
 
 
+@pytest.mark.parametrize(
+    ("launcher", "target"), [("local2", "JoblibLauncher"), ("cluster", "SlurmLauncher")]
+)
+def test_study_presets_run_locally_or_on_a_cluster(launcher: str, target: str) -> None:
+    overrides = ["+experiment=adjoint_ablation"] + (
+        [] if launcher == "local2" else ["hydra/launcher=cluster"]
+    )
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    assert cfg.hydra.launcher._target_.endswith(target)
+    assert launcher != "local2" or cfg.hydra.launcher.n_jobs == 2
+
+
 def test_matched_attention_arms_have_the_hamburger_parameter_count() -> None:
     """The claim of conf/arm/*_matched.yaml: within 1 % of the Hamburger block's parameters."""
     counts = {}
