@@ -27,6 +27,11 @@ import yaml
 from .report import Job, Row, collect_jobs, group_jobs
 from .results import RESULTS_FILE, read_results
 
+CONTEXTS = ("nmf", "vq", "cd")
+ADJOINTS = ("unroll", "one_step", "implicit", "phantom")
+KS = (1, 3, 6, 12)
+METRICS = ("val/blob_acc", "val/miou")
+REFERENCE_K = 6  # the paper's K, where the document compares modes
 SWEEPS = ("adjoints", "context", "remedy")
 STUDIES = ("grad", "convergence")
 EXPECTED_STUDIES = {  # what experiments/study.sh runs
@@ -75,6 +80,24 @@ class StudyRuns:
             return None
         launcher = ((yaml.safe_load(path.read_text()) or {}).get("hydra") or {}).get("launcher")
         return (launcher or {}).get("n_jobs")
+
+
+class DocBase:
+    """What every section of the study document shares: the runs, where figures go, and the
+    summary lines the sections' verdicts add."""
+
+    def __init__(self, runs: StudyRuns, out_dir: Path, figures: str) -> None:
+        self.runs, self.out_dir, self.figures = runs, out_dir, figures
+        self.adjoint_rows = runs.rows("adjoints")
+        self.summary: list[str] = []  # one line per verdict, for the Summary section
+
+    def figure(self, name: str) -> Path:
+        """The path a figure is written to."""
+        return self.out_dir / self.figures / name
+
+    def link(self, name: str, caption: str) -> str:
+        """The markdown image of a figure, relative to the document."""
+        return f"![{caption}]({self.figures}/{name})"
 
 
 def load_study(root: str | Path) -> StudyRuns:
@@ -174,3 +197,13 @@ def _steps_of(job: Job) -> int:
         return per_epoch * int(cfg["epochs"])
     except (KeyError, TypeError, ValueError):
         return 0
+
+
+def k_steps(k: int) -> dict[str, str]:
+    """The override selecting K in the adjoints sweep."""
+    return {"context.steps": str(k)}
+
+
+def pct(value: float | None) -> str:
+    """A fraction as a percentage with one decimal, or a dash."""
+    return "–" if value is None else f"{100 * value:.1f} %"

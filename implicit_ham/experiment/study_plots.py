@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 import matplotlib.ticker
 
 from .report import Row
-from .study_data import mean_std, select
+from .study_data import k_steps, mean_std, select
 
 POINT_STYLE = {"init": "--", "trained": "-"}
 
@@ -34,7 +34,9 @@ def plot_metric_vs_k(
         for j, context in enumerate(contexts):
             ax = axes[i][j]
             for adjoint in adjoints:
-                cells = [(k, select(rows, context=context, adjoint=adjoint, **_k(k))) for k in ks]
+                cells = [
+                    (k, select(rows, context=context, adjoint=adjoint, **k_steps(k))) for k in ks
+                ]
                 points = [(k, s) for k, row in cells if (s := mean_std(row, metric)) is not None]
                 if points:
                     ax.errorbar(
@@ -148,10 +150,6 @@ def _legend(ax: Any, **kwargs: Any) -> None:
     """A legend when the axes have labelled artists (none when a study part is missing)."""
     if ax.get_legend_handles_labels()[0]:
         ax.legend(**kwargs)
-
-
-def _k(k: int) -> dict[str, str]:
-    return {"context.steps": str(k)}
 
 
 def _save(fig: Any, path: str | Path) -> Path:

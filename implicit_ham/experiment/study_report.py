@@ -1,7 +1,9 @@
 """``docs/results.md``: the study's answers to the paper's gradient claims, generated from runs.
 
-Every number and every verdict sentence is computed here from the run outputs (``study_data``);
-nothing is typed by hand. Where a part of the study is missing, the document says so.
+Every number and every verdict sentence is computed from the run outputs (``study_data``);
+nothing is typed by hand. Where a part of the study is missing, the document says so. This
+module assembles the document (scale, questions 1 and 3); ``study_gradients`` writes question 2
+and ``study_convergence`` question 4.
 """
 
 from __future__ import annotations
@@ -9,28 +11,31 @@ from __future__ import annotations
 import datetime
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .study_convergence import ConvergenceSections
 from .study_data import (
-    StudyRuns,
+    ADJOINTS,
+    CONTEXTS,
+    KS,
+    METRICS,
+    REFERENCE_K,
     failure_fraction,
     fmt,
     job_seconds,
+    k_steps,
     load_study,
     mean_std,
+    pct,
     select,
     study_seconds,
     table,
 )
-from .study_plots import plot_convergence, plot_eval_solvers, plot_grad_study, plot_metric_vs_k
+from .study_gradients import GradientSections
+from .study_plots import plot_metric_vs_k
 
-CONTEXTS = ("nmf", "vq", "cd")
-ADJOINTS = ("unroll", "one_step", "implicit", "phantom")
-KS = (1, 3, 6, 12)
-METRICS = ("val/blob_acc", "val/miou")
-REFERENCE_K = 6
 # Hamburger paper, PASCAL VOC val mIoU (%): (one-step, BPTT); see shared/hamburger.md.
 PAPER_ONE_STEP_VS_BPTT = {"nmf": (78.3, 77.4), "vq": (77.7, 76.6), "cd": (78.1, 75.0)}
 BASELINE_ARMS = ("none", "sdpa_matched", "self_attention_matched")
@@ -70,19 +75,8 @@ def write_study_report(
     return path
 
 
-class _Doc:
+class _Doc(GradientSections, ConvergenceSections):
     """Builds the sections; each returns markdown lines."""
-
-    def __init__(self, runs: StudyRuns, out_dir: Path, figures: str) -> None:
-        self.runs, self.out_dir, self.figures = runs, out_dir, figures
-        self.adjoint_rows = runs.rows("adjoints")
-        self.summary: list[str] = []  # one line per verdict, for the Summary section
-
-    def figure(self, name: str) -> Path:
-        return self.out_dir / self.figures / name
-
-    def link(self, name: str, caption: str) -> str:
-        return f"![{caption}]({self.figures}/{name})"
 
     # ------------------------------------------------------------------ scale and compute
     def scale(self) -> list[str]:
@@ -130,28 +124,6 @@ class _Doc:
             lines.append(f"- **Missing** (not run or failed): {', '.join(missing)}.")
         return [*lines, ""]
 
-    def closer_than_bptt(self) -> str:
-        """Sentence: at K = REFERENCE_K, in how many (ham, model) studies the one-step gradient
-        is closer to the reference (converged) gradient than BPTT's."""
-        closer, pairs = [], 0
-        for context in CONTEXTS:
-            for point in ("init", "trained"):
-                res = self.runs.study("grad", point, context)
-                at_k = {r["adjoint"]: r.get("cosine") for r in (res or {}).get("grad_vs_k", [])
-                        if r["K"] == REFERENCE_K}  # fmt: skip
-                if at_k.get("unroll") is None or at_k.get("one_step") is None:
-                    continue
-                pairs += 1
-                if at_k["one_step"] > at_k["unroll"]:
-                    closer.append(f"{context} ({point})")
-        if not pairs:
-            return ""
-        return (
-            f"At K = {REFERENCE_K} the one-step gradient is closer (cosine) than BPTT's to the "
-            f"reference gradient in {len(closer)} of {pairs} studies"
-            + (f": {', '.join(closer)}." if closer else ".")
-        )
-
     # ------------------------------------------------------------------ question 1
     def question1(self) -> list[str]:
         lines = ["## 1. One-step vs BPTT vs implicit vs phantom", ""]
@@ -172,7 +144,7 @@ class _Doc:
                     cells = [
                         fmt(
                             mean_std(
-                                select(rows, context=context, adjoint=adjoint, **_k(k)), metric
+                                select(rows, context=context, adjoint=adjoint, **k_steps(k)), metric
                             )
                         )
                         for k in KS
@@ -183,8 +155,10 @@ class _Doc:
             [
                 context,
                 *(
-                    _pct(
-                        failure_fraction(select(rows, context=context, adjoint="implicit", **_k(k)))
+                    pct(
+                        failure_fraction(
+                            select(rows, context=context, adjoint="implicit", **k_steps(k))
+                        )
                     )
                     for k in KS
                 ),
@@ -207,10 +181,11 @@ class _Doc:
         body, holds, fails = [], [], []
         for context in CONTEXTS:
             one = mean_std(
-                select(rows, context=context, adjoint="one_step", **_k(REFERENCE_K)), "val/miou"
+                select(rows, context=context, adjoint="one_step", **k_steps(REFERENCE_K)),
+                "val/miou",
             )
             bptt = mean_std(
-                select(rows, context=context, adjoint="unroll", **_k(REFERENCE_K)), "val/miou"
+                select(rows, context=context, adjoint="unroll", **k_steps(REFERENCE_K)), "val/miou"
             )
             paper = PAPER_ONE_STEP_VS_BPTT[context]
             if one is None or bptt is None:
@@ -237,198 +212,6 @@ class _Doc:
             "",
         ]
 
-    # ------------------------------------------------------------------ question 2
-    def question2(self) -> list[str]:
-        lines = ["## 2. Gradient conditioning", ""]
-        grad = self.runs.studies.get("grad", {})
-        if not grad:
-            return [*lines, "Not run: the `grad` studies are missing.", "", *self.remedy()]
-        lines += [
-            "`experiments.grad_study` on the model's Hamburger layer (one validation image, "
-            "float64), at initialisation and after training (BPTT, K = 6, seed 0). The loss is "
-            "a fixed random weighting of the layer's readout D C^T, which NMF's scaling "
-            "symmetry leaves unchanged, so all gradients compared are well defined. Reference "
-            "gradient: BPTT through `study.reference_steps` iterations.",
-            "",
-            "**Conditioning of I - J** (J: the iteration's Jacobian; Arnoldi / Lanczos / inverse "
-            "iteration on Jacobian-vector products, so κ is a lower bound), at the K-step state "
-            "and after the reference number of iterations:",
-            "",
-        ]
-        body = []
-        for context in (*CONTEXTS, "nmf_normalized"):
-            for point in ("init", "trained"):
-                res = self.runs.study("grad", point, context)
-                for row in (res or {}).get("conditioning", []):
-                    body.append(
-                        [
-                            context,
-                            point,
-                            row["point"],
-                            row["steps"],
-                            row.get("fixed_point_residual"),
-                            row.get("spectral_radius"),
-                            row.get("sigma_min"),
-                            _kappa(row),
-                        ]
-                    )
-        lines += [
-            table(
-                [
-                    "ham",
-                    "model",
-                    "state",
-                    "iterations",
-                    "rel. residual",
-                    "spectral radius",
-                    "σ_min(I − J)",
-                    "κ(I − J) ≥",
-                ],
-                body,
-            ),
-            "",
-        ]
-        lines += self.grad_tables()
-        lines += self.remedy()
-        return lines
-
-    def grad_tables(self) -> list[str]:
-        lines: list[str] = []
-        norms: list[list[Any]] = []
-        cosines: list[list[Any]] = []
-        ks: list[int] = []
-        for context in (*CONTEXTS, "nmf_normalized"):
-            results = {p: self.runs.study("grad", p, context) for p in ("init", "trained")}
-            for point, res in results.items():
-                if not res:
-                    continue
-                unroll = [r for r in res["grad_vs_k"] if r["adjoint"] == "unroll"]
-                by_k = {r["K"]: r.get("grad_norm") for r in unroll}
-                norms.append([context, point, by_k])
-                ks = sorted(set(ks) | set(by_k))
-                for mode in _modes(res):
-                    rows = [r for r in res["grad_vs_k"] if r["adjoint"] == mode]
-                    same = " / ".join(_f3(r.get("cosine_same_k")) for r in rows)
-                    ref = " / ".join(_f3(r.get("cosine")) for r in rows)
-                    cosines.append([context, point, mode, same, ref])
-            if any(results.values()):
-                name = f"q2_grad_{context}.png"
-                plot_grad_study(results, context, self.figure(name))
-                lines.append(self.link(name, f"gradient study, {context}"))
-        ks_text = ", ".join(map(str, ks))
-        spread = [_ratio(by_k, ks) for *_, by_k in norms]
-        norm_rows = [
-            [c, p, *(by_k.get(k) for k in ks), r]
-            for (c, p, by_k), r in zip(norms, spread, strict=True)
-        ]
-        ratios = [r for r in spread if r is not None]
-        if ratios:
-            wide = [f"{c} ({p}) {r:.3g}" for (c, p, _), r in zip(norms, spread, strict=True)
-                    if r is not None and r > 10]  # fmt: skip
-            self.summary.append(
-                f"Q2: over K = {ks_text}, the BPTT gradient norm of each (ham, model) varies by a "
-                f"factor {min(ratios):.2g}–{max(ratios):.2g} (largest / smallest over K); above "
-                f"10: {', '.join(wide) if wide else 'none'}. " + self.closer_than_bptt()
-            )
-        return [
-            f"**BPTT gradient norm vs K** (K = {ks_text}; last column: the largest norm over "
-            "the smallest; above 10 the gradient explodes or vanishes somewhere in that range):",
-            "",
-            table(["ham", "model", *(f"K={k}" for k in ks), "ratio"], norm_rows),
-            "",
-            f"**Cosine of each backward mode's gradient** to the exact gradient of the K-step "
-            f"map (BPTT at the same K) and to the reference gradient, at K = {ks_text}:",
-            "",
-            table(
-                ["ham", "model", "backward", "cosine to BPTT at K", "cosine to reference"], cosines
-            ),
-            "",
-            *lines,
-            "",
-        ]
-
-    def remedy(self) -> list[str]:
-        lines = [
-            "### NMF's scaling symmetry and two remedies",
-            "",
-            "NMF's multiplicative updates map (D M, C M^-T) to (D' M, C' M^-T) for positive "
-            "diagonal M, and at an interior solution every invertible M near I gives an equally "
-            "good factorisation: the fixed points form a family, J has eigenvalues at 1 along "
-            "it and I − J is singular (tests/test_decomp_nmf_normalized.py counts r² unit "
-            "eigenvalues for NMF and r² − r with unit-norm bases). Remedies measured: "
-            "`nmf_normalized` (unit-norm bases after every step: same output, removes the r "
-            "scalings) and `Implicit(ridge=λ)` (solve g = J^T g / (1 + λ) + v, a discounted "
-            "Neumann series between the implicit (λ = 0) and one-step (λ → ∞) gradients).",
-            "",
-        ]
-        lines += self.remedy_conditioning()
-        rows = self.runs.rows("remedy")
-        if not rows:
-            return [*lines, "The `remedy` sweep is missing.", ""]
-        body, scored = [], []
-        for context in ("nmf", "nmf_normalized"):
-            for ridge in ("0.0", "0.1", "1.0"):
-                row = select(rows, context=context, **{"adjoint.ridge": ridge})
-                stats = [mean_std(row, m) for m in METRICS]
-                body.append([context, ridge, *map(fmt, stats), _pct(failure_fraction(row))])
-                if stats[0] is not None and (context, ridge) != ("nmf", "0.0"):
-                    scored.append((stats[0], context, ridge))  # plain NMF, λ = 0: the baseline
-        unroll = mean_std(
-            select(self.adjoint_rows, context="nmf", adjoint="unroll", **_k(REFERENCE_K)),
-            "val/blob_acc",
-        )
-        if not scored:
-            return [*lines, "The `remedy` sweep has no successful job.", ""]
-        baseline = mean_std(select(rows, context="nmf", **{"adjoint.ridge": "0.0"}), "val/blob_acc")
-        best = max(scored, key=lambda item: item[0][0])
-        self.summary.append(
-            f"Q2 remedy: best implicit-gradient NMF arm `{best[1]}` λ = {best[2]}, blob accuracy "
-            f"{fmt(best[0])}, vs {fmt(baseline)} for the exact implicit gradient (λ = 0) and "
-            f"{fmt(unroll)} with BPTT."
-        )
-        return [
-            *lines,
-            f"Trained with the implicit gradient at K = 6 ({_seeds(rows)} seeds; `nmf` with "
-            "λ = 0 is the unremedied baseline):",
-            "",
-            table(["ham", "ridge λ", *METRICS, "backward missed tol"], body),
-            "",
-            f"Best remedy arm by blob accuracy: `{best[1]}` with λ = {best[2]} ({fmt(best[0])}); "
-            f"NMF with BPTT at K = {REFERENCE_K} reaches {fmt(unroll)}.",
-            "",
-        ]
-
-    def remedy_conditioning(self) -> list[str]:
-        """NMF vs unit-norm-bases NMF at initialisation: conditioning after the reference
-        iterations and the implicit gradients' cosine to BPTT at K = REFERENCE_K."""
-        body = []
-        for context in ("nmf", "nmf_normalized"):
-            res = self.runs.study("grad", "init", context)
-            if not res:
-                continue
-            conv = next((r for r in res.get("conditioning", []) if r["point"] == "converged"), {})
-            at_k = {r["adjoint"]: r for r in res["grad_vs_k"] if r["K"] == REFERENCE_K}
-            body.append(
-                [
-                    context,
-                    conv.get("spectral_radius"),
-                    conv.get("kappa"),
-                    *(at_k.get(mode, {}).get("cosine_same_k") for mode in REMEDY_MODES),
-                ]
-            )
-        if not body:
-            return []
-        return [
-            f"At initialisation (grad studies): conditioning after the reference iterations, "
-            f"and the cosine of the implicit gradients to BPTT at K = {REFERENCE_K}:",
-            "",
-            table(
-                ["ham", "spectral radius", "κ(I − J) ≥", *(f"cosine {m}" for m in REMEDY_MODES)],
-                body,
-            ),
-            "",
-        ]
-
     # ------------------------------------------------------------------ question 3
     def question3(self) -> list[str]:
         lines = ["## 3. Hamburger vs attention vs no context", ""]
@@ -441,7 +224,9 @@ class _Doc:
         ]
         for context in CONTEXTS:
             for adjoint in ADJOINTS:
-                row = select(self.adjoint_rows, context=context, adjoint=adjoint, **_k(REFERENCE_K))
+                row = select(
+                    self.adjoint_rows, context=context, adjoint=adjoint, **k_steps(REFERENCE_K)
+                )
                 arms.append((f"{context} {adjoint} (K={REFERENCE_K})", row))
         body = []
         for name, row in arms:
@@ -498,166 +283,9 @@ class _Doc:
             lines += [f"H = W = {size}:", "", table(["module", *columns], body), ""]
         return lines
 
-    # ------------------------------------------------------------------ question 4
-    def question4(self) -> list[str]:
-        lines = ["## 4. Convergence", ""]
-        conv = self.runs.studies.get("convergence", {})
-        if not conv:
-            return [*lines, "Not run: the `convergence` studies are missing.", ""]
-        body = []
-        traces: dict[str, dict[str, Any]] = {}
-        for context in CONTEXTS:
-            traces[context] = {}
-            for point in ("init", "trained"):
-                res = self.runs.study("convergence", point, context)
-                traces[context][point] = res
-                for row in (res or {}).get("convergence", []):
-                    tol_key = next((k for k in row if k.startswith("steps_to_")), None)
-                    reach = row.get(tol_key) if tol_key else None
-                    body.append(
-                        [
-                            context,
-                            point,
-                            row["solver"],
-                            row["steps"],
-                            row["final_rel_residual"],
-                            "never" if reach is not None and reach < 0 else reach,
-                            row["contraction"],
-                            row.get("objective"),
-                        ]
-                    )
-        plot_convergence(traces, self.figure("q4_convergence.png"))
-        best = _lowest_residual(traces)
-        if best:
-            counts = {name: best.count(name) for name in dict.fromkeys(best)}
-            ranking = ", ".join(f"{name} in {n}" for name, n in counts.items())
-            self.summary.append(
-                f"Q4: lowest final residual after `study.max_steps` iterations, per (ham, model): "
-                f"{ranking} of {len(best)} cases."
-            )
-        lines += [
-            "Forward solves of the layer's problem on one validation batch with plain "
-            "iteration, Anderson and Broyden (`experiments.convergence`, `study.max_steps` "
-            'iterations), at initialisation and after training; "iterations to tol": first '
-            "iteration with every sample's relative residual ≤ 1e-6:",
-            "",
-            table(
-                [
-                    "ham",
-                    "model",
-                    "solver",
-                    "iterations",
-                    "final rel. residual",
-                    "iterations to tol",
-                    "contraction",
-                    "objective",
-                ],
-                body,
-            ),
-            "",
-            self.link("q4_convergence.png", "residual and objective vs iteration"),
-            "",
-        ]
-        return lines + self.eval_solvers({c: traces[c].get("trained") for c in CONTEXTS})
-
-    def eval_solvers(self, trained: Mapping[str, Mapping[str, Any] | None]) -> list[str]:
-        body, verdicts = [], []
-        for context, res in trained.items():
-            rows = (res or {}).get("eval_solvers") or []
-            for row in rows:
-                body.append(
-                    [
-                        context,
-                        row["solver"],
-                        row["final_rel_residual"],
-                        *(row.get(m) for m in METRICS),
-                    ]
-                )
-            verdict = _converged_verdict(context, res, rows)
-            if verdict:
-                verdicts.append(verdict)
-        if not body:
-            return []
-        if verdicts:
-            self.summary.append("Q4: " + "; ".join(verdicts) + ".")
-        plot_eval_solvers(trained, "val/blob_acc", self.figure("q4_eval_solvers.png"))
-        return [
-            "**Does a converged solve help the trained model?** Each model trained with BPTT "
-            "at K = 6 evaluated with other forward solvers (same weights, same initial bases):",
-            "",
-            table(["ham", "forward solver", "final rel. residual", *METRICS], body),
-            "",
-            self.link("q4_eval_solvers.png", "trained models under other forward solvers"),
-            "",
-            "Blob accuracy at the trained K vs the longest plain solve (one model per ham, seed "
-            "0; a change beyond ±0.05 is called help / hurt): " + "; ".join(verdicts) + ".",
-            "",
-        ]
-
-
-def _f3(value: float | None) -> str:
-    return "–" if value is None else f"{value:.3f}"
-
-
-def _kappa(row: Mapping[str, Any]) -> Any:
-    """κ(I − J), "∞" when σ_min is 0 (results.json stores the infinity as null)."""
-    if row.get("kappa") is None and row.get("sigma_min") == 0:
-        return "∞"
-    return row.get("kappa")
-
-
-def _ratio(by_k: Mapping[int, float | None], ks: Sequence[int]) -> float | None:
-    """Spread of the gradient norm over K: largest over smallest (of those > 0)."""
-    present = [by_k[k] for k in ks if by_k.get(k)]
-    if len(present) < 2:
-        return None
-    return max(present) / min(present)  # type: ignore[type-var, operator]
-
-
-def _seeds(rows: Sequence[Any]) -> str:
-    counts = {len(row.jobs) for row in rows}
-    return " / ".join(map(str, sorted(counts))) or "0"
-
-
-def _converged_verdict(context: str, res: Any, rows: Sequence[Mapping[str, Any]]) -> str | None:
-    """Blob accuracy at the trained K vs the longest plain solve, or None when either is
-    missing."""
-    k = (res or {}).get("config", {}).get("context", {}).get("eval_steps")
-    trained = next((r for r in rows if r["solver"] == f"fixed_point K={k}"), None)
-    plain = [r for r in rows if r["solver"].startswith("fixed_point")]
-    if trained is None or not plain:
-        return None
-    longest = max(plain, key=lambda r: int(r["solver"].split("=")[1]))
-    before, after = trained.get("val/blob_acc"), longest.get("val/blob_acc")
-    if before is None or after is None or longest is trained:
-        return None
-    delta = after - before
-    effect = "helps" if delta > 0.05 else "hurts" if delta < -0.05 else "about the same"
-    return f"{context}: K={k} → {longest['solver']} {effect} ({before:.3f} → {after:.3f})"
-
-
-def _lowest_residual(traces: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """For each (ham, model) convergence study, the solver with the lowest final residual."""
-    best = []
-    for per_point in traces.values():
-        for res in per_point.values():
-            rows = [r for r in (res or {}).get("convergence", [])
-                    if r.get("final_rel_residual") is not None]  # fmt: skip
-            if rows:
-                best.append(min(rows, key=lambda r: r["final_rel_residual"])["solver"])
-    return best
-
-
-def _k(k: int) -> dict[str, str]:
-    return {"context.steps": str(k)}
-
 
 def _kname(k: int) -> str:
     return f"K={k}"
-
-
-def _pct(value: float | None) -> str:
-    return "–" if value is None else f"{100 * value:.1f} %"
 
 
 def _names(items: Sequence[str]) -> str:
@@ -671,10 +299,6 @@ def _claim(holds: Sequence[str], fails: Sequence[str]) -> str:
     if not holds:
         return f"holds for none of {_names(fails)}"
     return f"holds for {_names(holds)} and not for {_names(fails)}"
-
-
-def _modes(results: Mapping[str, Any]) -> list[str]:
-    return list(dict.fromkeys(r["adjoint"] for r in results["grad_vs_k"]))
 
 
 def _param_mean(row: Any) -> float | None:
