@@ -15,7 +15,6 @@ A backward mode never changes the forward value, only the gradient. Two families
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -28,7 +27,13 @@ from .registry import Registry
 from .solvers import Solver, damped
 from .state import State, StateSpec, StepFn
 from .stats import BackwardStats, SolverStats
-from .validation import check_choice, check_positive_int, check_tolerance, check_unit_interval
+from .validation import (
+    check_choice,
+    check_nonnegative,
+    check_positive_int,
+    check_tolerance,
+    check_unit_interval,
+)
 
 ADJOINTS: Registry[Adjoint] = Registry("adjoint")
 
@@ -178,12 +183,7 @@ class Implicit(AtFixedPoint):
         check_tolerance("Implicit", "tol", self.tol)
         check_choice("Implicit", "on_divergence", self.on_divergence, ON_DIVERGENCE)
         check_tolerance("Implicit", "cond_threshold", self.cond_threshold, optional=True)
-        ridge = self.ridge
-        if not (isinstance(ridge, (int, float)) and math.isfinite(ridge) and ridge >= 0):
-            raise ValueError(
-                f"Implicit: ridge must be a finite number >= 0 (0: exact implicit gradient), "
-                f"got {self.ridge!r}"
-            )
+        check_nonnegative("Implicit", "ridge", self.ridge, "the exact implicit gradient")
 
     def backward_solve(self, op: AdjointOperator, v: Tensor) -> tuple[Tensor, BackwardStats]:
         solver: LinearSolver = self.linear_solver  # type: ignore[assignment]

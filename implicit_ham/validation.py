@@ -24,6 +24,15 @@ def check_tolerance(owner: str, name: str, value: object, optional: bool = False
         raise ValueError(f"{owner}: {name} must be {allowed}, got {value!r}")
 
 
+def check_nonnegative(owner: str, name: str, value: object, meaning_of_zero: str) -> None:
+    """Raise ValueError unless ``value`` is a finite number >= 0 (booleans refused)."""
+    finite = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    if not (finite and value >= 0 and value != float("inf")):  # type: ignore[operator]
+        raise ValueError(
+            f"{owner}: {name} must be a finite number >= 0 (0: {meaning_of_zero}), got {value!r}"
+        )
+
+
 def check_choice(owner: str, name: str, value: object, choices: tuple[str, ...]) -> None:
     """Raise ValueError unless ``value`` is one of ``choices``."""
     if value not in choices:

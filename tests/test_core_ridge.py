@@ -75,7 +75,7 @@ def test_ridge_makes_a_singular_system_solvable() -> None:
     assert record.converged and record.rel_residual < 1e-10
 
 
-@pytest.mark.parametrize("bad", [-0.1, float("nan"), float("inf"), "big"])
+@pytest.mark.parametrize("bad", [-0.1, float("nan"), float("inf"), "big", True])
 def test_a_bad_ridge_is_refused_with_its_meaning(bad: object) -> None:
     with pytest.raises(ValueError, match="ridge must be a finite number >= 0"):
         ih.Implicit(ridge=bad)  # type: ignore[arg-type]

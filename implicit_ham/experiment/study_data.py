@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from ..diagnostics.table import format_value
 from .report import Job, Row, collect_jobs, group_jobs
 from .results import RESULTS_FILE, read_results
 
@@ -173,7 +174,8 @@ def study_seconds(results: Iterable[dict[str, Any]]) -> float:
 
 
 def table(header: Sequence[str], body: Iterable[Sequence[Any]]) -> str:
-    """A markdown table; floats get 4 significant digits, None a dash."""
+    """A markdown table; cells as ``format_value`` writes them (floats to 4 significant digits),
+    None as a dash."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for cells in body:
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
@@ -181,13 +183,7 @@ def table(header: Sequence[str], body: Iterable[Sequence[Any]]) -> str:
 
 
 def _cell(value: Any) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return str(value)
-        return f"{value:.4g}"
-    return str(value)
+    return "–" if value is None else format_value(value)
 
 
 def _steps_of(job: Job) -> int:
