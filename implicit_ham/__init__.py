@@ -29,6 +29,8 @@ from .errors import (
     ConditioningWarning,
     ConvergenceWarning,
     NonFiniteError,
+    NotFixedPointError,
+    NotFixedPointWarning,
 )
 from .fixed_point import FixedPointProblem, Solution, fixed_point
 from .linear_solvers import (
@@ -92,6 +94,8 @@ __all__ = [
     "Neumann",
     "NonFiniteError",
     "NormalizedNMF",
+    "NotFixedPointError",
+    "NotFixedPointWarning",
     "OneStep",
     "Phantom",
     "SDPAttention2d",

@@ -2,15 +2,15 @@
 
 A backward mode never changes the forward value, only the gradient. Two families:
 
-* through iterations (autograd over trailing steps of the forward solve): ``Unroll`` (all K
+* through iterations (autograd over trailing iterations of the forward solve): ``Unroll`` (all K
   steps, BPTT), ``Truncated(k)`` (the last k), ``OneStep`` (the last one; Hamburger's / JFB's
-  gradient), ``Phantom(k, tau)`` (the last k steps replaced by damped steps
-  ``z <- tau f(z) + (1 - tau) z``; with ``tau = 1`` it equals ``Truncated(k)``);
+  gradient); ``k`` larger than the solver's ``max_steps`` is clipped (all steps carry gradient);
+* after the solve: ``Phantom(k, tau)`` (k damped steps ``p <- tau f(p) + (1 - tau) p`` from the
+  solution carry the gradient, the value stays the solution);
 * at the fixed point (``autograd.Function`` around z*, memory flat in K): ``Implicit`` (solve
   ``g = J^T g + v`` with a chosen linear solver) and ``Neumann(k, tau)`` (the truncated Neumann
-  series ``g = tau * sum_{i<k} B^T^i v`` with ``B = tau J + (1 - tau) I``).
-
-``k`` larger than the solver's ``max_steps`` is clipped: all steps then carry gradient.
+  series ``g = tau * sum_{i<k} B^T^i v`` with ``B = tau J + (1 - tau) I``). Both assume z* is a
+  fixed point and check it: see ``fixed_point_tol``.
 """
 
 from __future__ import annotations
@@ -21,11 +21,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .implicit_backward import ON_DIVERGENCE, attach_fixed_point_gradient, finish_backward
+from .implicit_backward import (
+    ON_DIVERGENCE,
+    FixedPointCheck,
+    attach_fixed_point_gradient,
+    finish_backward,
+)
 from .linear_solvers import LINEAR_SOLVERS, AdjointOperator, LinearSolver, discounted
 from .registry import Registry
 from .solvers import Solver, damped
-from .state import State, StateSpec, StepFn
+from .state import State, StateSpec, StepFn, with_gradient_of
 from .stats import BackwardStats, SolverStats
 from .validation import (
     check_choice,
@@ -55,21 +60,16 @@ class Adjoint(ABC):
 
 
 class ThroughIterations(Adjoint):
-    """Base of the modes that backpropagate through trailing forward steps."""
+    """Base of the modes that backpropagate through trailing iterations of the solver itself."""
 
     @abstractmethod
     def grad_steps(self, solver: Solver) -> int:
-        """How many trailing steps carry gradient."""
-
-    def grad_step(self, step: StepFn) -> StepFn:
-        """The map those steps apply, given the solver's own step map (default: that map)."""
-        return step
+        """How many trailing iterations carry gradient."""
 
     def run(
         self, f: StepFn, z0: State, spec: StateSpec, solver: Solver
     ) -> tuple[State, SolverStats, list[BackwardStats]]:
-        grad_step = self.grad_step(solver.step_map(f))
-        z, stats = solver.solve(f, z0, spec, self.grad_steps(solver), grad_step)
+        z, stats = solver.solve(f, z0, spec, self.grad_steps(solver))
         return z, stats, []
 
 
@@ -108,10 +108,12 @@ class OneStep(ThroughIterations):
 
 @ADJOINTS.register("phantom")
 @dataclass(frozen=True)
-class Phantom(ThroughIterations):
-    """Unrolling-based phantom gradient (Geng et al., NeurIPS 2021): the last ``k`` steps are
-    ``z <- tau F(z) + (1 - tau) z`` with gradient, F the solver's own step (``f``, or its damped
-    version under a damped FixedPointIteration). ``tau = 1`` gives ``Truncated(k)``."""
+class Phantom(Adjoint):
+    """Unrolling-based phantom gradient (Geng et al., NeurIPS 2021): after the solve (without
+    gradient), ``k`` damped steps ``p <- tau f(p) + (1 - tau) p`` from the solution z* carry the
+    gradient; the value stays the solver's z* (``value = z* + (p - p.detach())``). The k steps
+    are extra evaluations of ``f``, spent for the gradient only. ``k = 1, tau = 1`` is the
+    one-step (JFB) gradient at z*."""
 
     k: int = 5
     tau: float = 0.5
@@ -120,15 +122,30 @@ class Phantom(ThroughIterations):
         check_positive_int("Phantom", "k", self.k)
         check_unit_interval("Phantom", "tau", self.tau)
 
-    def grad_steps(self, solver: Solver) -> int:
-        return self.k
-
-    def grad_step(self, step: StepFn) -> StepFn:
-        return damped(step, self.tau)
+    def run(
+        self, f: StepFn, z0: State, spec: StateSpec, solver: Solver
+    ) -> tuple[State, SolverStats, list[BackwardStats]]:
+        with torch.no_grad():
+            z, stats = solver.solve(f, z0, spec, 0)
+        if not torch.is_grad_enabled():
+            return z, stats, []
+        step, p = damped(f, self.tau), z
+        for _ in range(self.k):
+            p = step(p)
+        return with_gradient_of(z, p), stats, []
 
 
 class AtFixedPoint(Adjoint):
-    """Base of the modes that differentiate at the solution z* (memory flat in K)."""
+    """Base of the modes that differentiate at the solution z* (memory flat in K).
+
+    Subclasses are dataclasses with the fields ``fixed_point_tol`` (the largest relative
+    residual ``||f(z*) - z*|| / ||f(z*)||`` at which z* counts as a fixed point; None: no
+    check) and ``on_divergence`` (what a failed check or solve does: "warn", "raise",
+    "fallback" to the one-step gradient).
+    """
+
+    fixed_point_tol: float | None = 1e-3
+    on_divergence: str = "warn"
 
     @abstractmethod
     def backward_solve(self, op: AdjointOperator, v: Tensor) -> tuple[Tensor, BackwardStats]:
@@ -140,7 +157,8 @@ class AtFixedPoint(Adjoint):
         with torch.no_grad():
             z, stats = solver.solve(f, z0, spec, 0)
         log: list[BackwardStats] = []
-        return attach_fixed_point_gradient(f, z, spec, self.backward_solve, log), stats, log
+        check = FixedPointCheck(self.name, self.fixed_point_tol, self.on_divergence)
+        return attach_fixed_point_gradient(f, z, spec, self.backward_solve, log, check), stats, log
 
 
 @ADJOINTS.register("implicit")
@@ -153,10 +171,15 @@ class Implicit(AtFixedPoint):
             "broyden", "dense").
         max_steps: budget of VJPs for the linear solve.
         tol: target relative residual ``||g - J^T g - v|| / ||v||``.
-        on_divergence: when the solve misses ``tol`` or returns a non-finite adjoint: "warn"
-            (default; a non-finite adjoint still raises), "raise" (``BackwardSolveError``), or
+        on_divergence: when z* is not a fixed point (see ``fixed_point_tol``), or the solve
+            misses ``tol`` or returns a non-finite adjoint: "warn" (default; a non-finite
+            adjoint still raises), "raise" (``NotFixedPointError`` / ``BackwardSolveError``), or
             "fallback" (warn and use the one-step gradient g = v for this backward; the stats
             say ``fallback=True``).
+        fixed_point_tol: the largest relative residual ``||f(z*) - z*|| / ||f(z*)||`` (worst
+            sample, measured on the evaluation of ``f`` this mode makes anyway) at which z*
+            counts as a fixed point; above it the implicit gradient is wrong and
+            ``on_divergence`` applies. None disables the check.
         cond_threshold: warn ``ConditioningWarning`` when the linear solver reports κ(I - J)
             above this (Dense: exact; GMRES: a lower bound from its Arnoldi matrices); None
             disables the check.
@@ -174,6 +197,7 @@ class Implicit(AtFixedPoint):
     on_divergence: str = "warn"
     cond_threshold: float | None = 1e6
     ridge: float = 0.0
+    fixed_point_tol: float | None = 1e-3
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -182,6 +206,7 @@ class Implicit(AtFixedPoint):
         check_positive_int("Implicit", "max_steps", self.max_steps)
         check_tolerance("Implicit", "tol", self.tol)
         check_choice("Implicit", "on_divergence", self.on_divergence, ON_DIVERGENCE)
+        check_tolerance("Implicit", "fixed_point_tol", self.fixed_point_tol, optional=True)
         check_tolerance("Implicit", "cond_threshold", self.cond_threshold, optional=True)
         check_nonnegative("Implicit", "ridge", self.ridge, "the exact implicit gradient")
 
@@ -211,14 +236,23 @@ class Implicit(AtFixedPoint):
 @dataclass(frozen=True)
 class Neumann(AtFixedPoint):
     """Neumann-series phantom gradient: ``g = tau * sum_{i<k} (B^T)^i v``,
-    ``B = tau J + (1 - tau) I``; ``k -> inf`` recovers ``Implicit``."""
+    ``B = tau J + (1 - tau) I``; ``k -> inf`` recovers ``Implicit``.
+
+    Args:
+        k, tau: the number of terms and the damping.
+        fixed_point_tol, on_divergence: the fixed-point check, as for ``Implicit``.
+    """
 
     k: int = 5
     tau: float = 0.5
+    fixed_point_tol: float | None = 1e-3
+    on_divergence: str = "warn"
 
     def __post_init__(self) -> None:
         check_positive_int("Neumann", "k", self.k)
         check_unit_interval("Neumann", "tau", self.tau)
+        check_tolerance("Neumann", "fixed_point_tol", self.fixed_point_tol, optional=True)
+        check_choice("Neumann", "on_divergence", self.on_divergence, ON_DIVERGENCE)
 
     def backward_solve(self, op: AdjointOperator, v: Tensor) -> tuple[Tensor, BackwardStats]:
         term, total = v, v
@@ -235,4 +269,5 @@ class Neumann(AtFixedPoint):
             steps=self.k - 1,
             tol=None,
             cond=None,
+            on_divergence=self.on_divergence,
         )

@@ -17,3 +17,12 @@ class ConditioningWarning(UserWarning):
 
 class BackwardSolveError(RuntimeError):
     """An implicit backward solve missed its tolerance under ``on_divergence="raise"``."""
+
+
+class NotFixedPointWarning(ConvergenceWarning):
+    """An at-fixed-point backward mode (Implicit, Neumann) was asked to differentiate at a point
+    whose residual ``||f(z*) - z*|| / ||f(z*)||`` exceeds its ``fixed_point_tol``."""
+
+
+class NotFixedPointError(BackwardSolveError):
+    """As ``NotFixedPointWarning``, under ``on_divergence="raise"``."""

@@ -97,5 +97,19 @@ def fixed_point(
     def step(z: State) -> State:
         return spec.check(f(spec.restore(z), *args), where="fixed_point")
 
+    if spec.batch == 0:
+        return _empty_batch(step, spec.as_tuple(z0), spec, solver)
     z, stats, log = adjoint.run(step, spec.as_tuple(z0), spec, solver)
     return Solution(spec.restore(z), stats, log)
+
+
+def _empty_batch(
+    step: Callable[[State], State], z0: State, spec: StateSpec, solver: Solver
+) -> Solution:
+    """An empty batch (B = 0): ``f(z0)`` (empty, but connected to ``f``'s parameters, whose
+    gradient is then zero) and the statistics of a solve that took no step."""
+    value = step(z0)
+    trace, last = value[0].detach().new_zeros(0, 0), value[0].detach().new_zeros(0)
+    converged = None if solver.tol is None else last.bool()
+    stats = SolverStats(solver.name, 0, trace, last, last, converged)
+    return Solution(spec.restore(value), stats)

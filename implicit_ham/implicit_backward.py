@@ -7,11 +7,18 @@ receives the incoming gradient v, turns it into an adjoint vector g with a ``Bac
 (e.g. a linear solve of ``g = J^T g + v``), and hands g to ``fz``'s graph, which carries
 ``(df/dθ)^T g`` to every argument and parameter. No tensor hooks: a second backward with
 ``retain_graph=True`` repeats the solve and returns the same gradient.
+
+The gradient assumes z* is a fixed point. The evaluation ``fz = f(z*)`` gives its residual
+``||f(z*) - z*|| / ||f(z*)||`` per sample for free; the backward pass compares the worst one
+with ``FixedPointCheck.tol`` before solving and applies the ``on_divergence`` policy when z* is
+not a fixed point (warn ``NotFixedPointWarning``, raise ``NotFixedPointError``, or fall back
+to the one-step gradient ``g = v``), recording the residual in the ``BackwardStats``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,12 +27,36 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .errors import BackwardSolveError, ConditioningWarning, ConvergenceWarning, NonFiniteError
+from .errors import (
+    BackwardSolveError,
+    ConditioningWarning,
+    ConvergenceWarning,
+    NonFiniteError,
+    NotFixedPointError,
+    NotFixedPointWarning,
+)
 from .linear_solvers import AdjointOperator
-from .state import State, StateSpec, StepFn
+from .state import State, StateSpec, StepFn, per_sample_norm
 from .stats import BackwardStats
 
 BackwardSolve = Callable[[AdjointOperator, Tensor], tuple[Tensor, BackwardStats]]
+ON_DIVERGENCE = ("warn", "raise", "fallback")
+
+
+@dataclass(frozen=True)
+class FixedPointCheck:
+    """How an at-fixed-point backward mode treats a point that is not a fixed point.
+
+    Attributes:
+        adjoint: the backward mode's name (for messages and stats).
+        tol: the largest accepted relative residual ``||f(z*) - z*|| / ||f(z*)||`` (worst
+            sample); None skips the check.
+        on_divergence: "warn", "raise" or "fallback" (see the module docstring).
+    """
+
+    adjoint: str
+    tol: float | None
+    on_divergence: str
 
 
 def attach_fixed_point_gradient(
@@ -34,6 +65,7 @@ def attach_fixed_point_gradient(
     spec: StateSpec,
     backward_solve: BackwardSolve,
     log: list[BackwardStats],
+    check: FixedPointCheck,
 ) -> State:
     """Return z* (same values) carrying the gradient that ``backward_solve`` defines.
 
@@ -44,6 +76,7 @@ def attach_fixed_point_gradient(
         backward_solve: maps (J^T operator, flat incoming gradient v of size M) to the adjoint
             vector g (M,) and its statistics.
         log: each backward's ``BackwardStats`` is appended here.
+        check: what to do in backward when z* is not a fixed point of ``f``.
     """
     if not torch.is_grad_enabled():
         return z_star
@@ -52,7 +85,10 @@ def attach_fixed_point_gradient(
         fz = f(z_req)
     if not _reaches_other_leaves(fz, z_req):
         return z_star
-    backward = _AdjointBackward(spec, z_req, fz, backward_solve, log)
+    with torch.no_grad():
+        change = per_sample_norm(tuple(a - b for a, b in zip(fz, z_req, strict=True)))
+        residual = change / (per_sample_norm(fz) + torch.finfo(change.dtype).tiny)
+    backward = _AdjointBackward(spec, z_req, fz, backward_solve, log, check, residual)
     return _FixedPointGradient.apply(backward, *fz)
 
 
@@ -65,6 +101,8 @@ class _AdjointBackward:
     fz: State
     backward_solve: BackwardSolve
     log: list[BackwardStats]
+    check: FixedPointCheck
+    residual: Tensor
 
     def vjp(self, g: Tensor) -> Tensor:
         """(M,) -> (M,): ``J^T g``."""
@@ -100,9 +138,49 @@ class _AdjointBackward:
         v_parts = self.spec.zeros_like_missing(grads, self.z_req)
         v = self.spec.flatten(v_parts).reshape(-1)
         op = AdjointOperator(self.vjp, self.vjp_batched, v.numel())
-        g, stats = self.backward_solve(op, v)
+        worst = float(self.residual.max()) if self.residual.numel() else 0.0
+        if _at_fixed_point(worst, self.check, self.spec.batch):
+            g, stats = self.backward_solve(op, v)
+        else:
+            g = v.clone()
+            stats = BackwardStats(self.check.adjoint, "none", 0, math.nan, math.nan, None)
+            stats = dataclasses.replace(stats, fallback=True)
+        stats = dataclasses.replace(
+            stats,
+            forward_residual=worst,
+            at_fixed_point=None if self.check.tol is None else worst <= self.check.tol,
+        )
         self.log.append(stats)
         return self.spec.unflatten(g.reshape(self.spec.batch, -1))
+
+
+def _at_fixed_point(worst: float, check: FixedPointCheck, batch: int) -> bool:
+    """Apply ``check`` to the worst forward residual: True to go on with the solve, False to
+    fall back to the one-step gradient; raises or warns per ``check.on_divergence``."""
+    if check.tol is None or worst <= check.tol:
+        return True
+    problem = (
+        f"{check.adjoint} backward: the point it differentiates at is not a fixed point of f: "
+        f"relative residual ||f(z*) - z*|| / ||f(z*)|| = {worst:.3e} (worst of {batch} samples) "
+        f"> fixed_point_tol={check.tol:g}. The implicit gradient assumes z* = f(z*) and is "
+        "wrong here."
+    )
+    fix = (
+        "Solve further (more steps, a tolerance, Anderson), differentiate the iterations "
+        "instead (Unroll, Truncated, OneStep), raise fixed_point_tol, or set "
+        "on_divergence='fallback'."
+    )
+    if check.on_divergence == "raise":
+        raise NotFixedPointError(f"{problem} {fix}")
+    if check.on_divergence == "fallback":
+        warnings.warn(
+            f"{problem} Using the one-step gradient for this batch (fallback).",
+            NotFixedPointWarning,
+            stacklevel=3,
+        )
+        return False
+    warnings.warn(f"{problem} {fix}", NotFixedPointWarning, stacklevel=3)
+    return True
 
 
 class _FixedPointGradient(torch.autograd.Function):
@@ -122,8 +200,6 @@ class _FixedPointGradient(torch.autograd.Function):
     ) -> tuple[Tensor | None, ...]:
         return (None, *ctx.backward_solve(grads))
 
-
-ON_DIVERGENCE = ("warn", "raise", "fallback")
 
 
 def finish_backward(

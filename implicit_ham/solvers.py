@@ -1,9 +1,12 @@
 """Forward solvers: find z* = f(z*) from z0, spending the last ``grad_steps`` steps with gradient.
 
-Every solver shares one signature, ``solve(f, z0, spec, grad_steps, grad_step)``, and returns the
-final state and a ``SolverStats``. Iterations run under ``torch.no_grad()`` except the trailing
-``grad_steps`` ones, which the backward mode asks for (all of them for ``Unroll``, the last k for
-``Truncated(k)``, none for ``Implicit``); that is how the backward mode changes only the gradient.
+Every solver shares one signature, ``solve(f, z0, spec, grad_steps)``, and returns the final
+state and a ``SolverStats``. The solver alone defines its iteration: the backward mode only says
+how many trailing iterations carry gradient (all of them for ``Unroll``, the last k for
+``Truncated(k)``, none for ``Implicit``), so the value cannot depend on the backward mode.
+``FixedPointIteration`` runs those steps with gradient; a solver whose steps are not plain steps
+of ``f`` (Anderson, Broyden) solves without gradient and attaches the gradient of ``grad_steps``
+plain steps of ``f`` taken from its solution, without changing the value (``with_gradient_of``).
 
 ``FixedPointIteration`` with ``tol=None`` runs exactly ``max_steps`` steps with no host
 synchronisation per step (Hamburger's K steps). ``Anderson`` and ``Broyden`` wrap torchdeq's
@@ -28,7 +31,7 @@ from torchdeq.solver import anderson_solver, broyden_solver
 
 from .errors import ConvergenceWarning, NonFiniteError
 from .registry import Registry
-from .state import State, StateSpec, StepFn
+from .state import State, StateSpec, StepFn, with_gradient_of
 from .stats import SolverStats, TraceRecorder
 from .validation import check_choice, check_positive_int, check_tolerance, check_unit_interval
 
@@ -51,7 +54,6 @@ class Solver(ABC):
         z0: State,
         spec: StateSpec,
         grad_steps: int = 0,
-        grad_step: StepFn | None = None,
     ) -> tuple[State, SolverStats]:
         """Solve ``z = f(z)`` from ``z0``.
 
@@ -59,14 +61,10 @@ class Solver(ABC):
             f: the map, on tuples of tensors shaped like ``spec``.
             z0: the initial state.
             spec: the state's structure.
-            grad_steps: how many trailing steps run with gradient (clipped to ``max_steps``).
-            grad_step: the map used for those steps; defaults to the solver's own step.
+            grad_steps: how many trailing iterations carry gradient (clipped to ``max_steps``);
+                the returned value must not depend on it (the conformance kit,
+                ``implicit_ham.testing.check_solver``, checks this).
         """
-
-    def step_map(self, f: StepFn) -> StepFn:
-        """The map one plain iteration of this solver applies (``f`` unless damped); the
-        through-iteration backward modes build their gradient steps from it."""
-        return f
 
     @property
     def name(self) -> str:
@@ -100,43 +98,35 @@ class FixedPointIteration(Solver):
         check_unit_interval("FixedPointIteration", "damping", self.damping)
         check_choice("FixedPointIteration", "stop_mode", self.stop_mode, STOP_MODES)
 
-    def step_map(self, f: StepFn) -> StepFn:
-        """The map one iteration applies (``f`` itself when undamped)."""
-        return damped(f, self.damping)
-
     def solve(
         self,
         f: StepFn,
         z0: State,
         spec: StateSpec,
         grad_steps: int = 0,
-        grad_step: StepFn | None = None,
     ) -> tuple[State, SolverStats]:
-        step = self.step_map(f)
-        grad_step = grad_step or step
+        step = damped(f, self.damping)
         grad_steps = min(grad_steps, self.max_steps)
         rec = TraceRecorder(self.name, scale=self.damping)
         if self.tol is None:
-            z = self._fixed_budget(step, grad_step, z0, grad_steps, rec)
+            z = self._fixed_budget(step, z0, grad_steps, rec)
         elif grad_steps >= self.max_steps:
             z = self._until_converged(step, z0, rec, keep=0)[0]
         else:
-            z = self._replay_tail(step, grad_step, z0, grad_steps, rec)
+            z = self._replay_tail(step, z0, grad_steps, rec)
         if self.check_finite:
             rec.check_finite(z0)
         stats = rec.build(spec.batch, z0[0].device, z0[0].dtype, self.tol, self.stop_mode)
         _warn_if_not_converged(stats, self.tol)
         return z, stats
 
-    def _fixed_budget(
-        self, step: StepFn, grad_step: StepFn, z0: State, grad_steps: int, rec: TraceRecorder
-    ) -> State:
+    def _fixed_budget(self, step: StepFn, z0: State, grad_steps: int, rec: TraceRecorder) -> State:
         z = z0
         with torch.no_grad():
             for _ in range(self.max_steps - grad_steps):
                 z = _advance(step, z, rec)
         for _ in range(grad_steps):
-            z = _advance(grad_step, z, rec)
+            z = _advance(step, z, rec)
         return z
 
     def _until_converged(
@@ -154,9 +144,7 @@ class FixedPointIteration(Solver):
                 break
         return z, history
 
-    def _replay_tail(
-        self, step: StepFn, grad_step: StepFn, z0: State, grad_steps: int, rec: TraceRecorder
-    ) -> State:
+    def _replay_tail(self, step: StepFn, z0: State, grad_steps: int, rec: TraceRecorder) -> State:
         """Solve to tolerance without gradient, then redo the last steps with gradient.
 
         The replay starts from the iterate ``grad_steps`` before the stopping point, so the value
@@ -166,16 +154,23 @@ class FixedPointIteration(Solver):
             z, history = self._until_converged(step, z0, rec, keep=grad_steps)
         if grad_steps == 0:
             return z
-        return _apply_steps(grad_step, history[0], len(history) - 1)
+        return _apply_steps(step, history[0], len(history) - 1)
 
 
 class _TorchDEQSolver(Solver):
-    """Shared guard around a torchdeq solver working on flattened (B, N) states."""
+    """Shared guard around a torchdeq solver working on flattened (B, N) states.
+
+    The solver spends ``max_steps - 1`` evaluations of ``f``, then evaluates ``f`` once more at
+    its solution z* to measure the residual. Under a through-iteration backward mode that
+    evaluation runs with gradient and is followed by ``grad_steps - 1`` more plain steps; the
+    result carries their gradient and z*'s value (``with_gradient_of``), so the value is the
+    same under every backward mode. ``Unroll`` (``grad_steps >= max_steps``) is refused: the
+    accelerated iterations are not differentiable steps.
+    """
 
     max_steps: int
     tol: float | None
     stop_mode: str
-    min_budget = 1
 
     @abstractmethod
     def _run(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, max_iter: int) -> Tensor:
@@ -187,7 +182,6 @@ class _TorchDEQSolver(Solver):
         z0: State,
         spec: StateSpec,
         grad_steps: int = 0,
-        grad_step: StepFn | None = None,
     ) -> tuple[State, SolverStats]:
         if grad_steps >= self.max_steps:
             raise ValueError(
@@ -195,13 +189,7 @@ class _TorchDEQSolver(Solver):
                 f"{self.max_steps} steps; use FixedPointIteration with Unroll, or an adjoint with "
                 "fewer gradient steps (Truncated, OneStep, Phantom, Implicit, Neumann)."
             )
-        budget = self.max_steps - grad_steps - 1
-        if budget < self.min_budget:
-            raise ValueError(
-                f"{type(self).__name__}: max_steps={self.max_steps} leaves {budget} solver steps "
-                f"after {grad_steps} gradient step(s) and the residual check; it needs at least "
-                f"{self.min_budget}. Raise max_steps."
-            )
+        budget = self.max_steps - 1
         rec = TraceRecorder(self.name)
 
         def flat_f(x: Tensor) -> Tensor:
@@ -212,10 +200,14 @@ class _TorchDEQSolver(Solver):
 
         with torch.no_grad():
             x = self._run(flat_f, spec.flatten(z0), budget)
-            z = spec.unflatten(x)
-            rec.record(z, f(z))
+        z = spec.unflatten(x)
+        tail = grad_steps > 0 and torch.is_grad_enabled()
+        with torch.set_grad_enabled(tail):
+            fz = f(z)  # the residual check at z*, and the first gradient step when tail
+        rec.record(z, fz)
         rec.check_finite(z0)
-        z = _apply_steps(grad_step or f, z, grad_steps)
+        if tail:
+            z = with_gradient_of(z, _apply_steps(f, fz, grad_steps - 1))
         stats = rec.build(spec.batch, x.device, x.dtype, self.tol, self.stop_mode)
         _warn_if_not_converged(stats, self.tol)
         return z, stats
@@ -245,7 +237,6 @@ class Anderson(_TorchDEQSolver):
     damping: float = 1.0
     stop_mode: str = "rel"
     retry_lam: float = 1e-2
-    min_budget = 3
 
     def __post_init__(self) -> None:
         check_positive_int("Anderson", "max_steps", self.max_steps, minimum=4)
@@ -283,7 +274,6 @@ class Broyden(_TorchDEQSolver):
     max_steps: int = 50
     tol: float | None = 1e-5
     stop_mode: str = "rel"
-    min_budget = 2
 
     def __post_init__(self) -> None:
         check_positive_int("Broyden", "max_steps", self.max_steps, minimum=3)

@@ -81,6 +81,12 @@ class StateSpec:
                     f"{tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}, "
                     f"but z0 has shape {tuple(shape)}; f(z, *args) must preserve every shape"
                 )
+            if t.dtype != self.dtype:
+                raise TypeError(
+                    f"{where}: f returned state[{i}] with dtype {t.dtype}, but z0 has dtype "
+                    f"{self.dtype}; the state would be silently promoted. Give z0 and the "
+                    f"arguments of f one dtype (e.g. z0.to({t.dtype}) or x.to({self.dtype}))."
+                )
         return parts
 
     def flatten(self, z: State) -> Tensor:
@@ -98,6 +104,20 @@ class StateSpec:
         return tuple(
             torch.zeros_like(r) if p is None else p for p, r in zip(parts, like, strict=True)
         )
+
+
+def detached(z: State) -> State:
+    """The state's tensors detached from the graph (same storage)."""
+    return tuple(t.detach() for t in z)
+
+
+def with_gradient_of(value: State, carrier: State) -> State:
+    """``value + (carrier - carrier.detach())`` per tensor: the values of ``value`` (exactly,
+    for finite ``carrier``) with the gradient of ``carrier``. A backward mode that needs other
+    forward steps than the solver's uses this to get them for its gradient only."""
+    return tuple(
+        v.detach() + (c - c.detach()) for v, c in zip(value, carrier, strict=True)
+    )
 
 
 def per_tensor_norms(z: State) -> Tensor:

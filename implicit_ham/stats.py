@@ -40,10 +40,15 @@ class SolverStats:
         return {
             "solver": self.solver,
             "steps": self.steps,
-            "abs_residual": float(self.abs_residual.max()),
-            "rel_residual": float(self.rel_residual.max()),
+            "abs_residual": _worst(self.abs_residual),
+            "rel_residual": _worst(self.rel_residual),
             "converged": None if self.converged is None else bool(self.converged.all()),
         }
+
+
+def _worst(values: Tensor) -> float:
+    """The largest of the (B,) non-negative values; 0.0 for an empty batch."""
+    return float(values.max()) if values.numel() else 0.0
 
 
 @dataclass
@@ -58,8 +63,12 @@ class BackwardStats:
         rel_residual: ``abs_residual / ||v||``.
         converged: whether ``rel_residual <= tol``; None for a fixed truncation (Neumann).
         cond: κ(I - J) when the solver obtained it (dense: exact; GMRES: a lower bound).
-        fallback: True when the solve failed and ``on_divergence="fallback"`` replaced its
-            result by the one-step gradient (g = v).
+        fallback: True when ``on_divergence="fallback"`` replaced the solve's result (or, at a
+            point that is not a fixed point, the solve itself) by the one-step gradient (g = v).
+        forward_residual: ``||f(z*) - z*|| / ||f(z*)||`` at the point differentiated (worst
+            sample); None when not measured.
+        at_fixed_point: whether that residual is within the mode's ``fixed_point_tol`` (None
+            when not checked).
     """
 
     adjoint: str
@@ -70,6 +79,8 @@ class BackwardStats:
     converged: bool | None
     cond: float | None = None
     fallback: bool = False
+    forward_residual: float | None = None
+    at_fixed_point: bool | None = None
 
 
 @dataclass

@@ -197,7 +197,11 @@ def check_finite(what: str, tensor: Tensor | None) -> None:
 
 
 # Documented errors of a forward / backward pass on finite input, and the words they must use.
-RUN_ERRORS = {ih.NonFiniteError: NON_FINITE_MESSAGE, ih.BackwardSolveError: r"did not reach tol"}
+RUN_ERRORS = {
+    ih.NonFiniteError: NON_FINITE_MESSAGE,
+    ih.BackwardSolveError: r"did not reach tol",
+    ih.NotFixedPointError: r"not a fixed point of f: relative residual",
+}
 
 
 @pytest.fixture(autouse=True, scope="module")

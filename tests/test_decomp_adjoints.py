@@ -48,10 +48,8 @@ def test_every_backward_mode_runs_and_keeps_the_forward_value(kind):
         outputs[name], grads[name] = y.detach(), xg.grad
         assert layer.last_solution is not None and layer.last_solution.stats.steps == 4
         assert torch.isfinite(xg.grad).all() and xg.grad.abs().max() > 0, name
-    for name in ADJOINTS:
-        if name != "phantom_damped":  # damped phantom steps change the value (by design)
-            assert torch.equal(outputs[name], outputs["unroll"]), name
-    assert not torch.equal(outputs["phantom_damped"], outputs["unroll"])
+    for name in ADJOINTS:  # damped phantom steps included: they shape the gradient only
+        assert torch.equal(outputs[name], outputs["unroll"]), name
     assert not torch.equal(grads["one_step"], grads["unroll"])
 
 

@@ -174,21 +174,24 @@ def test_random_bases_distribution_and_normalisation():
     assert bool((nmf_bases >= 0).all()) and bool((cd_bases < 0).any())
 
 
-def test_online_bases_are_updated_in_training_only():
+def test_online_bases_follow_the_official_update_in_eval_mode_only():
     torch.manual_seed(0)
     vq = ih.VQ(rank=3, groups=2, channels=8, init="online", inv_t=5.0)
     assert vq.bases.shape == (2, 4, 3) and "bases" in vq.state_dict()
     before = vq.bases.clone()
     x = torch.randn(3, 8, 4, 4, requires_grad=True)
+    vq(x).sum().backward()
+    assert torch.equal(vq.bases, before)  # training mode: the official code leaves them
+    vq.eval()
     y = vq(x)
     final = vq.last_solution.value[0].reshape(3, 2, 4, 3).mean(dim=0)
     moved = before + 0.9 * (final - before)
     assert torch.allclose(vq.bases, moved / moved.norm(dim=1, keepdim=True), atol=1e-6)
     y.sum().backward()  # the in-place buffer update does not disturb autograd
-    vq.eval()
-    after_train = vq.bases.clone()
-    vq(x)
-    assert torch.equal(vq.bases, after_train)
+    trained = ih.VQ(rank=3, groups=2, channels=8, init="online", online_update="train")
+    start = trained.bases.clone()
+    trained(x)
+    assert not torch.equal(trained.bases, start)
     with pytest.raises(ValueError, match="needs channels=C and spatial=True"):
         ih.VQ(rank=3, init="online")
     with pytest.raises(ValueError, match="needs channels=C and spatial=True"):

@@ -52,11 +52,7 @@ ADJOINTS: dict[str, ih.Adjoint] = {
     "implicit_raise": ih.Implicit(max_steps=30, on_divergence="raise"),
     "implicit_fallback": ih.Implicit(max_steps=30, on_divergence="fallback"),
 }
-# Adjoints that must leave a FixedPointIteration value bitwise unchanged (Phantom at tau = 1
-# has its own test: it fails under a damped solver).
-VALUE_PRESERVING = tuple(name for name in ADJOINTS if not name.startswith("phantom"))
-MIN_SOLVER_BUDGET = {"anderson": 3, "broyden": 2}
-BUDGET_ERROR = r"cannot be unrolled|leaves \d+ solver steps"
+BUDGET_ERROR = r"cannot be unrolled"
 
 
 @dataclass(frozen=True)
@@ -172,11 +168,11 @@ def gradient_steps(adjoint: ih.Adjoint, solver: ih.Solver) -> int:
 
 
 def budget_is_too_small(kind: str, solver: ih.Solver, adjoint: ih.Adjoint) -> bool:
-    """Whether an accelerated solver must reject this adjoint (documented ValueError)."""
-    if kind not in MIN_SOLVER_BUDGET:
+    """Whether an accelerated solver must reject this adjoint (documented ValueError): all its
+    steps would need gradient, and its accelerated steps are not differentiable."""
+    if not kind.startswith(("anderson", "broyden")):
         return False
-    steps = gradient_steps(adjoint, solver)
-    return steps >= solver.max_steps or solver.max_steps - steps - 1 < MIN_SOLVER_BUDGET[kind]
+    return gradient_steps(adjoint, solver) >= solver.max_steps
 
 
 def solve_and_differentiate(case: MapCase, kind: str, adjoint: ih.Adjoint) -> Tensor | None:
@@ -238,30 +234,18 @@ def assert_same_values(values: dict[str, Tensor | None], reference: str) -> None
 
 
 @pytest.mark.parametrize("damping", [1.0, 0.5])
-@pytest.mark.parametrize("kind", ["fixed_point", "fixed_point_tol"])
+@pytest.mark.parametrize("kind", SOLVER_KINDS)
 @fuzz_settings(max_examples=25)
 @given(case=map_cases())
 def test_fuzzed_value_is_identical_under_every_adjoint(
     kind: str, damping: float, case: MapCase
 ) -> None:
-    """FixedPointIteration: Unroll, Truncated, OneStep, Neumann and Implicit (any linear
-    solver) return the same value bit for bit, or all raise in the forward pass."""
+    """Every solver: all backward modes (Phantom at any tau included) return the same value
+    bit for bit, or all raise in the forward pass (Unroll through an accelerated solver is
+    refused, so it is compared for plain iteration only)."""
     case = dataclasses.replace(case, damping=damping)
-    assert_same_values(forward_values(case, kind, VALUE_PRESERVING), "unroll")
-
-
-@pytest.mark.parametrize(
-    "damping",
-    [1.0, 0.5],
-)
-@pytest.mark.parametrize("kind", ["fixed_point", "fixed_point_tol"])
-@fuzz_settings(max_examples=15)
-@given(case=map_cases())
-def test_fuzzed_phantom_with_tau_one_keeps_the_value(
-    kind: str, damping: float, case: MapCase
-) -> None:
-    case = dataclasses.replace(case, damping=damping)
-    assert_same_values(forward_values(case, kind, ("truncated2", "phantom_tau1")), "truncated2")
+    names = tuple(n for n in ADJOINTS if n != "unroll" or kind.startswith("fixed_point"))
+    assert_same_values(forward_values(case, kind, names), names[-1])
 
 
 # --------------------------------------------------------------------------------------------

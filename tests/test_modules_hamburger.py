@@ -34,8 +34,9 @@ def batch_norm(x: torch.Tensor, layer: torch.nn.BatchNorm2d) -> torch.Tensor:
 
 def manual(block: ih.Hamburger, x: torch.Tensor) -> torch.Tensor:
     """The block's equations in training mode, from its weights (hamburger.md §1)."""
-    lower = block.lower_bread[0]
-    h = torch.relu(conv(x, lower))
+    h = conv(x, block.lower_bread[0])
+    if block.lower_relu:  # the official block: a ReLU for the non-negative hams (NMF) only
+        h = torch.relu(h)
     if block.channel_ham is None:
         h = block.ham(h)
     else:
@@ -159,8 +160,8 @@ def test_construction_errors_name_the_fix():
 
 
 def test_signed_ham_without_relu_and_readable_repr():
-    block = ih.Hamburger(8, ih.CD(rank=2), "v2", lower_relu=False)
-    assert isinstance(block.lower_bread, torch.nn.Conv2d)
+    block = ih.Hamburger(8, ih.CD(rank=2), "v2")
+    assert [type(m) for m in block.lower_bread] == [torch.nn.Conv2d]
     assert block(torch.randn(1, 8, 4, 4)).shape == (1, 8, 4, 4)
     text = repr(build("v2+", dual=True))
     assert "channels=12, ham_channels=8, version='v2+', dual=True" in text

@@ -10,7 +10,8 @@ reaches the input through them. A subclass supplies the algorithm:
 * ``step(x, state) -> state``: one iteration, the map ``f`` of the fixed-point problem,
 * optionally ``loop_invariants(x)`` and ``step_with(x, state, invariants)``: quantities of X
   that every iteration needs, computed once per solve (see ``IterationMap``),
-* ``compute_coef(x, state) -> C`` (default: the state's C) and ``readout(x, state) = D C^T``,
+* ``compute_coef(x, state) -> C`` (default: the C of one more ``step``) and
+  ``readout(x, state) = D C^T``,
 * optionally ``objective(x, state)`` (default ``||X - readout||_F^2`` per sample).
 
 Gradient semantics of ``forward`` (the solve always runs ``steps`` iterations in training and
@@ -41,12 +42,14 @@ from torch import Tensor, nn
 from ..adjoints import ADJOINTS, Adjoint, OneStep
 from ..errors import NonFiniteError
 from ..fixed_point import FixedPointProblem, Solution
+from ..registry import parameter_names
 from ..solvers import SOLVERS, FixedPointIteration, Solver
 from ..validation import check_choice, check_positive_int, check_tolerance, check_unit_interval
 from .iteration import IterationMap
 
 State = tuple[Tensor, Tensor]
 INIT_MODES = ("random", "online")
+ONLINE_UPDATES = ("eval", "train", "always")
 
 
 def is_finite(x: Tensor) -> bool:
@@ -66,15 +69,20 @@ class Decomposition(nn.Module, ABC):
         groups: S, channel groups decomposed independently (C must be divisible by S).
         steps: iterations K in training mode. eval_steps: iterations in evaluation mode.
         inv_t: softmax inverse temperature; None takes the class default ``default_inv_t``.
-        eps: the small constant of every division and normalisation.
+        eps: the small constant of the divisions and of the bases' normalisation inside the
+            iteration (the official code's 1e-6).
+        norm_eps: the floor of the norms that normalise the input's columns (VQ, CD) and the
+            initial and online bases; the official code's ``F.normalize`` default, 1e-12.
         spatial: True: d = C/S, n = H*W; False: d = H*W, n = C/S (the channel ham).
         init: "random" (fresh bases drawn by ``sample_bases`` from torch's global RNG on x's
             device at every forward, L2-normalised over d) or "online" (a buffer ``bases``
-            (S, d, r), updated in training outside autograd by
-            ``D <- normalize_d(D + eta * (mean_batch(D_K) - D))``).
+            (S, d, r) shared by the batch, updated outside autograd by
+            ``D <- normalize_d(D + eta * (mean_batch(D_K) - D))``, see ``online_update``).
         channels: C, optional; required for ``init="online"`` (it fixes d = C/S, so online
             init needs ``spatial=True``), otherwise only used to validate divisibility early.
         eta: the online update rate.
+        online_update: when the online bases are updated: "eval" (the official code: only in
+            evaluation mode), "train" (only in training mode) or "always".
         solver: forward solver (instance or registry name), default ``FixedPointIteration()``;
             its ``max_steps`` is replaced by ``steps`` / ``eval_steps``.
         adjoint: backward mode (instance or registry name), default ``OneStep()``; a plain
@@ -94,6 +102,18 @@ class Decomposition(nn.Module, ABC):
     default_inv_t: ClassVar[float] = 1.0
     nonnegative: ClassVar[bool] = False
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Decomposition:
+        """Refuse unknown keyword arguments with the list of valid ones (before ``__init__``,
+        whose bare TypeError would not list them)."""
+        valid = parameter_names(cls)
+        unknown = sorted(set(kwargs) - set(valid))
+        if unknown:
+            raise TypeError(
+                f"{cls.__name__}: unknown option(s) {', '.join(unknown)}; valid options: "
+                f"{', '.join(valid)}"
+            )
+        return super().__new__(cls)
+
     def __init__(
         self,
         rank: int = 64,
@@ -103,10 +123,12 @@ class Decomposition(nn.Module, ABC):
         eval_steps: int = 7,
         inv_t: float | None = None,
         eps: float = 1e-6,
+        norm_eps: float = 1e-12,
         spatial: bool = True,
         init: str = "random",
         channels: int | None = None,
         eta: float = 0.9,
+        online_update: str = "eval",
         solver: Solver | str | None = None,
         adjoint: Adjoint | str | None = None,
         grad_through_bases: bool = False,
@@ -122,12 +144,15 @@ class Decomposition(nn.Module, ABC):
         ):
             check_positive_int(owner, name, value)
         check_tolerance(owner, "eps", eps)
+        check_tolerance(owner, "norm_eps", norm_eps)
         check_tolerance(owner, "inv_t", inv_t, optional=True)
         check_choice(owner, "init", init, INIT_MODES)
+        check_choice(owner, "online_update", online_update, ONLINE_UPDATES)
         check_unit_interval(owner, "eta", eta)
         self.rank, self.groups, self.steps, self.eval_steps = rank, groups, steps, eval_steps
         self.inv_t = float(self.default_inv_t if inv_t is None else inv_t)
         self.eps, self.spatial, self.init_mode, self.eta = eps, bool(spatial), init, eta
+        self.norm_eps, self.online_update = norm_eps, online_update
         self.channels = channels
         self.solver = SOLVERS.resolve(FixedPointIteration() if solver is None else solver, Solver)
         self.adjoint = ADJOINTS.resolve(OneStep() if adjoint is None else adjoint, Adjoint)
@@ -167,8 +192,11 @@ class Decomposition(nn.Module, ABC):
         return self.step(x, state)
 
     def compute_coef(self, x: Tensor, state: State) -> Tensor:
-        """The coefficients (B*S, n, r) used by the readout; default: the state's own C."""
-        return state[1]
+        """The coefficients (B*S, n, r) used by the readout. Default: the coefficient part of
+        one more ``step`` (so the readout stays differentiable in X under the paper's one-step
+        gradient, whose state carries no gradient); override it when the last coefficients
+        are computed otherwise (NMF: one more C update; CD: a ridge solve)."""
+        return self.step(x, state)[1]
 
     def readout(self, x: Tensor, state: State) -> Tensor:
         """The low-rank reconstruction ``D compute_coef(X, state)^T`` (B*S, d, n)."""
@@ -234,7 +262,7 @@ class Decomposition(nn.Module, ABC):
                     f"the input gives d={d}; feed inputs with the channels it was built for."
                 )
             return self.bases.to(x.dtype).repeat(count // self.groups, 1, 1)
-        return F.normalize(self.sample_bases(shape, like=x), dim=1, eps=self.eps)
+        return F.normalize(self.sample_bases(shape, like=x), dim=1, eps=self.norm_eps)
 
     def implicit_problem(self, x: Tensor, init: Tensor | None = None) -> FixedPointProblem:
         """The fixed-point problem ``forward`` solves for x (B, C, H, W): ``f(state, X)`` is one
@@ -275,7 +303,7 @@ class Decomposition(nn.Module, ABC):
         self.last_solution = Solution(
             tuple(t.detach() for t in solution.value), solution.stats, solution.backward_log
         )
-        if self.init_mode == "online" and self.training:
+        if self._updates_online_bases():
             self._update_online_bases(solution.value[0])
         readout = self.kernel("readout")(problem.args[0], solution.value)
         return self.unflatten(readout, x.shape)
@@ -336,6 +364,11 @@ class Decomposition(nn.Module, ABC):
                 "the rank or the groups, or feed a larger feature map."
             )
 
+    def _updates_online_bases(self) -> bool:
+        if self.init_mode != "online":
+            return False
+        return self.online_update == "always" or (self.online_update == "train") == self.training
+
     def _register_online_bases(self) -> None:
         if self.channels is None or not self.spatial:
             raise ValueError(
@@ -344,11 +377,11 @@ class Decomposition(nn.Module, ABC):
             )
         shape = (self.groups, self.channels // self.groups, self.rank)
         bases = self.sample_bases(shape, like=torch.empty(0))
-        self.register_buffer("bases", F.normalize(bases, dim=1, eps=self.eps))
+        self.register_buffer("bases", F.normalize(bases, dim=1, eps=self.norm_eps))
 
     def _update_online_bases(self, bases: Tensor) -> None:
         """``D <- normalize_d(D + eta * (mean_batch(D_K) - D))`` without autograd."""
         with torch.no_grad():
             mean = bases.detach().reshape(-1, *self.bases.shape).mean(dim=0)
             moved = self.bases + self.eta * (mean.to(self.bases.dtype) - self.bases)
-            self.bases.copy_(F.normalize(moved, dim=1, eps=self.eps))
+            self.bases.copy_(F.normalize(moved, dim=1, eps=self.norm_eps))

@@ -17,7 +17,8 @@ class CD(Decomposition):
     """CD ham: unit-norm concept vectors D (B*S, d, r), least-squares coefficients.
 
     Initial bases standard normal, L2-normalised over d; ``C0 = softmax_r(inv_t X^T D0)``,
-    ``inv_t = 100``. With ``normalize_d(v) = v / max(||v||_d, eps)``, one iteration::
+    ``inv_t = 100``. With ``normalize_d(v) = v / max(||v||_d, eps)``
+    (``norm_eps`` for the columns of X, as ``F.normalize`` in the official code), one iteration::
 
         C <- softmax_r(inv_t * normalize_d(X)^T D)
         C <- C / (sum_n C + eps)
@@ -26,7 +27,7 @@ class CD(Decomposition):
     ``compute_coef`` is the ridge regression ``C = X^T D (D^T D + beta I_r)^{-1}``, computed as
     a linear solve (no explicit inverse), ``beta = 0.1``; the readout is ``D C^T``. See
     ``Decomposition`` for the gradient semantics. Like ``VQ``, the iteration scales
-    ``X^T D`` by ``1 / max(||x_j||, eps)`` (the ``loop_invariants``, once per solve) instead
+    ``X^T D`` by ``1 / max(||x_j||, norm_eps)`` (the ``loop_invariants``, once per solve) instead
     of normalising a copy of X per iteration.
 
     Args:
@@ -41,8 +42,8 @@ class CD(Decomposition):
         self.beta = float(beta)
 
     def loop_invariants(self, x: Tensor) -> Tensor:
-        """``inv_t / max(||x_j||, eps)`` (B*S, n, 1), the scale of the logits."""
-        return self.inv_t / column_norms(x).clamp_min(self.eps)
+        """``inv_t / max(||x_j||, norm_eps)`` (B*S, n, 1), the scale of the logits."""
+        return self.inv_t / column_norms(x).clamp_min(self.norm_eps)
 
     def step(self, x: Tensor, state: State) -> State:
         return self.step_with(x, state, self.loop_invariants(x))

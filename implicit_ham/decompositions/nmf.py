@@ -55,6 +55,8 @@ class NMF(Decomposition):
         return (x - bases @ coef.transpose(1, 2)).square().sum(dim=(1, 2))
 
     def check_input(self, x: Tensor, bases: Tensor) -> None:
+        if x.numel() == 0:
+            return
         lows = torch.stack([x.detach().amin(), bases.detach().amin()]).tolist()
         for what, low in zip(("input", "initial bases"), lows, strict=True):
             if low < 0:

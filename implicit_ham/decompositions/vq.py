@@ -16,7 +16,8 @@ class VQ(Decomposition):
     """VQ ham: r soft cluster centres D (B*S, d, r) of the n columns of X (B*S, d, n).
 
     Initial bases standard normal, L2-normalised over d; ``C0 = softmax_r(inv_t X^T D0)``,
-    ``inv_t = 100``. With ``normalize_d(v) = v / max(||v||_d, eps)``, one iteration::
+    ``inv_t = 100``. With ``normalize_d(v) = v / max(||v||_d, eps)``
+    (``norm_eps`` for the columns of X, as ``F.normalize`` in the official code), one iteration::
 
         C <- softmax_r(inv_t * normalize_d(X)^T normalize_d(D))     (rows sum to 1 over r)
         C <- C / (sum_n C + eps)                                      (columns sum to ~1 over n)
@@ -27,7 +28,7 @@ class VQ(Decomposition):
     gradient semantics.
 
     Evaluation: ``normalize_d(X)^T D`` is computed as ``(X^T D) * s`` with the per-pixel scale
-    ``s = 1 / max(||x_j||, eps)`` (the ``loop_invariants``, computed once per solve), so no
+    ``s = 1 / max(||x_j||, norm_eps)`` (the ``loop_invariants``, computed once per solve), so no
     normalised copy of X (B*S, d, n) is made and X is read twice per iteration, by the two
     products; temporaries are updated in place when autograd does not need them.
     """
@@ -40,8 +41,8 @@ class VQ(Decomposition):
         return self._assignments(x, bases, self.loop_invariants(x))
 
     def loop_invariants(self, x: Tensor) -> Tensor:
-        """``inv_t / max(||x_j||, eps)`` (B*S, n, 1), the scale of the logits."""
-        return self.inv_t / column_norms(x).clamp_min(self.eps)
+        """``inv_t / max(||x_j||, norm_eps)`` (B*S, n, 1), the scale of the logits."""
+        return self.inv_t / column_norms(x).clamp_min(self.norm_eps)
 
     def step(self, x: Tensor, state: State) -> State:
         return self.step_with(x, state, self.loop_invariants(x))

@@ -30,14 +30,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import ConditioningWarning
+from ..errors import ConditioningWarning, NotFixedPointWarning
 from ..fixed_point import FixedPointProblem
 from ..linear_solvers import GMRES, AdjointOperator
-from ..solvers import Solver
+from ..solvers import FixedPointIteration, Solver
 from .jacobian import FixedPointJacobian
 from .krylov import arnoldi_dominant, lanczos_extremes
 
 logger = logging.getLogger(__name__)
+
+CONVERGED_SOLVER = FixedPointIteration(max_steps=1000, tol=1e-8)
 
 
 @dataclass(frozen=True)
@@ -205,6 +207,7 @@ def check_conditioning(
     *,
     solver: Solver | str | None = None,
     z_star: Tensor | Sequence[Tensor] | None = None,
+    fixed_point_tol: float | None = 1e-3,
     **estimate_kwargs: Any,
 ) -> ConditioningReport:
     """Estimate the conditioning at the problem's solution; warn if κ(I - J) > threshold.
@@ -212,17 +215,29 @@ def check_conditioning(
     Args:
         problem: the fixed-point problem (f, z0, args).
         threshold: κ above which ``ConditioningWarning`` is issued.
-        solver: forward solver used to find z* when ``z_star`` is not given (the library's
-            default otherwise; pass one with a tolerance, the numbers describe J at the point
-            reached, see ``fixed_point_residual``).
+        solver: forward solver used to find z* when ``z_star`` is not given; default
+            ``CONVERGED_SOLVER`` (plain iteration to a relative residual of 1e-8 or 1000 steps),
+            not a layer's truncated K-step solve.
         z_star: a solution already computed (skips the solve).
+        fixed_point_tol: warn ``NotFixedPointWarning`` when the point's relative residual
+            ``||f(z) - z|| / ||z||`` exceeds it (the numbers then describe J at that point, not
+            at a fixed point); None disables the warning.
         **estimate_kwargs: forwarded to ``estimate_conditioning``.
     """
     if z_star is None:
         with torch.no_grad():
-            z_star = problem.solve(solver=solver, adjoint="implicit").value
+            z_star = problem.solve(solver=solver or CONVERGED_SOLVER, adjoint="one_step").value
     report = estimate_conditioning(problem.f, z_star, *problem.args, **estimate_kwargs)
     logger.debug("conditioning: %s", report)
+    if fixed_point_tol is not None and not report.fixed_point_residual <= fixed_point_tol:
+        warnings.warn(
+            f"check_conditioning: the point analysed is not a fixed point (relative residual "
+            f"{report.fixed_point_residual:.3e} > fixed_point_tol={fixed_point_tol:g}); the "
+            "numbers describe J there, not at a fixed point. Solve further (a solver with a "
+            "tolerance and more steps) or pass the converged z_star.",
+            NotFixedPointWarning,
+            stacklevel=2,
+        )
     warn_if_ill_conditioned(report, threshold)
     return report
 

@@ -26,8 +26,9 @@ def init_block_weights(module: nn.Module) -> None:
 class Hamburger(nn.Module):
     """A Hamburger context block, z (B, channels, H, W) -> (B, channels, H, W).
 
-    * lower bread: ``Conv1x1(channels -> width, bias)``, then ReLU (needed by NMF; on by
-      default for every ham, as in the official code);
+    * lower bread: ``Conv1x1(channels -> width, bias)``, followed by a ReLU only for hams that
+      need a non-negative input (NMF), as in the official code; VQ, CD and SVD get the plain
+      conv unless ``lower_relu=True``;
     * ham: the decomposition (for v2+ with ``channel_ham``: the lower bread outputs 2 * width
       channels, the first half goes to ``ham`` (spatial), the second to ``channel_ham`` (its
       ``spatial=False``), and the two outputs are concatenated);
@@ -44,7 +45,10 @@ class Hamburger(nn.Module):
         version: "v1", "v2" or "v2+".
         ham_channels: width of the ham's input (per ham); default ``channels``.
         channel_ham: v2+ only, a second decomposition with ``spatial=False`` run in parallel.
-        lower_relu: ReLU after the lower bread; must stay True for non-negative hams (NMF).
+        lower_relu: ReLU after the lower bread. None (default): the official choice, a ReLU
+            exactly when a ham needs a non-negative input (``ham.nonnegative``, NMF). True adds
+            it for the other hams too (a departure from the official block); False is refused
+            for non-negative hams.
     """
 
     def __init__(
@@ -55,7 +59,7 @@ class Hamburger(nn.Module):
         *,
         ham_channels: int | None = None,
         channel_ham: Decomposition | None = None,
-        lower_relu: bool = True,
+        lower_relu: bool | None = None,
     ) -> None:
         super().__init__()
         check_positive_int("Hamburger", "channels", channels)
@@ -63,6 +67,8 @@ class Hamburger(nn.Module):
         width = channels if ham_channels is None else ham_channels
         check_positive_int("Hamburger", "ham_channels", width)
         hams = [ham] if channel_ham is None else [ham, channel_ham]
+        if lower_relu is None:
+            lower_relu = any(getattr(h, "nonnegative", False) for h in hams)
         _check_hams(hams, version, width, lower_relu)
         self.channels, self.width, self.version, self.lower_relu = (
             channels,
@@ -72,8 +78,9 @@ class Hamburger(nn.Module):
         )
         inner = width * len(hams)
         lower: list[nn.Module] = [nn.Conv2d(channels, inner, 1)]
-        relu = nn.ReLU(inplace=True)  # on the conv's fresh output: no second map allocated
-        self.lower_bread = nn.Sequential(*lower, relu) if lower_relu else lower[0]
+        if lower_relu:  # in place, on the conv's fresh output: no second map allocated
+            lower.append(nn.ReLU(inplace=True))
+        self.lower_bread = nn.Sequential(*lower)
         self.ham = ham
         self.channel_ham = channel_ham
         if version == "v1":

@@ -5,6 +5,9 @@ Failure kinds (``FAILURE_KINDS``):
 
 * ``forward_not_converged``: a forward solve with a tolerance stopped above it;
 * ``forward_nonfinite``: NaN/inf in a forward solve (``ih.NonFiniteError``);
+* ``backward_not_fixed_point``: an at-fixed-point backward mode (Implicit, Neumann) was asked to
+  differentiate at a point whose residual exceeds its ``fixed_point_tol`` (e.g. a Hamburger's
+  truncated K-step solve); the residual recorded is ``||f(z*) - z*|| / ||f(z*)||``;
 * ``backward_not_converged``: an implicit backward solve missed its tolerance;
 * ``backward_nonfinite``: a backward solve produced NaN/inf;
 * ``loss_nonfinite`` / ``grad_nonfinite``: the loss, or a parameter gradient, is NaN/inf.
@@ -26,7 +29,7 @@ from typing import Any
 
 from torch import nn
 
-from ..adjoints import Adjoint, Implicit
+from ..adjoints import Adjoint, AtFixedPoint
 from ..tracking.base import Sink
 from ..validation import check_choice, check_positive_int
 
@@ -36,6 +39,7 @@ FAILURE_POLICIES = ("warn", "raise", "skip_batch", "fallback")
 FAILURE_KINDS = (
     "forward_not_converged",
     "forward_nonfinite",
+    "backward_not_fixed_point",
     "backward_not_converged",
     "backward_nonfinite",
     "loss_nonfinite",
@@ -71,18 +75,19 @@ class FailureEvent:
 
 
 def apply_policy(layers: Mapping[str, nn.Module], policy: str) -> None:
-    """Prepare the ``Implicit`` adjoints among ``layers`` for ``policy``.
+    """Prepare the at-fixed-point adjoints (``Implicit``, ``Neumann``) among ``layers``.
 
     Under "warn" they keep their configured ``on_divergence``. Under every other policy they get
-    ``on_divergence="fallback"``: a failed backward solve then returns (the one-step gradient,
-    flagged in its statistics) instead of raising inside autograd, and the training step decides
-    after the backward pass what to do, identically on every rank.
+    ``on_divergence="fallback"``: a failed backward solve, or a point that is not a fixed point,
+    then gives the one-step gradient (flagged in its statistics) instead of raising inside
+    autograd, and the training step decides after the backward pass what to do, identically on
+    every rank.
     """
     if check_policy(policy) == "warn":
         return
     for layer in layers.values():
         adjoint = layer.adjoint
-        if isinstance(adjoint, Implicit) and adjoint.on_divergence != "fallback":
+        if isinstance(adjoint, AtFixedPoint) and adjoint.on_divergence != "fallback":
             layer.adjoint = dataclasses.replace(adjoint, on_divergence="fallback")
 
 

@@ -220,14 +220,18 @@ class GuardedStep:
         for name, layer in self.layers.items():
             solution = getattr(layer, "last_solution", None)
             for stats in [] if solution is None else solution.backward_log:
-                if stats.converged is not False and not stats.fallback:
+                if stats.converged is not False and not stats.fallback and stats.at_fixed_point:
                     continue
-                finite = math.isfinite(stats.abs_residual)
-                kind = "backward_not_converged" if finite else "backward_nonfinite"
+                if stats.at_fixed_point is False:
+                    kind, residual = "backward_not_fixed_point", stats.forward_residual
+                elif math.isfinite(stats.abs_residual):
+                    kind, residual = "backward_not_converged", stats.rel_residual
+                else:
+                    kind, residual = "backward_nonfinite", stats.rel_residual
                 action = {"raise": "raised", "skip_batch": "skipped"}.get(
                     self.policy, "fallback" if stats.fallback else "continued"
                 )
-                out.append(FailureEvent(kind, name, step, stats.rel_residual, action))
+                out.append(FailureEvent(kind, name, step, residual, action))
         return out
 
     def _backward_layer(self) -> str:
