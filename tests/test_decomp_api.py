@@ -205,3 +205,26 @@ def test_any_spatial_size_and_readable_repr():
     text = repr(ih.CD(rank=3, beta=0.2, adjoint=ih.Implicit()))
     assert text.startswith("CD(rank=3") and "beta=0.2" in text and "Implicit(" in text
     assert "solver=" not in repr(ih.NMF()) and "Anderson(" in repr(ih.NMF(solver="anderson"))
+
+
+class StepOnly(ih.Decomposition):
+    """A plug-in that defines only ``step`` (one subspace-iteration step)."""
+
+    def step(self, x, state):
+        coef = x.mT @ state[0]
+        return torch.nn.functional.normalize(x @ coef, dim=1), coef
+
+
+def test_a_plugin_defining_only_step_stays_differentiable_under_the_default_mode():
+    """Default one-step gradient: the readout is D_K (detached) times the C of one more step,
+    C = X^T D_K, so y = D_K D_K^T X and d sum(W * y) / dX = D_K D_K^T W, written out here."""
+    layer = StepOnly(rank=2, steps=3).double()
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 6, 3, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(x.shape, generator=gen, dtype=torch.float64)
+    y = layer(x)
+    assert y.requires_grad
+    (grad,) = torch.autograd.grad((y * weight).sum(), x)
+    bases = layer.last_solution.value[0]  # (B, d, r) after the K steps
+    expected = (bases @ bases.mT @ weight.reshape(2, 6, 9)).reshape(x.shape)
+    torch.testing.assert_close(grad, expected, rtol=1e-12, atol=1e-12)

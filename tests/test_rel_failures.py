@@ -243,3 +243,47 @@ def test_monitor_state_round_trip_and_merge() -> None:
 def test_unknown_policy_lists_the_choices() -> None:
     with pytest.raises(ValueError, match="skip_batch"):
         _guard(Model(EXACT, ih.OneStep()), "ignore")
+
+
+TRUNCATED = ih.FixedPointIteration(max_steps=2)  # no tolerance: the forward never "fails"
+
+
+@pytest.mark.parametrize("adjoint", [ih.Implicit(linear_solver="dense"), ih.Neumann(k=3)])
+def test_a_truncated_forward_is_counted_per_layer_as_not_a_fixed_point(adjoint) -> None:
+    """Two steps of z = tanh(0.5 W z + x) from 0 are not a fixed point: the at-fixed-point
+    modes flag every backward, the monitor counts them per layer and rate-limits its warnings
+    (the library's own warnings are replaced, not repeated)."""
+    model = Model(TRUNCATED, adjoint)
+    guard, rows = _guard(model, "warn", warn_first=1, warn_every=100)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(3):
+            guard(*_batch(), step=step)
+    assert not [w for w in caught if issubclass(w.category, ih.ConvergenceWarning)]
+    summary = guard.monitor.summary()
+    assert summary["by_layer"] == {"layer": {"backward_not_fixed_point": 3}}
+    residuals = [r["residual"] for r in rows]
+    assert all(r > 1e-3 for r in residuals), residuals
+    stats = model.layer.last_solution.backward_stats
+    assert stats.at_fixed_point is False and stats.forward_residual == residuals[-1]
+
+
+def test_fallback_at_a_point_that_is_not_a_fixed_point_uses_the_one_step_gradient() -> None:
+    """Under on_failure=fallback the adjoint gets on_divergence='fallback': the gradient is that
+    of f(z_K, x) at the detached two-step iterate z_K (computed by hand here)."""
+    model = Model(TRUNCATED, ih.Implicit(linear_solver="dense"))
+    x, y = _batch()
+    ref = copy.deepcopy(model)
+    h = ref.norm(ref.inp(x))
+    with torch.no_grad():
+        z = h.new_zeros(h.shape)
+        for _ in range(2):
+            z = torch.tanh(0.5 * ref.layer.lin(z) + h)
+    f_z = torch.tanh(0.5 * ref.layer.lin(z) + h)
+    TASK.loss(ref.out(z + f_z - f_z.detach()), y).backward()
+    guard, rows = _guard(model, "fallback")
+    guard(x, y, step=0)
+    with torch.no_grad():
+        for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p, q - 0.1 * q.grad, rtol=0, atol=1e-12, msg=name)
+    assert [(r["kind"], r["action"]) for r in rows] == [("backward_not_fixed_point", "fallback")]
