@@ -31,6 +31,7 @@ from .errors import (
     NonFiniteError,
     NotFixedPointError,
     NotFixedPointWarning,
+    SecondOrderError,
 )
 from .fixed_point import FixedPointProblem, Solution, fixed_point
 from .linear_solvers import (
@@ -99,6 +100,7 @@ __all__ = [
     "OneStep",
     "Phantom",
     "SDPAttention2d",
+    "SecondOrderError",
     "SelfAttention2d",
     "Solution",
     "Solver",

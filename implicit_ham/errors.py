@@ -26,3 +26,8 @@ class NotFixedPointWarning(ConvergenceWarning):
 
 class NotFixedPointError(BackwardSolveError):
     """As ``NotFixedPointWarning``, under ``on_divergence="raise"``."""
+
+
+class SecondOrderError(RuntimeError):
+    """A backward mode that cannot give a second derivative was differentiated with
+    ``create_graph=True``; it refuses instead of returning a wrong one."""

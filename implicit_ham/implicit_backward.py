@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from .errors import (
     BackwardSolveError,
@@ -34,6 +33,7 @@ from .errors import (
     NonFiniteError,
     NotFixedPointError,
     NotFixedPointWarning,
+    SecondOrderError,
 )
 from .linear_solvers import AdjointOperator
 from .state import State, StateSpec, StepFn, per_sample_norm
@@ -194,11 +194,19 @@ class _FixedPointGradient(torch.autograd.Function):
         return tuple(t.detach() for t in backward.z_req)
 
     @staticmethod
-    @once_differentiable
     def backward(
         ctx: torch.autograd.function.FunctionCtx, *grads: Tensor | None
     ) -> tuple[Tensor | None, ...]:
-        return (None, *ctx.backward_solve(grads))
+        if torch.is_grad_enabled():  # backward(create_graph=True): a second derivative is wanted
+            raise SecondOrderError(
+                f"{ctx.backward_solve.check.adjoint} backward: create_graph=True asks for a "
+                "second derivative, which this at-fixed-point mode cannot give (its adjoint "
+                "solve is not differentiated; the result would silently miss the second-order "
+                "terms of the implicit-function theorem). Use Unroll, Truncated, OneStep or "
+                "Phantom for higher-order gradients."
+            )
+        with torch.no_grad():
+            return (None, *ctx.backward_solve(grads))
 
 
 

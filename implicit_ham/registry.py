@@ -58,13 +58,7 @@ class Registry(Generic[T]):
     def make(self, name: str, **kwargs: Any) -> T:
         """Instantiate the class registered under ``name``, rejecting unknown keyword arguments."""
         cls = self.get(name)
-        valid = parameter_names(cls)
-        unknown = sorted(set(kwargs) - set(valid))
-        if unknown:
-            raise TypeError(
-                f"unknown option(s) {', '.join(unknown)} for {self.kind} {name!r}; "
-                f"valid options: {', '.join(valid) or '(none)'}"
-            )
+        check_options(cls, kwargs, f"{self.kind} {name!r}")
         return cls(**kwargs)
 
     def resolve(self, spec: T | str, base: type) -> T:
@@ -77,6 +71,18 @@ class Registry(Generic[T]):
                 f"{', '.join(self.names())}), got {type(spec).__name__}"
             )
         return spec
+
+
+def check_options(cls: type, kwargs: dict[str, Any], owner: str) -> None:
+    """Raise TypeError naming the keys of ``kwargs`` that ``cls(...)`` does not accept, with the
+    valid ones (``owner`` names the thing being built in the message)."""
+    valid = parameter_names(cls)
+    unknown = sorted(set(kwargs) - set(valid))
+    if unknown:
+        raise TypeError(
+            f"unknown option(s) {', '.join(unknown)} for {owner}; "
+            f"valid options: {', '.join(valid) or '(none)'}"
+        )
 
 
 def parameter_names(cls: type) -> list[str]:

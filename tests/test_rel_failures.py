@@ -116,6 +116,26 @@ def _one_step_reference(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Ten
     return ref.state_dict()
 
 
+def _fallback_reference(model: nn.Module, x: Tensor, y: Tensor, steps: int) -> dict[str, Tensor]:
+    """The parameters after one SGD step (lr 0.1) with the fallback gradient g = v, by hand:
+    the gradient of f(z, x) at the detached ``steps``-step iterate z, carrying z's value."""
+    ref = copy.deepcopy(model)
+    h = ref.norm(ref.inp(x))
+    with torch.no_grad():
+        z = h.new_zeros(h.shape)
+        for _ in range(steps):
+            z = torch.tanh(0.5 * ref.layer.lin(z) + h)
+    f_z = torch.tanh(0.5 * ref.layer.lin(z) + h)
+    TASK.loss(ref.out(z + f_z - f_z.detach()), y).backward()
+    with torch.no_grad():
+        return {name: q - 0.1 * q.grad for name, q in ref.named_parameters()}
+
+
+def _assert_parameters(model: nn.Module, expected: dict[str, Tensor]) -> None:
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.detach(), expected[name], rtol=0, atol=1e-12, msg=name)
+
+
 def test_fallback_recomputes_a_missed_forward_with_the_one_step_gradient() -> None:
     model = Model(MISS, ih.Implicit(linear_solver="dense"))
     x, y = _batch()
@@ -133,19 +153,10 @@ def test_fallback_replaces_a_failed_backward_solve_by_v() -> None:
     """Fallback g = v: the gradient is that of f(z*, x) at the detached fixed point z*."""
     model = Model(EXACT, ih.Implicit(linear_solver="gmres", max_steps=1, tol=1e-14))
     x, y = _batch()
-    ref = copy.deepcopy(model)
-    h = ref.norm(ref.inp(x))
-    with torch.no_grad():
-        z = h.new_zeros(h.shape)
-        for _ in range(40):
-            z = torch.tanh(0.5 * ref.layer.lin(z) + h)
-    f_star = torch.tanh(0.5 * ref.layer.lin(z) + h)
-    TASK.loss(ref.out(z + f_star - f_star.detach()), y).backward()
+    expected = _fallback_reference(model, x, y, steps=40)
     guard, rows = _guard(model, "fallback")
     guard(x, y, step=3)
-    with torch.no_grad():
-        for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
-            torch.testing.assert_close(p, q - 0.1 * q.grad, rtol=0, atol=1e-12, msg=name)
+    _assert_parameters(model, expected)
     assert [(r["kind"], r["step"], r["action"]) for r in rows] == [
         ("backward_not_converged", 3, "fallback")
     ]
@@ -273,17 +284,8 @@ def test_fallback_at_a_point_that_is_not_a_fixed_point_uses_the_one_step_gradien
     of f(z_K, x) at the detached two-step iterate z_K (computed by hand here)."""
     model = Model(TRUNCATED, ih.Implicit(linear_solver="dense"))
     x, y = _batch()
-    ref = copy.deepcopy(model)
-    h = ref.norm(ref.inp(x))
-    with torch.no_grad():
-        z = h.new_zeros(h.shape)
-        for _ in range(2):
-            z = torch.tanh(0.5 * ref.layer.lin(z) + h)
-    f_z = torch.tanh(0.5 * ref.layer.lin(z) + h)
-    TASK.loss(ref.out(z + f_z - f_z.detach()), y).backward()
+    expected = _fallback_reference(model, x, y, steps=2)
     guard, rows = _guard(model, "fallback")
     guard(x, y, step=0)
-    with torch.no_grad():
-        for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
-            torch.testing.assert_close(p, q - 0.1 * q.grad, rtol=0, atol=1e-12, msg=name)
+    _assert_parameters(model, expected)
     assert [(r["kind"], r["action"]) for r in rows] == [("backward_not_fixed_point", "fallback")]

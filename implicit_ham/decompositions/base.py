@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from ..adjoints import ADJOINTS, Adjoint, OneStep
 from ..errors import NonFiniteError
 from ..fixed_point import FixedPointProblem, Solution
-from ..registry import parameter_names
+from ..registry import check_options
 from ..solvers import SOLVERS, FixedPointIteration, Solver
 from ..validation import check_choice, check_positive_int, check_tolerance, check_unit_interval
 from .iteration import IterationMap
@@ -105,13 +105,7 @@ class Decomposition(nn.Module, ABC):
     def __new__(cls, *args: Any, **kwargs: Any) -> Decomposition:
         """Refuse unknown keyword arguments with the list of valid ones (before ``__init__``,
         whose bare TypeError would not list them)."""
-        valid = parameter_names(cls)
-        unknown = sorted(set(kwargs) - set(valid))
-        if unknown:
-            raise TypeError(
-                f"{cls.__name__}: unknown option(s) {', '.join(unknown)}; valid options: "
-                f"{', '.join(valid)}"
-            )
+        check_options(cls, kwargs, cls.__name__)
         return super().__new__(cls)
 
     def __init__(
