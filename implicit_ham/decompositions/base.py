@@ -52,6 +52,13 @@ INIT_MODES = ("random", "online")
 ONLINE_UPDATES = ("eval", "train", "always")
 
 
+def _like(y: Tensor, x: Tensor) -> Tensor:
+    """``y`` in ``x``'s memory format (channels_last in, channels_last out)."""
+    if x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last):
+        return y
+    return y.contiguous(memory_format=torch.channels_last)
+
+
 def is_finite(x: Tensor) -> bool:
     """Whether x holds no NaN or infinity: one pass (``aminmax`` propagates NaN) and one host
     synchronisation, several times cheaper than ``isfinite(x).all()`` on a large map."""
@@ -300,7 +307,7 @@ class Decomposition(nn.Module, ABC):
         if self._updates_online_bases():
             self._update_online_bases(solution.value[0])
         readout = self.kernel("readout")(problem.args[0], solution.value)
-        return self.unflatten(readout, x.shape)
+        return _like(self.unflatten(readout, x.shape), x)
 
     def extra_repr(self) -> str:
         parts = [
