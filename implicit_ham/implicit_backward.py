@@ -41,6 +41,7 @@ from .linear_solvers import AdjointOperator
 from .precision import working_dtype
 from .state import State, StateSpec, StepFn, per_sample_norm
 from .stats import BackwardStats
+from .transforms import active_transforms
 
 BackwardSolve = Callable[[AdjointOperator, Tensor], tuple[Tensor, BackwardStats]]
 ON_DIVERGENCE = ("warn", "raise", "fallback")
@@ -83,6 +84,13 @@ def attach_fixed_point_gradient(
     """
     if not torch.is_grad_enabled():
         return z_star
+    if active_transforms():
+        raise NotImplementedError(
+            f"{check.adjoint} under torch.func ({' > '.join(active_transforms())}): this mode "
+            "runs its own autograd graph in backward, which torch.func transforms cannot "
+            "trace. Use torch.autograd (loss.backward(), torch.autograd.grad), or Unroll, "
+            "Truncated, OneStep or Phantom under torch.func."
+        )
     with torch.enable_grad():
         z_req = tuple(t.detach().requires_grad_() for t in z_star)
         fz = f(z_req)

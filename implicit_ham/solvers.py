@@ -31,8 +31,9 @@ from torchdeq.solver import anderson_solver, broyden_solver
 
 from .errors import ConvergenceWarning, NonFiniteError
 from .registry import Registry
-from .state import State, StateSpec, StepFn, with_gradient_of
+from .state import State, StateSpec, StepFn, detached, with_gradient_of
 from .stats import SolverStats, TraceRecorder
+from .transforms import under_vmap
 from .validation import check_choice, check_positive_int, check_tolerance, check_unit_interval
 
 logger = logging.getLogger(__name__)
@@ -108,13 +109,19 @@ class FixedPointIteration(Solver):
         step = damped(f, self.damping)
         grad_steps = min(grad_steps, self.max_steps)
         rec = TraceRecorder(self.name, scale=self.damping)
+        if self.tol is not None and under_vmap():
+            raise NotImplementedError(
+                f"FixedPointIteration(tol={self.tol:g}) under torch.func.vmap: stopping on a "
+                "tolerance decides on values, which vmap cannot trace. Use tol=None (a fixed "
+                "number of steps) inside vmap."
+            )
         if self.tol is None:
             z = self._fixed_budget(step, z0, grad_steps, rec)
         elif grad_steps >= self.max_steps:
             z = self._until_converged(step, z0, rec, keep=0)[0]
         else:
             z = self._replay_tail(step, z0, grad_steps, rec)
-        if self.check_finite:
+        if self.check_finite and not under_vmap():
             rec.check_finite(z0)
         stats = rec.build(spec.batch, z0[0].device, z0[0].dtype, self.tol, self.stop_mode)
         _warn_if_not_converged(stats, self.tol)
@@ -122,9 +129,11 @@ class FixedPointIteration(Solver):
 
     def _fixed_budget(self, step: StepFn, z0: State, grad_steps: int, rec: TraceRecorder) -> State:
         z = z0
-        with torch.no_grad():
-            for _ in range(self.max_steps - grad_steps):
-                z = _advance(step, z, rec)
+        if grad_steps < self.max_steps:
+            with torch.no_grad():
+                for _ in range(self.max_steps - grad_steps):
+                    z = _advance(step, z, rec)
+            z = detached(z)  # no_grad does not stop forward-mode tangents (jvp, jacfwd)
         for _ in range(grad_steps):
             z = _advance(step, z, rec)
         return z
@@ -154,7 +163,8 @@ class FixedPointIteration(Solver):
             z, history = self._until_converged(step, z0, rec, keep=grad_steps)
         if grad_steps == 0:
             return z
-        return _apply_steps(step, history[0], len(history) - 1)
+        start = history[0] if history[0] is z0 else detached(history[0])
+        return _apply_steps(step, start, len(history) - 1)
 
 
 class _TorchDEQSolver(Solver):
@@ -183,6 +193,12 @@ class _TorchDEQSolver(Solver):
         spec: StateSpec,
         grad_steps: int = 0,
     ) -> tuple[State, SolverStats]:
+        if under_vmap():
+            raise NotImplementedError(
+                f"{type(self).__name__} under torch.func.vmap: its steps decide on values "
+                "(convergence checks, the mixing system), which vmap cannot trace. Use "
+                "FixedPointIteration(tol=None) inside vmap."
+            )
         if grad_steps >= self.max_steps:
             raise ValueError(
                 f"{type(self).__name__} runs without gradient and cannot be unrolled through all "
@@ -200,7 +216,7 @@ class _TorchDEQSolver(Solver):
 
         with torch.no_grad():
             x = self._run(flat_f, spec.flatten(z0), budget)
-        z = spec.unflatten(x)
+        z = detached(spec.unflatten(x))
         tail = grad_steps > 0 and torch.is_grad_enabled()
         with torch.set_grad_enabled(tail):
             fz = f(z)  # the residual check at z*, and the first gradient step when tail
@@ -364,7 +380,7 @@ def _apply_steps(step: StepFn, z: State, n: int) -> State:
 
 
 def _warn_if_not_converged(stats: SolverStats, tol: float | None) -> None:
-    if tol is None or stats.converged is None or bool(stats.converged.all()):
+    if tol is None or stats.converged is None or under_vmap() or bool(stats.converged.all()):
         return
     warnings.warn(
         f"{stats.solver}: forward solve did not reach tol={tol:g} in {stats.steps} steps "

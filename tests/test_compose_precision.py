@@ -55,8 +55,11 @@ def test_implicit_gradient_in_low_precision_is_close_to_the_float64_formula(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ih.ConvergenceWarning)
         sol = ih.fixed_point(
-            lambda z, x: torch.tanh(z @ W.to(dtype) + x), torch.zeros(4, 8, dtype=dtype), x,
-            solver=ih.FixedPointIteration(max_steps=30), adjoint=adjoint,
+            lambda z, x: torch.tanh(z @ W.to(dtype) + x),
+            torch.zeros(4, 8, dtype=dtype),
+            x,
+            solver=ih.FixedPointIteration(max_steps=30),
+            adjoint=adjoint,
         )
         (grad,) = torch.autograd.grad((sol.value.double() * weight).sum(), x)
     assert grad.dtype == dtype and sol.value.dtype == dtype

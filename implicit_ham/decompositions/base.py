@@ -44,6 +44,8 @@ from ..errors import NonFiniteError
 from ..fixed_point import FixedPointProblem, Solution
 from ..registry import check_options
 from ..solvers import SOLVERS, FixedPointIteration, Solver
+from ..state import detached
+from ..transforms import under_vmap
 from ..validation import check_choice, check_positive_int, check_tolerance, check_unit_interval
 from .iteration import IterationMap
 
@@ -62,7 +64,7 @@ def _like(y: Tensor, x: Tensor) -> Tensor:
 def is_finite(x: Tensor) -> bool:
     """Whether x holds no NaN or infinity: one pass (``aminmax`` propagates NaN) and one host
     synchronisation, several times cheaper than ``isfinite(x).all()`` on a large map."""
-    if x.numel() == 0:
+    if x.numel() == 0 or under_vmap():  # a batched value cannot be read on the host
         return True
     low, high = torch.aminmax(x.detach())
     return bool(torch.isfinite(torch.stack([low, high])).all())
@@ -299,6 +301,8 @@ class Decomposition(nn.Module, ABC):
         if isinstance(adjoint, OneStep) and not self.grad_through_bases:
             with torch.no_grad():
                 solution = problem.solve(self.active_solver(), adjoint)
+            # detached: no_grad does not stop forward-mode tangents (torch.func.jvp / jacfwd)
+            solution.value = detached(solution.value)
         else:
             solution = problem.solve(self.active_solver(), adjoint)
         self.last_solution = Solution(
