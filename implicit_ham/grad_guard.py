@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from .errors import NonFiniteError
-from .transforms import under_vmap
+from .transforms import host_checks
 
 
 class _FiniteGradient(torch.autograd.Function):
@@ -30,7 +30,7 @@ class _FiniteGradient(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[Tensor, None]:
-        if not under_vmap() and not bool(torch.isfinite(grad).all()):
+        if host_checks() and not bool(torch.isfinite(grad).all()):
             raise NonFiniteError(
                 f"{ctx.where}: the gradient is non-finite (NaN or inf; shape "
                 f"{tuple(grad.shape)}). The backward pass overflowed or divided by zero (e.g. "

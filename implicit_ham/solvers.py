@@ -33,7 +33,7 @@ from .errors import ConvergenceWarning, NonFiniteError
 from .registry import Registry
 from .state import State, StateSpec, StepFn, detached, with_gradient_of
 from .stats import SolverStats, TraceRecorder
-from .transforms import under_vmap
+from .transforms import host_checks, under_vmap
 from .validation import check_choice, check_positive_int, check_tolerance, check_unit_interval
 
 logger = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ class FixedPointIteration(Solver):
             z = self._until_converged(step, z0, rec, keep=0)[0]
         else:
             z = self._replay_tail(step, z0, grad_steps, rec)
-        if self.check_finite and not under_vmap():
+        if self.check_finite and host_checks():
             rec.check_finite(z0)
         stats = rec.build(spec.batch, z0[0].device, z0[0].dtype, self.tol, self.stop_mode)
         _warn_if_not_converged(stats, self.tol)
@@ -380,7 +380,7 @@ def _apply_steps(step: StepFn, z: State, n: int) -> State:
 
 
 def _warn_if_not_converged(stats: SolverStats, tol: float | None) -> None:
-    if tol is None or stats.converged is None or under_vmap() or bool(stats.converged.all()):
+    if tol is None or stats.converged is None or not host_checks() or bool(stats.converged.all()):
         return
     warnings.warn(
         f"{stats.solver}: forward solve did not reach tol={tol:g} in {stats.steps} steps "

@@ -45,7 +45,7 @@ from ..fixed_point import FixedPointProblem, Solution
 from ..registry import check_options
 from ..solvers import SOLVERS, FixedPointIteration, Solver
 from ..state import detached
-from ..transforms import under_vmap
+from ..transforms import host_checks
 from ..validation import check_choice, check_positive_int, check_tolerance, check_unit_interval
 from .iteration import IterationMap
 
@@ -64,7 +64,7 @@ def _like(y: Tensor, x: Tensor) -> Tensor:
 def is_finite(x: Tensor) -> bool:
     """Whether x holds no NaN or infinity: one pass (``aminmax`` propagates NaN) and one host
     synchronisation, several times cheaper than ``isfinite(x).all()`` on a large map."""
-    if x.numel() == 0 or under_vmap():  # a batched value cannot be read on the host
+    if x.numel() == 0 or not host_checks():  # vmap / compile: values cannot be read
         return True
     low, high = torch.aminmax(x.detach())
     return bool(torch.isfinite(torch.stack([low, high])).all())
