@@ -1,0 +1,121 @@
+"""Checks shared by the solver and backward-mode kits: run a mode on a panel problem, then the
+generic contract (same value, dtype / device / shape, no dead inputs, clear errors)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..adjoints import Adjoint
+from ..errors import NonFiniteError
+from ..fixed_point import fixed_point
+from ..solvers import Solver
+from .problems import Problem, as_tuple
+from .references import Gradient, input_gradient
+from .report import NotApplicableError, require
+
+
+@dataclass(frozen=True)
+class Run:
+    """One solve of a problem under one backward mode, and its input gradient."""
+
+    mode: str
+    value: tuple[Tensor, ...]
+    gradient: Gradient
+
+
+def solve_and_differentiate(problem: Problem, solver: Solver, adjoint: Adjoint) -> Run:
+    """``fixed_point`` on the problem, then d loss / d inputs (zeros for unused inputs)."""
+    sol = fixed_point(problem.f, problem.z0, *problem.args, solver=solver, adjoint=adjoint)
+    return Run(adjoint.name, as_tuple(sol.value), input_gradient(problem, sol.value))
+
+
+def solve_or_skip(problem: Problem, solver: Solver, adjoint: Adjoint) -> Run:
+    """As ``solve_and_differentiate``; a ValueError from the forward solve (a solver refusing a
+    mode, as torchdeq's solvers refuse Unroll) skips the calling check."""
+    try:
+        sol = fixed_point(problem.f, problem.z0, *problem.args, solver=solver, adjoint=adjoint)
+    except ValueError as err:
+        raise NotApplicableError(f"{solver.name} refuses {adjoint.name}: {err}") from err
+    return Run(adjoint.name, as_tuple(sol.value), input_gradient(problem, sol.value))
+
+
+def values_equal(reference: Run, other: Run) -> dict[str, float]:
+    """Require bitwise equal values (``torch.equal`` per state tensor)."""
+    diff = max(
+        float((a - b).detach().abs().max()) if a.numel() else 0.0
+        for a, b in zip(reference.value, other.value, strict=True)
+    )
+    same = all(torch.equal(a, b) for a, b in zip(reference.value, other.value, strict=True))
+    require(
+        same,
+        f"the value under {other.mode} differs from the value under {reference.mode} (the "
+        "backward mode must never change the forward value)",
+        max_abs_diff=diff,
+    )
+    return {"max_abs_diff": diff}
+
+
+def dtype_device_shape(problem: Problem, run: Run) -> dict[str, float]:
+    """Require the value shaped, typed and placed like z0, the gradients like the inputs."""
+    for i, (v, z) in enumerate(zip(run.value, as_tuple(problem.z0), strict=True)):
+        require(
+            v.shape == z.shape,
+            f"{run.mode}: value[{i}] has shape {tuple(v.shape)}, z0 has {tuple(z.shape)}",
+        )
+        require(v.dtype == z.dtype, f"{run.mode}: value[{i}] has dtype {v.dtype}, z0 has {z.dtype}")
+        require(v.device == z.device, f"{run.mode}: value[{i}] is on {v.device}, z0 on {z.device}")
+    for i, (g, t) in enumerate(zip(run.gradient, problem.inputs, strict=True)):
+        require(
+            g.dtype == t.dtype and g.shape == t.shape and g.device == t.device,
+            f"{run.mode}: the gradient of input {i} is {g.dtype} {tuple(g.shape)} on "
+            f"{g.device}, the input is {t.dtype} {tuple(t.shape)} on {t.device}",
+        )
+    return {}
+
+
+def no_dead_inputs(problem: Problem, run: Run) -> dict[str, float]:
+    """Require every input's gradient finite and non-zero (each one influences the value)."""
+    if problem.batch == 0:
+        raise NotApplicableError("an empty batch gives zero gradients")
+    smallest = math.inf
+    for i, g in enumerate(run.gradient):
+        norm = float(g.norm())
+        require(
+            math.isfinite(norm),
+            f"{run.mode}: the gradient of input {i} is not finite",
+            grad_norm=norm,
+        )
+        require(
+            norm > 0,
+            f"{run.mode}: input {i} {tuple(g.shape)} gets a zero gradient though "
+            "it influences the value (a dead parameter)",
+            grad_norm=norm,
+        )
+        smallest = min(smallest, norm)
+    return {"min_grad_norm": smallest}
+
+
+def clear_errors(problem: Problem, solver: Solver, adjoint: Adjoint) -> dict[str, float]:
+    """Require the documented errors, with a message, for a wrong-shaped return of f
+    (ValueError), a dtype change (TypeError) and NaN in z0 (NonFiniteError)."""
+    z0 = as_tuple(problem.z0)[0]
+    cases = [
+        ("f returns a wrong shape", lambda z, *a: problem.f(z, *a)[:, :-1], z0, ValueError),
+        ("f changes the dtype", lambda z, *a: problem.f(z, *a).float(), z0, TypeError),
+        ("z0 holds NaN", problem.f, torch.full_like(z0, math.nan), NonFiniteError),
+    ]
+    for what, f, start, expected in cases:
+        try:
+            sol = fixed_point(f, start, *problem.args, solver=solver, adjoint=adjoint)
+            input_gradient(problem, sol.value)
+        except expected as err:
+            require(bool(str(err)), f"{what}: {expected.__name__} without a message")
+            continue
+        except Exception as err:
+            require(False, f"{what}: expected {expected.__name__}, got {type(err).__name__}: {err}")
+        require(False, f"{what}: no error raised (expected {expected.__name__})")
+    return {}

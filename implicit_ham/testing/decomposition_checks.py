@@ -1,0 +1,240 @@
+"""``check_decomposition``: a ``Decomposition`` layer (class or instance) against the contract,
+on a small feature map (2, C, H, W) in float64 (and float32 for the dtype check)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..adjoints import Adjoint, Implicit, Neumann, OneStep, Phantom, Truncated, Unroll
+from ..decompositions import Decomposition
+from .problems import Problem
+from .references import directional_errors
+from .report import Checker, ConformanceReport, require
+
+UNROLL_FD_RTOL = 1e-5
+BATCH = 2
+
+
+def check_decomposition(
+    target: type[Decomposition] | Decomposition,
+    *,
+    exact_unroll: bool | None = None,
+    fail_fast: bool = True,
+) -> ConformanceReport:
+    """Build the layer (a class: ``cls(rank=2, steps=3, eval_steps=3)``; an instance: a deep
+    copy) and check it on x (2, C, H, W) (C = 8 per group, H = W = 4 unless the layer needs
+    more; uniform in [0.1, 1.1) when ``cls.nonnegative``, else standard normal), in training
+    mode, with explicit initial bases so that the runs are comparable.
+
+    Checks:
+
+    * ``output_shape_dtype`` (float64, float32): y has x's shape, dtype, device; finite.
+    * ``value_independent_of_adjoint``: y bitwise equal (``torch.equal``) under OneStep,
+      Unroll, Truncated(2), Phantom(2, 0.5), Neumann(3, 0.5) and Implicit.
+    * ``gradient_under_default_mode`` / ``gradient_under_unroll``: x's gradient finite and
+      non-zero (the default mode is the layer's own ``adjoint``, OneStep unless set).
+    * ``unroll_matches_finite_differences`` (float64): the Unroll x-gradient against central
+      differences (eps 1e-6, 3 random directions) of the layer's own output; rel. error
+      <= 1e-5. Skipped when ``exact_unroll`` is False (default: the class attribute
+      ``exact_unroll``; VQ sets it False: its readout holds ||X|| constant by design).
+    * ``empty_batch``: x (0, C, H, W) gives y (0, C, H, W) and a backward pass.
+    * ``non_contiguous_input``: a transposed x gives the same output as its contiguous copy.
+    * ``unknown_option_refused``: ``cls(rank=2, no_such_option=1)`` raises TypeError listing
+      the valid options.
+
+    Args:
+        target: the Decomposition subclass or a built layer.
+        exact_unroll: whether the Unroll gradient is the exact derivative of the output.
+        fail_fast: raise ``ConformanceError`` at the first failure; else collect all.
+    """
+    cls = target if isinstance(target, type) else type(target)
+    if not issubclass(cls, Decomposition):
+        raise TypeError(f"check_decomposition expects a Decomposition, got {cls.__name__}")
+    exact = getattr(cls, "exact_unroll", True) if exact_unroll is None else exact_unroll
+    layer = build(target)
+    checker = Checker(repr(layer), fail_fast)
+    name = "feature_map"
+    for dtype in (torch.float64, torch.float32):
+        checker.run(
+            "output_shape_dtype",
+            f"{name}_{_short(dtype)}",
+            partial(_output_shape_dtype, layer, dtype),
+        )
+    checker.run("value_independent_of_adjoint", name, partial(_values, layer))
+    checker.run("gradient_under_default_mode", name, partial(_live_gradient, layer, None))
+    checker.run("gradient_under_unroll", name, partial(_live_gradient, layer, Unroll()))
+    if exact:
+        checker.run("unroll_matches_finite_differences", name, partial(_unroll_fd, layer))
+    checker.run("empty_batch", name, partial(_empty_batch, layer))
+    checker.run("non_contiguous_input", name, partial(_non_contiguous, layer))
+    checker.run("unknown_option_refused", name, partial(_unknown_option, cls))
+    return checker.finish()
+
+
+def build(target: type[Decomposition] | Decomposition) -> Decomposition:
+    """The layer under test, in training mode."""
+    layer = (
+        target(rank=2, steps=3, eval_steps=3) if isinstance(target, type) else copy.deepcopy(target)
+    )
+    return layer.train()
+
+
+def feature_map(
+    layer: Decomposition, dtype: torch.dtype, batch: int = BATCH, seed: int = 0
+) -> Tensor:
+    """x (batch, C, H, W) sized for the layer (d, n > rank), see ``check_decomposition``."""
+    per_group = max(8, layer.rank + 2)
+    channels = layer.channels or layer.groups * per_group
+    side = max(4, math.ceil(math.sqrt(layer.rank + 2)))
+    gen = torch.Generator().manual_seed(seed)
+    shape = (batch, channels, side, side)
+    if layer.nonnegative:
+        x = 0.1 + torch.rand(shape, generator=gen, dtype=torch.float64)
+    else:
+        x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    return x.to(dtype).requires_grad_()
+
+
+def initial_bases(layer: Decomposition, x: Tensor, seed: int = 1) -> Tensor:
+    """Explicit D0 (B*S, d, r) drawn by the layer's own ``sample_bases`` from a fixed seed."""
+    flat = layer.flatten(x.detach())
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        bases = layer.sample_bases((flat.shape[0], flat.shape[1], layer.rank), like=flat)
+    return F.normalize(bases, dim=1, eps=layer.norm_eps)
+
+
+def _run(layer: Decomposition, x: Tensor, adjoint: Adjoint | None, bases: Tensor | None) -> Tensor:
+    saved = layer.adjoint
+    try:
+        if adjoint is not None:
+            layer.adjoint = adjoint
+        return layer(x, init=bases)
+    finally:
+        layer.adjoint = saved
+
+
+def _short(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.float", "f")
+
+
+def _output_shape_dtype(layer: Decomposition, dtype: torch.dtype) -> dict[str, float]:
+    x = feature_map(layer, dtype)
+    y = _run(layer, x, None, initial_bases(layer, x))
+    require(
+        y.shape == x.shape and y.dtype == x.dtype and y.device == x.device,
+        f"output {y.dtype} {tuple(y.shape)} on {y.device} for input {x.dtype} "
+        f"{tuple(x.shape)} on {x.device}",
+    )
+    require(bool(torch.isfinite(y).all()), "the output is not finite")
+    return {}
+
+
+def _values(layer: Decomposition) -> dict[str, float]:
+    x = feature_map(layer, torch.float64)
+    bases = initial_bases(layer, x)
+    modes = [
+        Unroll(),
+        Truncated(2),
+        Phantom(2, 0.5),
+        Neumann(3, 0.5),
+        Implicit(linear_solver="dense"),
+    ]
+    reference = _run(layer, x, OneStep(), bases)
+    worst = 0.0
+    for mode in modes:
+        y = _run(layer, x, mode, bases)
+        diff = float((y - reference).detach().abs().max())
+        worst = max(worst, diff)
+        require(
+            torch.equal(y, reference),
+            f"the output under {mode!r} differs from the one under "
+            "OneStep() (the backward mode must never change the value)",
+            max_abs_diff=diff,
+        )
+    return {"max_abs_diff": worst}
+
+
+def _live_gradient(layer: Decomposition, adjoint: Adjoint | None) -> dict[str, float]:
+    x = feature_map(layer, torch.float64)
+    weights = torch.randn(x.shape, generator=torch.Generator().manual_seed(2), dtype=x.dtype)
+    y = _run(layer, x, adjoint, initial_bases(layer, x))
+    grad = x_gradient((weights * y).sum(), x)
+    norm = float(grad.norm())
+    mode = repr(adjoint or layer.adjoint)
+    require(math.isfinite(norm), f"the x-gradient under {mode} is not finite", grad_norm=norm)
+    require(
+        norm > 0, f"the x-gradient under {mode} is zero: the input is a dead input", grad_norm=norm
+    )
+    return {"grad_norm": norm}
+
+
+def _unroll_fd(layer: Decomposition) -> dict[str, float]:
+    x = feature_map(layer, torch.float64)
+    bases = initial_bases(layer, x)
+    weights = torch.randn(x.shape, generator=torch.Generator().manual_seed(2), dtype=x.dtype)
+    problem = Problem("feature_map", layer, x, (x,), (), (weights,), True)
+    y = _run(layer, x, Unroll(), bases)
+    gradient = (x_gradient((weights * y).sum(), x),)
+    err, norm = directional_errors(
+        problem, gradient, lambda: (weights * _run(layer, x, Unroll(), bases)).sum()
+    )
+    require(
+        err <= UNROLL_FD_RTOL,
+        "the Unroll gradient disagrees with finite differences of the layer's output",
+        rel_error=err,
+        tol=UNROLL_FD_RTOL,
+        fd_norm=norm,
+    )
+    return {"rel_error": err, "tol": UNROLL_FD_RTOL}
+
+
+def x_gradient(loss: Tensor, x: Tensor) -> Tensor:
+    """d loss / d x; zeros when the loss does not depend on x (no graph at all)."""
+    if not loss.requires_grad:
+        return torch.zeros_like(x)
+    (grad,) = torch.autograd.grad(loss, x, allow_unused=True)
+    return torch.zeros_like(x) if grad is None else grad
+
+
+def _empty_batch(layer: Decomposition) -> dict[str, float]:
+    x = feature_map(layer, torch.float64, batch=0)
+    for mode in (None, Unroll()):
+        y = _run(layer, x, mode, None)
+        require(y.shape == x.shape, f"empty batch: output {tuple(y.shape)} for {tuple(x.shape)}")
+        grad = x_gradient(y.sum(), x)
+        require(grad.shape == x.shape, "empty batch: wrong gradient shape")
+    return {}
+
+
+def _non_contiguous(layer: Decomposition) -> dict[str, float]:
+    x = feature_map(layer, torch.float64).detach().transpose(2, 3).requires_grad_()
+    bases = initial_bases(layer, x)
+    y = _run(layer, x, None, bases)
+    y_ref = _run(layer, x.detach().contiguous(), None, bases)
+    diff = float((y - y_ref).detach().abs().max())
+    require(y.shape == x.shape, f"output {tuple(y.shape)} for a non-contiguous {tuple(x.shape)}")
+    require(
+        diff <= 1e-12 * max(1.0, float(y_ref.abs().max())),
+        "a non-contiguous input gives another output than its contiguous copy",
+        max_abs_diff=diff,
+    )
+    grad = x_gradient(y.sum(), x)
+    require(bool(torch.isfinite(grad).all()), "non-finite gradient for a non-contiguous input")
+    return {"max_abs_diff": diff}
+
+
+def _unknown_option(cls: type[Decomposition]) -> dict[str, float]:
+    try:
+        cls(rank=2, no_such_option=1)
+    except TypeError as err:
+        require("rank" in str(err), f"the TypeError does not list the valid options: {err}")
+        return {}
+    require(False, "an unknown constructor option was accepted silently")
+    return {}
