@@ -3,7 +3,9 @@ broken plug-ins written here fail it with a ``ConformanceError`` naming the fail
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -178,3 +180,12 @@ def test_the_kit_refuses_the_wrong_kind_of_plugin() -> None:
         check_solver(ih.OneStep())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="Decomposition"):
         check_decomposition(torch.nn.Linear)  # type: ignore[arg-type]
+
+
+def test_the_plugin_authors_example_in_the_docs_runs() -> None:
+    text = (Path(__file__).resolve().parents[1] / "docs" / "conformance.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    namespace: dict[str, object] = {}
+    exec(compile(blocks[0], "docs/conformance.md", "exec"), namespace)
+    exec(compile(blocks[1], "docs/conformance.md", "exec"), namespace)
+    namespace["test_my_solver_conforms"]()  # type: ignore[operator]

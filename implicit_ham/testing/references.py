@@ -145,6 +145,7 @@ def directional_errors(
 
 def relative_error(got: Gradient, expected: Gradient) -> float:
     """``||got - expected|| / ||expected||`` over all inputs together."""
-    diff = torch.cat([(a - b).reshape(-1).double() for a, b in zip(got, expected, strict=True)])
-    ref = torch.cat([b.reshape(-1).double() for b in expected])
+    pairs = [(a.detach(), b.detach()) for a, b in zip(got, expected, strict=True)]
+    diff = torch.cat([(a - b).reshape(-1).double() for a, b in pairs])
+    ref = torch.cat([b.reshape(-1).double() for _, b in pairs])
     return float(diff.norm()) / max(float(ref.norm()), 1e-300)
