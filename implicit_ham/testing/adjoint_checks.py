@@ -8,6 +8,7 @@ references of ``references.py``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from functools import partial
 
 from torch import Tensor
@@ -200,22 +201,16 @@ def _gradient_checks(
         )
 
 
-def _k_step_loss(problem: Problem):
-    def loss() -> Tensor:
-        z = problem.z0 if isinstance(problem.z0, tuple) else (problem.z0,)
-        for _ in range(STEPS):
-            z = problem.step(z)
-        return problem.loss(problem.restore(z))
-
-    return loss
+def _k_step_loss(problem: Problem) -> Callable[[], Tensor]:
+    return lambda: problem.loss(problem.restore(problem.iterate(STEPS)))
 
 
-def _fixed_point_loss(problem: Problem):
+def _fixed_point_loss(problem: Problem) -> Callable[[], Tensor]:
     return lambda: problem.loss(problem.restore(problem.plain_fixed_point()))
 
 
-def _fd(problem: Problem, run: Run, loss, tol: float) -> dict[str, float]:
-    err, norm = directional_errors(problem, run.gradient, loss)
+def _fd(problem: Problem, run: Run, loss: Callable[[], Tensor], tol: float) -> dict[str, float]:
+    err, norm = directional_errors(problem.inputs, run.gradient, loss)
     require(
         err <= tol,
         "the gradient disagrees with central finite differences",

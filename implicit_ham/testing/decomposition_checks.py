@@ -13,7 +13,6 @@ from torch import Tensor
 
 from ..adjoints import Adjoint, Implicit, Neumann, OneStep, Phantom, Truncated, Unroll
 from ..decompositions import Decomposition
-from .problems import Problem
 from .references import directional_errors
 from .report import Checker, ConformanceReport, NotApplicableError, require
 
@@ -188,11 +187,10 @@ def _unroll_fd(layer: Decomposition) -> dict[str, float]:
     x = feature_map(layer, torch.float64)
     bases = initial_bases(layer, x)
     weights = torch.randn(x.shape, generator=torch.Generator().manual_seed(2), dtype=x.dtype)
-    problem = Problem("feature_map", layer, x, (x,), (), (weights,), True)
     y = _run(layer, x, Unroll(), bases)
     gradient = (x_gradient((weights * y).sum(), x),)
     err, norm = directional_errors(
-        problem, gradient, lambda: (weights * _run(layer, x, Unroll(), bases)).sum()
+        (x,), gradient, lambda: (weights * _run(layer, x, Unroll(), bases)).sum()
     )
     require(
         err <= UNROLL_FD_RTOL,

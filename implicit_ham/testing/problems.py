@@ -11,15 +11,14 @@ The panel (``panel()``):
 * ``tanh_f64``: ``z' = tanh(z W^T + x U^T + b)``, z (3, 4), x (3, 3), W, U, b closed over.
 * ``tuple_f64``: two coupled state tensors u (3, 3), w (3, 2, 2).
 * ``batch_f64``: ``z' = tanh(z W^T + mean_batch(z) A^T + x)``; the samples are coupled.
-* ``noncontig_f64``: ``tanh_f64`` with a transposed (non-contiguous) x.
+* ``noncontig_f64``: ``tanh_f64`` with a transposed (non-contiguous) x and z0.
 * ``tanh_f32``: ``tanh_f64`` in float32 (no gradient references; dtype and value checks).
 * ``empty_f64``: ``tanh_f64`` with an empty batch (B = 0).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,27 +79,17 @@ class Problem:
         """The problem's own structure (Tensor or tuple) from a tuple."""
         return z if isinstance(self.z0, tuple) else z[0]
 
-    def plain_fixed_point(self) -> tuple[Tensor, ...]:
-        """The fixed point by a plain loop of ``PLAIN_LOOP_STEPS`` steps, without gradient."""
+    def iterate(self, steps: int) -> tuple[Tensor, ...]:
+        """``steps`` plain applications of ``f`` from z0, without gradient."""
         z = as_tuple(self.z0)
         with torch.no_grad():
-            for _ in range(PLAIN_LOOP_STEPS):
+            for _ in range(steps):
                 z = self.step(z)
         return z
 
-    @contextmanager
-    def perturbed(self, directions: tuple[Tensor, ...], eps: float) -> Iterator[None]:
-        """Inside the block every input is ``input + eps * direction`` (restored after)."""
-        saved = [t.detach().clone() for t in self.inputs]
-        try:
-            with torch.no_grad():
-                for t, d in zip(self.inputs, directions, strict=True):
-                    t.add_(eps * d)
-            yield
-        finally:
-            with torch.no_grad():
-                for t, s in zip(self.inputs, saved, strict=True):
-                    t.copy_(s)
+    def plain_fixed_point(self) -> tuple[Tensor, ...]:
+        """The fixed point by a plain loop of ``PLAIN_LOOP_STEPS`` steps, without gradient."""
+        return self.iterate(PLAIN_LOOP_STEPS)
 
 
 def as_tuple(z: Structured) -> tuple[Tensor, ...]:
@@ -141,8 +130,8 @@ def tanh_problem(
     name: str, dtype: torch.dtype, batch: int, transposed: bool = False, width: int = 4
 ) -> Problem:
     """``z' = tanh(z W^T + x U^T + b)``: z (B, 4), x (B, 3) in args; W (4, 4) with
-    ``||W||_2 = CONTRACTION``, U (4, 3), b (4,) closed over. ``transposed``: x is the transpose
-    of a (3, B) tensor (non-contiguous)."""
+    ``||W||_2 = CONTRACTION``, U (4, 3), b (4,) closed over. ``transposed``: x and z0 are
+    transposes of (3, B) and (4, B) tensors (non-contiguous)."""
     gen = _generator(1)
     W = _leaf(_contraction(width, gen, dtype, CONTRACTION))
     U = _leaf(0.5 * torch.randn(width, 3, generator=gen, dtype=torch.float64).to(dtype))
@@ -153,7 +142,11 @@ def tanh_problem(
     def f(z: Tensor, x: Tensor) -> Tensor:
         return torch.tanh(z @ W.T + x @ U.T + b)
 
-    z0 = torch.zeros(batch, width, dtype=dtype)
+    z0 = (
+        torch.zeros(width, batch, dtype=dtype).T
+        if transposed
+        else torch.zeros(batch, width, dtype=dtype)
+    )
     weights = _weights([(batch, width)], gen, dtype)
     exact = dtype == torch.float64 and batch > 0
     return Problem(name, f, z0, (x,), (W, U, b), weights, exact)

@@ -8,7 +8,8 @@ the loss weights at the solution), in the problem's dtype (float64 for the exact
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -104,37 +105,56 @@ def gradient_from_adjoint(problem: Problem, z_star: tuple[Tensor, ...], g: Tenso
     return vjp_of_step(problem, z_star, split_like(g, z_star))
 
 
-def random_directions(problem: Problem, count: int, seed: int = 0) -> list[tuple[Tensor, ...]]:
-    """``count`` random perturbation directions, one tensor per input, each input's direction
-    scaled to unit norm."""
+def random_directions(
+    inputs: tuple[Tensor, ...], count: int, seed: int = 0
+) -> list[tuple[Tensor, ...]]:
+    """``count`` random perturbation directions, one tensor per input, each of unit norm."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(count):
         dirs = []
-        for t in problem.inputs:
+        for t in inputs:
             d = torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t.dtype)
             dirs.append(d / d.norm().clamp_min(1e-30))
         out.append(tuple(dirs))
     return out
 
 
+@contextmanager
+def perturbed(
+    inputs: tuple[Tensor, ...], directions: tuple[Tensor, ...], eps: float
+) -> Iterator[None]:
+    """Inside the block every input is ``input + eps * direction`` (in place; restored after)."""
+    saved = [t.detach().clone() for t in inputs]
+    try:
+        with torch.no_grad():
+            for t, d in zip(inputs, directions, strict=True):
+                t.add_(eps * d)
+        yield
+    finally:
+        with torch.no_grad():
+            for t, s in zip(inputs, saved, strict=True):
+                t.copy_(s)
+
+
 def directional_errors(
-    problem: Problem,
+    inputs: tuple[Tensor, ...],
     gradient: Gradient,
     evaluate: Callable[[], Tensor],
     count: int = 3,
     eps: float = FD_EPS,
 ) -> tuple[float, float]:
     """(relative error, reference norm) of ``<gradient, d>`` against central differences
-    ``(L(θ + eps d) - L(θ - eps d)) / (2 eps)`` over ``count`` random directions d, where
-    ``evaluate()`` recomputes the loss (without gradient) at the current inputs."""
+    ``(L(θ + eps d) - L(θ - eps d)) / (2 eps)`` over ``count`` random directions d of the
+    ``inputs`` (leaf tensors, perturbed in place), where ``evaluate()`` recomputes the loss
+    at the current inputs (it runs without gradient)."""
     analytic, numeric = [], []
-    for dirs in random_directions(problem, count):
+    for dirs in random_directions(inputs, count):
         analytic.append(sum(float((g * d).sum()) for g, d in zip(gradient, dirs, strict=True)))
         with torch.no_grad():
-            with problem.perturbed(dirs, eps):
+            with perturbed(inputs, dirs, eps):
                 up = float(evaluate())
-            with problem.perturbed(dirs, -eps):
+            with perturbed(inputs, dirs, -eps):
                 down = float(evaluate())
         numeric.append((up - down) / (2 * eps))
     a = torch.tensor(analytic, dtype=torch.float64)

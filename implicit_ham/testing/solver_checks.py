@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Sequence
 from functools import partial
 
+from torch import Tensor
+
 from ..adjoints import Adjoint, Implicit, Neumann, OneStep, Phantom, Truncated, Unroll
 from ..fixed_point import fixed_point
 from ..linear_solvers import Dense
@@ -126,11 +128,11 @@ def _run_all(
 def _unroll_vs_fd(problem: Problem, solver: Solver) -> dict[str, float]:
     run = solve_or_skip(problem, solver, Unroll())
 
-    def loss() -> object:
+    def loss() -> Tensor:
         sol = fixed_point(problem.f, problem.z0, *problem.args, solver=solver, adjoint=OneStep())
         return problem.loss(sol.value)
 
-    err, norm = directional_errors(problem, run.gradient, loss)
+    err, norm = directional_errors(problem.inputs, run.gradient, loss)
     require(
         err <= UNROLL_FD_RTOL,
         "the Unroll gradient disagrees with finite differences of the solver's value",
@@ -165,7 +167,9 @@ def _tight_implicit_vs_fd(problem: Problem, solver: Solver) -> dict[str, float]:
         tol=TIGHT_VALUE_RTOL,
     )
     err, _ = directional_errors(
-        problem, run.gradient, lambda: problem.loss(problem.restore(problem.plain_fixed_point()))
+        problem.inputs,
+        run.gradient,
+        lambda: problem.loss(problem.restore(problem.plain_fixed_point())),
     )
     require(
         err <= IMPLICIT_FD_RTOL,
