@@ -189,3 +189,21 @@ def test_the_plugin_authors_example_in_the_docs_runs() -> None:
     exec(compile(blocks[0], "docs/conformance.md", "exec"), namespace)
     exec(compile(blocks[1], "docs/conformance.md", "exec"), namespace)
     namespace["test_my_solver_conforms"]()  # type: ignore[operator]
+
+
+class ShiftedSVD(ih.SVD):
+    """A decomposition with a learnable parameter inside its step (``dead``: detached there)."""
+
+    def __init__(self, rank: int = 2, *, dead: bool = False, **kwargs) -> None:
+        super().__init__(rank, **kwargs)
+        self.shift = torch.nn.Parameter(torch.tensor(0.5))
+        self.dead = dead
+
+    def step(self, x: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        return super().step(x + (self.shift.detach() if self.dead else self.shift), state)
+
+
+def test_a_parameter_the_unrolled_gradient_never_reaches_fails() -> None:
+    assert check_decomposition(ShiftedSVD(rank=2, steps=3)).ok
+    with pytest.raises(ConformanceError, match=r"gradient_under_unroll.*gradient of shift"):
+        check_decomposition(ShiftedSVD(rank=2, steps=3, dead=True))

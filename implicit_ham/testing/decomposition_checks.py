@@ -13,6 +13,7 @@ from torch import Tensor
 
 from ..adjoints import Adjoint, Implicit, Neumann, OneStep, Phantom, Truncated, Unroll
 from ..decompositions import Decomposition
+from ..errors import NonFiniteError
 from .references import directional_errors
 from .report import Checker, ConformanceReport, NotApplicableError, require
 
@@ -37,13 +38,16 @@ def check_decomposition(
     * ``value_independent_of_adjoint``: y bitwise equal (``torch.equal``) under OneStep,
       Unroll, Truncated(2), Phantom(2, 0.5), Neumann(3, 0.5) and Implicit.
     * ``gradient_under_default_mode`` / ``gradient_under_unroll``: x's gradient finite and
-      non-zero (the default mode is the layer's own ``adjoint``, OneStep unless set).
+      non-zero (the default mode is the layer's own ``adjoint``, OneStep unless set); under
+      Unroll every parameter's gradient too (no dead parameters).
     * ``unroll_matches_finite_differences`` (float64): the Unroll x-gradient against central
       differences (eps 1e-6, 3 random directions) of the layer's own output; rel. error
       <= 1e-5. Skipped when ``exact_unroll`` is False (default: the class attribute
       ``exact_unroll``; VQ sets it False: its readout holds ||X|| constant by design).
     * ``empty_batch``: x (0, C, H, W) gives y (0, C, H, W) and a backward pass.
     * ``non_contiguous_input``: a transposed x gives the same output as its contiguous copy.
+    * ``clear_errors``: NaN in x -> ``ih.NonFiniteError``, a 3-D x -> ValueError, a negative x
+      for a ``nonnegative`` layer -> ValueError, each with a message.
     * ``unknown_option_refused``: ``cls(rank=2, no_such_option=1)`` raises TypeError listing
       the valid options.
 
@@ -72,12 +76,13 @@ def check_decomposition(
         checker.run("unroll_matches_finite_differences", name, partial(_unroll_fd, layer))
     checker.run("empty_batch", name, partial(_empty_batch, layer))
     checker.run("non_contiguous_input", name, partial(_non_contiguous, layer))
+    checker.run("clear_errors", name, partial(_clear_errors, layer))
     checker.run("unknown_option_refused", name, partial(_unknown_option, cls))
     return checker.finish()
 
 
 def build(target: type[Decomposition] | Decomposition) -> Decomposition:
-    """The layer under test, in training mode."""
+    """The layer under test, in training mode, its parameters and buffers in float64."""
     layer = (
         target(rank=2, steps=3, eval_steps=3) if isinstance(target, type) else copy.deepcopy(target)
     )
@@ -130,6 +135,7 @@ def _short(dtype: torch.dtype) -> str:
 
 
 def _output_shape_dtype(layer: Decomposition, dtype: torch.dtype) -> dict[str, float]:
+    layer = copy.deepcopy(layer).to(dtype)
     x = feature_map(layer, dtype)
     y = _run(layer, x, None, initial_bases(layer, x))
     require(
@@ -170,17 +176,34 @@ def _values(layer: Decomposition) -> dict[str, float]:
 
 
 def _live_gradient(layer: Decomposition, adjoint: Adjoint | None) -> dict[str, float]:
+    """x's gradient finite and non-zero; under Unroll also every parameter's (a parameter
+    that shapes the output must be reached by the exact gradient)."""
     x = feature_map(layer, torch.float64)
     weights = torch.randn(x.shape, generator=torch.Generator().manual_seed(2), dtype=x.dtype)
     y = _run(layer, x, adjoint, initial_bases(layer, x))
-    grad = x_gradient((weights * y).sum(), x)
-    norm = float(grad.norm())
-    mode = repr(adjoint or layer.adjoint)
-    require(math.isfinite(norm), f"the x-gradient under {mode} is not finite", grad_norm=norm)
-    require(
-        norm > 0, f"the x-gradient under {mode} is zero: the input is a dead input", grad_norm=norm
+    named = [("x", x)]
+    if isinstance(adjoint, Unroll):
+        named += [(n, p) for n, p in layer.named_parameters() if p.requires_grad]
+    loss = (weights * y).sum()
+    grads = (
+        torch.autograd.grad(loss, [t for _, t in named], allow_unused=True)
+        if loss.requires_grad
+        else [None] * len(named)
     )
-    return {"grad_norm": norm}
+    mode = repr(adjoint or layer.adjoint)
+    norms = {}
+    for (name, _), g in zip(named, grads, strict=True):
+        norm = 0.0 if g is None else float(g.norm())
+        require(
+            math.isfinite(norm),
+            f"the gradient of {name} under {mode} is not finite",
+            grad_norm=norm,
+        )
+        require(
+            norm > 0, f"the gradient of {name} under {mode} is zero: a dead input", grad_norm=norm
+        )
+        norms[name] = norm
+    return {"grad_norm": norms["x"], "min_grad_norm": min(norms.values())}
 
 
 def _unroll_fd(layer: Decomposition) -> dict[str, float]:
@@ -235,6 +258,27 @@ def _non_contiguous(layer: Decomposition) -> dict[str, float]:
     grad = x_gradient(y.sum(), x)
     require(bool(torch.isfinite(grad).all()), "non-finite gradient for a non-contiguous input")
     return {"max_abs_diff": diff}
+
+
+def _clear_errors(layer: Decomposition) -> dict[str, float]:
+    """NaN in x -> NonFiniteError; a 3-D x -> ValueError; a negative x for a non-negative
+    layer -> ValueError; each with a message."""
+    x = feature_map(layer, torch.float64).detach()
+    nan = x.clone()
+    nan[0, 0, 0, 0] = math.nan
+    cases = [("x holds NaN", nan, NonFiniteError), ("x is 3-D", x[0], ValueError)]
+    if layer.nonnegative:
+        cases.append(("x is negative", -x, ValueError))
+    for what, bad, expected in cases:
+        try:
+            layer(bad)
+        except expected as err:
+            require(bool(str(err)), f"{what}: {expected.__name__} without a message")
+            continue
+        except Exception as err:
+            require(False, f"{what}: expected {expected.__name__}, got {type(err).__name__}: {err}")
+        require(False, f"{what}: no error raised (expected {expected.__name__})")
+    return {}
 
 
 def _unknown_option(cls: type[Decomposition]) -> dict[str, float]:
