@@ -34,13 +34,12 @@ def solve_and_differentiate(problem: Problem, solver: Solver, adjoint: Adjoint) 
 
 
 def solve_or_skip(problem: Problem, solver: Solver, adjoint: Adjoint) -> Run:
-    """As ``solve_and_differentiate``; a ValueError from the forward solve (a solver refusing a
-    mode, as torchdeq's solvers refuse Unroll) skips the calling check."""
+    """As ``solve_and_differentiate``; a ValueError (a solver refusing a mode, as torchdeq's
+    solvers refuse Unroll) skips the calling check."""
     try:
-        sol = fixed_point(problem.f, problem.z0, *problem.args, solver=solver, adjoint=adjoint)
+        return solve_and_differentiate(problem, solver, adjoint)
     except ValueError as err:
         raise NotApplicableError(f"{solver.name} refuses {adjoint.name}: {err}") from err
-    return Run(adjoint.name, as_tuple(sol.value), input_gradient(problem, sol.value))
 
 
 def values_equal(reference: Run, other: Run) -> dict[str, float]:
@@ -68,10 +67,10 @@ def dtype_device_shape(problem: Problem, run: Run) -> dict[str, float]:
         )
         require(v.dtype == z.dtype, f"{run.mode}: value[{i}] has dtype {v.dtype}, z0 has {z.dtype}")
         require(v.device == z.device, f"{run.mode}: value[{i}] is on {v.device}, z0 on {z.device}")
-    for i, (g, t) in enumerate(zip(run.gradient, problem.inputs, strict=True)):
+    for name, g, t in zip(problem.input_names, run.gradient, problem.inputs, strict=True):
         require(
             g.dtype == t.dtype and g.shape == t.shape and g.device == t.device,
-            f"{run.mode}: the gradient of input {i} is {g.dtype} {tuple(g.shape)} on "
+            f"{run.mode}: the gradient of {name} is {g.dtype} {tuple(g.shape)} on "
             f"{g.device}, the input is {t.dtype} {tuple(t.shape)} on {t.device}",
         )
     return {}
@@ -82,17 +81,17 @@ def no_dead_inputs(problem: Problem, run: Run) -> dict[str, float]:
     if problem.batch == 0:
         raise NotApplicableError("an empty batch gives zero gradients")
     smallest = math.inf
-    for i, g in enumerate(run.gradient):
+    for name, g in zip(problem.input_names, run.gradient, strict=True):
         norm = float(g.norm())
         require(
             math.isfinite(norm),
-            f"{run.mode}: the gradient of input {i} is not finite",
+            f"{run.mode}: the gradient of {name} is not finite",
             grad_norm=norm,
         )
         require(
             norm > 0,
-            f"{run.mode}: input {i} {tuple(g.shape)} gets a zero gradient though "
-            "it influences the value (a dead parameter)",
+            f"{run.mode}: {name} {tuple(g.shape)} gets a zero gradient though "
+            "it influences the value (a dead input or parameter)",
             grad_norm=norm,
         )
         smallest = min(smallest, norm)

@@ -42,6 +42,7 @@ class Problem:
         params: tensors ``f`` closes over (leaf tensors requiring grad).
         weights: the loss weights, shaped like the state (as a tuple).
         exact: whether gradient references apply (float64, non-empty batch).
+        input_names: a name per input (``args`` then ``params``), for messages.
     """
 
     name: str
@@ -51,6 +52,7 @@ class Problem:
     params: tuple[Tensor, ...]
     weights: tuple[Tensor, ...]
     exact: bool
+    input_names: tuple[str, ...]
 
     @property
     def inputs(self) -> tuple[Tensor, ...]:
@@ -149,7 +151,8 @@ def tanh_problem(
     )
     weights = _weights([(batch, width)], gen, dtype)
     exact = dtype == torch.float64 and batch > 0
-    return Problem(name, f, z0, (x,), (W, U, b), weights, exact)
+    names = ("args[0] (x)", "W (closed over)", "U (closed over)", "b (closed over)")
+    return Problem(name, f, z0, (x,), (W, U, b), weights, exact, names)
 
 
 def tuple_problem(name: str, batch: int = 3) -> Problem:
@@ -174,7 +177,8 @@ def tuple_problem(name: str, batch: int = 3) -> Problem:
 
     z0 = (torch.zeros(batch, 3, dtype=dt), torch.zeros(batch, 2, 2, dtype=dt))
     weights = _weights([(batch, 3), (batch, 2, 2)], gen, dt)
-    return Problem(name, f, z0, (x,), (P, Q, R, S), weights, True)
+    names = ("args[0] (x)", *(f"{n} (closed over)" for n in "PQRS"))
+    return Problem(name, f, z0, (x,), (P, Q, R, S), weights, True, names)
 
 
 def batch_coupled_problem(name: str, batch: int = 3, width: int = 4) -> Problem:
@@ -190,4 +194,5 @@ def batch_coupled_problem(name: str, batch: int = 3, width: int = 4) -> Problem:
 
     z0 = torch.zeros(batch, width, dtype=dt)
     weights = _weights([(batch, width)], gen, dt)
-    return Problem(name, f, z0, (x, A), (W,), weights, True)
+    names = ("args[0] (x)", "args[1] (A)", "W (closed over)")
+    return Problem(name, f, z0, (x, A), (W,), weights, True, names)

@@ -21,8 +21,11 @@ FD_EPS = 1e-6
 
 
 def input_gradient(problem: Problem, value: Structured) -> Gradient:
-    """d loss(value) / d inputs (zeros where an input is unused)."""
-    grads = torch.autograd.grad(problem.loss(value), problem.inputs, allow_unused=True)
+    """d loss(value) / d inputs (zeros where an input is unused or ``value`` has no graph)."""
+    loss = problem.loss(value)
+    if not loss.requires_grad:
+        return tuple(torch.zeros_like(t) for t in problem.inputs)
+    grads = torch.autograd.grad(loss, problem.inputs, allow_unused=True)
     return tuple(
         torch.zeros_like(t) if g is None else g for g, t in zip(grads, problem.inputs, strict=True)
     )
