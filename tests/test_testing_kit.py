@@ -223,3 +223,11 @@ def test_a_parameter_the_unrolled_gradient_never_reaches_fails() -> None:
     assert check_decomposition(ShiftedSVD(rank=2, steps=3)).ok
     with pytest.raises(ConformanceError, match=r"gradient_under_unroll.*gradient of shift"):
         check_decomposition(ShiftedSVD(rank=2, steps=3, dead=True))
+
+
+def test_the_kit_leaves_the_global_random_state_alone() -> None:
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    check_decomposition(ih.NMF)
+    assert torch.equal(torch.rand(3), expected)

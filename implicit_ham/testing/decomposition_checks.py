@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from functools import partial
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor
 
 from ..adjoints import Adjoint, Implicit, Neumann, OneStep, Phantom, Truncated, Unroll
 from ..decompositions import Decomposition
 from ..errors import NonFiniteError
+from .decomposition_inputs import build, feature_map, initial_bases, run_layer, x_gradient
 from .references import directional_errors
 from .report import Checker, ConformanceReport, NotApplicableError, require
 
 UNROLL_FD_RTOL = 1e-5
-BATCH = 2
 
 
 def check_decomposition(
@@ -60,74 +59,41 @@ def check_decomposition(
     if not issubclass(cls, Decomposition):
         raise TypeError(f"check_decomposition expects a Decomposition, got {cls.__name__}")
     exact = getattr(cls, "exact_unroll", True) if exact_unroll is None else exact_unroll
-    layer = build(target)
-    checker = Checker(repr(layer), fail_fast)
+    with torch.random.fork_rng(devices=[]):  # the caller's random state stays untouched
+        layer = build(target)
+        checker = Checker(repr(layer), fail_fast)
+        for check, problem, body in _plan(layer, cls, exact):
+            checker.run(check, problem, body)
+    return checker.finish()
+
+
+def _plan(
+    layer: Decomposition, cls: type[Decomposition], exact: bool
+) -> list[tuple[str, str, Callable[[], dict[str, float] | None]]]:
+    """The (check, problem, body) triples ``check_decomposition`` runs, in order."""
     name = "feature_map"
-    for dtype in (torch.float64, torch.float32):
-        checker.run(
+    plan = [
+        (
             "output_shape_dtype",
             f"{name}_{_short(dtype)}",
             partial(_output_shape_dtype, layer, dtype),
         )
-    checker.run("value_independent_of_adjoint", name, partial(_values, layer))
-    checker.run("gradient_under_default_mode", name, partial(_live_gradient, layer, None))
-    checker.run("gradient_under_unroll", name, partial(_live_gradient, layer, Unroll()))
+        for dtype in (torch.float64, torch.float32)
+    ]
+    plan += [
+        ("value_independent_of_adjoint", name, partial(_values, layer)),
+        ("gradient_under_default_mode", name, partial(_live_gradient, layer, None)),
+        ("gradient_under_unroll", name, partial(_live_gradient, layer, Unroll())),
+    ]
     if exact:
-        checker.run("unroll_matches_finite_differences", name, partial(_unroll_fd, layer))
-    checker.run("empty_batch", name, partial(_empty_batch, layer))
-    checker.run("non_contiguous_input", name, partial(_non_contiguous, layer))
-    checker.run("clear_errors", name, partial(_clear_errors, layer))
-    checker.run("unknown_option_refused", name, partial(_unknown_option, cls))
-    return checker.finish()
-
-
-def build(target: type[Decomposition] | Decomposition) -> Decomposition:
-    """The layer under test, in training mode, its parameters and buffers in float64."""
-    layer = (
-        target(rank=2, steps=3, eval_steps=3) if isinstance(target, type) else copy.deepcopy(target)
-    )
-    return layer.train()
-
-
-def feature_map(
-    layer: Decomposition, dtype: torch.dtype, batch: int = BATCH, seed: int = 0
-) -> Tensor:
-    """x (batch, C, H, W) sized for the layer (d, n > rank), see ``check_decomposition``."""
-    per_group = max(8, layer.rank + 2)
-    channels = layer.channels or layer.groups * per_group
-    side = max(4, math.ceil(math.sqrt(layer.rank + 2)))
-    gen = torch.Generator().manual_seed(seed)
-    shape = (batch, channels, side, side)
-    if layer.nonnegative:
-        x = 0.1 + torch.rand(shape, generator=gen, dtype=torch.float64)
-    else:
-        x = torch.randn(shape, generator=gen, dtype=torch.float64)
-    return x.to(dtype).requires_grad_()
-
-
-def initial_bases(layer: Decomposition, x: Tensor, seed: int = 1) -> Tensor:
-    """Explicit D0 (B*S, d, r) drawn by the layer's own ``sample_bases`` from a fixed seed."""
-    flat = layer.flatten(x.detach())
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        bases = layer.sample_bases((flat.shape[0], flat.shape[1], layer.rank), like=flat)
-    return F.normalize(bases, dim=1, eps=layer.norm_eps)
-
-
-def _run(layer: Decomposition, x: Tensor, adjoint: Adjoint | None, bases: Tensor | None) -> Tensor:
-    """``layer(x, init=bases)`` under ``adjoint`` (None: the layer's own). A ValueError from a
-    solver refusing Unroll (as torchdeq's solvers do) skips the calling check."""
-    saved = layer.adjoint
-    try:
-        if adjoint is not None:
-            layer.adjoint = adjoint
-        return layer(x, init=bases)
-    except ValueError as err:
-        if not isinstance(adjoint, Unroll):
-            raise
-        raise NotApplicableError(f"the layer's solver refuses {adjoint!r}: {err}") from err
-    finally:
-        layer.adjoint = saved
+        plan.append(("unroll_matches_finite_differences", name, partial(_unroll_fd, layer)))
+    plan += [
+        ("empty_batch", name, partial(_empty_batch, layer)),
+        ("non_contiguous_input", name, partial(_non_contiguous, layer)),
+        ("clear_errors", name, partial(_clear_errors, layer)),
+        ("unknown_option_refused", name, partial(_unknown_option, cls)),
+    ]
+    return plan
 
 
 def _short(dtype: torch.dtype) -> str:
@@ -137,7 +103,7 @@ def _short(dtype: torch.dtype) -> str:
 def _output_shape_dtype(layer: Decomposition, dtype: torch.dtype) -> dict[str, float]:
     layer = copy.deepcopy(layer).to(dtype)
     x = feature_map(layer, dtype)
-    y = _run(layer, x, None, initial_bases(layer, x))
+    y = run_layer(layer, x, None, initial_bases(layer, x))
     require(
         y.shape == x.shape and y.dtype == x.dtype and y.device == x.device,
         f"output {y.dtype} {tuple(y.shape)} on {y.device} for input {x.dtype} "
@@ -157,11 +123,11 @@ def _values(layer: Decomposition) -> dict[str, float]:
         Neumann(3, 0.5),
         Implicit(linear_solver="dense"),
     ]
-    reference = _run(layer, x, OneStep(), bases)
+    reference = run_layer(layer, x, OneStep(), bases)
     worst = 0.0
     for mode in modes:
         try:
-            y = _run(layer, x, mode, bases)
+            y = run_layer(layer, x, mode, bases)
         except NotApplicableError:
             continue
         diff = float((y - reference).detach().abs().max())
@@ -180,7 +146,7 @@ def _live_gradient(layer: Decomposition, adjoint: Adjoint | None) -> dict[str, f
     that shapes the output must be reached by the exact gradient)."""
     x = feature_map(layer, torch.float64)
     weights = torch.randn(x.shape, generator=torch.Generator().manual_seed(2), dtype=x.dtype)
-    y = _run(layer, x, adjoint, initial_bases(layer, x))
+    y = run_layer(layer, x, adjoint, initial_bases(layer, x))
     named = [("x", x)]
     if isinstance(adjoint, Unroll):
         named += [(n, p) for n, p in layer.named_parameters() if p.requires_grad]
@@ -210,10 +176,10 @@ def _unroll_fd(layer: Decomposition) -> dict[str, float]:
     x = feature_map(layer, torch.float64)
     bases = initial_bases(layer, x)
     weights = torch.randn(x.shape, generator=torch.Generator().manual_seed(2), dtype=x.dtype)
-    y = _run(layer, x, Unroll(), bases)
+    y = run_layer(layer, x, Unroll(), bases)
     gradient = (x_gradient((weights * y).sum(), x),)
     err, norm = directional_errors(
-        (x,), gradient, lambda: (weights * _run(layer, x, Unroll(), bases)).sum()
+        (x,), gradient, lambda: (weights * run_layer(layer, x, Unroll(), bases)).sum()
     )
     require(
         err <= UNROLL_FD_RTOL,
@@ -225,18 +191,10 @@ def _unroll_fd(layer: Decomposition) -> dict[str, float]:
     return {"rel_error": err, "tol": UNROLL_FD_RTOL}
 
 
-def x_gradient(loss: Tensor, x: Tensor) -> Tensor:
-    """d loss / d x; zeros when the loss does not depend on x (no graph at all)."""
-    if not loss.requires_grad:
-        return torch.zeros_like(x)
-    (grad,) = torch.autograd.grad(loss, x, allow_unused=True)
-    return torch.zeros_like(x) if grad is None else grad
-
-
 def _empty_batch(layer: Decomposition) -> dict[str, float]:
     x = feature_map(layer, torch.float64, batch=0)
     for mode in (None, Unroll()):
-        y = _run(layer, x, mode, None)
+        y = run_layer(layer, x, mode, None)
         require(y.shape == x.shape, f"empty batch: output {tuple(y.shape)} for {tuple(x.shape)}")
         grad = x_gradient(y.sum(), x)
         require(grad.shape == x.shape, "empty batch: wrong gradient shape")
@@ -246,8 +204,8 @@ def _empty_batch(layer: Decomposition) -> dict[str, float]:
 def _non_contiguous(layer: Decomposition) -> dict[str, float]:
     x = feature_map(layer, torch.float64).detach().transpose(2, 3).requires_grad_()
     bases = initial_bases(layer, x)
-    y = _run(layer, x, None, bases)
-    y_ref = _run(layer, x.detach().contiguous(), None, bases)
+    y = run_layer(layer, x, None, bases)
+    y_ref = run_layer(layer, x.detach().contiguous(), None, bases)
     diff = float((y - y_ref).detach().abs().max())
     require(y.shape == x.shape, f"output {tuple(y.shape)} for a non-contiguous {tuple(x.shape)}")
     require(
