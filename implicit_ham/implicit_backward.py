@@ -6,7 +6,9 @@ Function returns z* itself (so the forward value is exactly the solver's), and i
 receives the incoming gradient v, turns it into an adjoint vector g with a ``BackwardSolve``
 (e.g. a linear solve of ``g = J^T g + v``), and hands g to ``fz``'s graph, which carries
 ``(df/dθ)^T g`` to every argument and parameter. No tensor hooks: a second backward with
-``retain_graph=True`` repeats the solve and returns the same gradient.
+``retain_graph=True`` repeats the solve and returns the same gradient. A backward with
+``create_graph=True`` is refused (RuntimeError): the second derivative would hold z* and g
+constant and be wrong.
 
 The gradient assumes z* is a fixed point. The evaluation ``fz = f(z*)`` gives its residual
 ``||f(z*) - z*|| / ||f(z*)||`` per sample for free; the backward pass compares the worst one
@@ -25,7 +27,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from .errors import (
     BackwardSolveError,
@@ -194,10 +195,19 @@ class _FixedPointGradient(torch.autograd.Function):
         return tuple(t.detach() for t in backward.z_req)
 
     @staticmethod
-    @once_differentiable
     def backward(
         ctx: torch.autograd.function.FunctionCtx, *grads: Tensor | None
     ) -> tuple[Tensor | None, ...]:
+        # Autograd runs a backward with grad mode on exactly when create_graph=True. A second
+        # derivative through this node would hold z* and the adjoint vector constant: wrong,
+        # and ``once_differentiable`` does not catch it under ``autograd.grad(inputs=...)``.
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                f"{ctx.backward_solve.check.adjoint} backward cannot be differentiated twice: "
+                "with create_graph=True the second derivative would hold the fixed point and "
+                "the adjoint vector constant and be wrong. Use Unroll (exact through the "
+                "iterations) for second derivatives, or differentiate without create_graph=True."
+            )
         return (None, *ctx.backward_solve(grads))
 
 
