@@ -16,6 +16,7 @@ from torch import Tensor
 from ..adjoints import (
     ADJOINTS,
     Adjoint,
+    AtFixedPoint,
     Implicit,
     Neumann,
     OneStep,
@@ -29,6 +30,7 @@ from .common import (
     clear_errors,
     dtype_device_shape,
     no_dead_inputs,
+    second_derivative,
     solve_and_differentiate,
     values_equal,
 )
@@ -80,6 +82,10 @@ def check_adjoint(
     * ``one_step_at_solution`` (Phantom with k=1, tau=1): ``(df/dθ)^T v`` at z*.
     * ``neumann_large_k_approaches_implicit`` (Neumann): with k=200 the gradient is the
       implicit one (rel. error <= 1e-8).
+    * ``second_derivative_or_refusal`` (tanh_f64; Unroll and at-fixed-point modes): under
+      ``create_graph=True`` the mode either refuses with an error that says so, or its second
+      derivative is the derivative of its own gradient (central differences, rel. <= 1e-5).
+      Truncated / OneStep / Phantom are not checked: theirs is the surrogate's by design.
     * ``clear_errors`` (tanh_f64): ValueError / TypeError / NonFiniteError on bad input.
 
     Args:
@@ -199,6 +205,21 @@ def _gradient_checks(
             problem.name,
             partial(_neumann_large_k, problem, adjoint),
         )
+    if problem.name == "tanh_f64":
+        checker.run(
+            "second_derivative_or_refusal",
+            problem.name,
+            partial(_second_order, problem, adjoint, reference),
+        )
+
+
+def _second_order(problem: Problem, adjoint: Adjoint, reference: Adjoint) -> dict[str, float]:
+    if not isinstance(reference, (Unroll, AtFixedPoint)):
+        raise NotApplicableError(
+            "a truncated / phantom gradient's second derivative is its surrogate's (the "
+            "detached state held fixed), by design; not checked"
+        )
+    return second_derivative(problem, FixedPointIteration(max_steps=STEPS), adjoint)
 
 
 def _k_step_loss(problem: Problem) -> Callable[[], Tensor]:

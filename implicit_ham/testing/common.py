@@ -14,8 +14,11 @@ from ..errors import NonFiniteError
 from ..fixed_point import fixed_point
 from ..solvers import Solver
 from .problems import Problem, as_tuple
-from .references import Gradient, input_gradient
+from .references import Gradient, directional_errors, input_gradient, random_directions
 from .report import NotApplicableError, require
+
+SECOND_ORDER_RTOL = 1e-5
+TWICE = ("differentiate twice", "create_graph", "double backward", "second derivative")
 
 
 @dataclass(frozen=True)
@@ -118,3 +121,44 @@ def clear_errors(problem: Problem, solver: Solver, adjoint: Adjoint) -> dict[str
             require(False, f"{what}: expected {expected.__name__}, got {type(err).__name__}: {err}")
         require(False, f"{what}: no error raised (expected {expected.__name__})")
     return {}
+
+
+def second_derivative(problem: Problem, solver: Solver, adjoint: Adjoint) -> dict[str, float]:
+    """A mode that gives a second derivative gives the derivative of its own gradient: with
+    h(θ) = <grad_θ loss, u> (u a fixed random direction), ``create_graph=True`` and a second
+    ``autograd.grad`` must match central differences of h. Refusing (an error that says the
+    mode cannot be differentiated twice) passes; a crash or a wrong value fails."""
+    (u,) = random_directions(problem.inputs, 1, seed=7)
+
+    def h(create_graph: bool) -> Tensor:
+        sol = fixed_point(problem.f, problem.z0, *problem.args, solver=solver, adjoint=adjoint)
+        loss = problem.loss(sol.value)
+        grads = torch.autograd.grad(
+            loss, problem.inputs, create_graph=create_graph, allow_unused=True
+        )
+        return sum((g * d).sum() for g, d in zip(grads, u, strict=True) if g is not None)
+
+    first = h(create_graph=True)
+    try:
+        if not first.requires_grad:
+            raise RuntimeError("the gradient has no graph under create_graph=True")
+        hessian_u = torch.autograd.grad(first, problem.inputs, allow_unused=True)
+    except RuntimeError as err:
+        refused = any(word in str(err) for word in TWICE)
+        require(refused, f"the second derivative neither works nor is refused clearly: {err}")
+        raise NotApplicableError(f"refuses a second derivative: {err}") from err
+    hessian_u = tuple(
+        torch.zeros_like(t) if g is None else g
+        for g, t in zip(hessian_u, problem.inputs, strict=True)
+    )
+    err, norm = directional_errors(
+        problem.inputs, hessian_u, lambda: h(create_graph=False), with_grad=True
+    )
+    require(
+        err <= SECOND_ORDER_RTOL,
+        "the second derivative (create_graph=True) is not the derivative of the gradient",
+        rel_error=err,
+        tol=SECOND_ORDER_RTOL,
+        fd_norm=norm,
+    )
+    return {"rel_error": err, "tol": SECOND_ORDER_RTOL}

@@ -146,15 +146,17 @@ def directional_errors(
     evaluate: Callable[[], Tensor],
     count: int = 3,
     eps: float = FD_EPS,
+    with_grad: bool = False,
 ) -> tuple[float, float]:
     """(relative error, reference norm) of ``<gradient, d>`` against central differences
     ``(L(θ + eps d) - L(θ - eps d)) / (2 eps)`` over ``count`` random directions d of the
     ``inputs`` (leaf tensors, perturbed in place), where ``evaluate()`` recomputes the loss
-    at the current inputs (it runs without gradient)."""
+    at the current inputs (without gradient unless ``with_grad``, e.g. when the "loss" is
+    itself a gradient)."""
     analytic, numeric = [], []
     for dirs in random_directions(inputs, count):
         analytic.append(sum(float((g * d).sum()) for g, d in zip(gradient, dirs, strict=True)))
-        with torch.no_grad():
+        with torch.set_grad_enabled(with_grad):
             with perturbed(inputs, dirs, eps):
                 up = float(evaluate())
             with perturbed(inputs, dirs, -eps):
