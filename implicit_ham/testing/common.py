@@ -138,8 +138,8 @@ def second_derivative(problem: Problem, solver: Solver, adjoint: Adjoint) -> dic
         )
         return sum((g * d).sum() for g, d in zip(grads, u, strict=True) if g is not None)
 
-    first = h(create_graph=True)
     try:
+        first = h(create_graph=True)  # a mode may refuse here (in its backward) or below
         if not first.requires_grad:
             raise RuntimeError("the gradient has no graph under create_graph=True")
         hessian_u = torch.autograd.grad(first, problem.inputs, allow_unused=True)
