@@ -1,5 +1,16 @@
 """The conformance kit: hold a plug-in (solver, backward mode, linear solver, decomposition) to
-the library's contract on a panel of small problems. See docs/conformance.md."""
+the library's contract on a panel of small problems. See docs/conformance.md.
+
+Usage (in a plug-in's own test suite; pytest is not required)::
+
+    from implicit_ham.testing import check_solver
+
+    def test_my_solver_conforms():
+        check_solver(MySolver())            # ConformanceError (an AssertionError) on failure
+
+    report = check_solver(MySolver(), fail_fast=False)   # run every check, collect failures
+    print(report.summary())
+"""
 
 from .adjoint_checks import check_adjoint
 from .decomposition_checks import check_decomposition
