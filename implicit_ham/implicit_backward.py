@@ -8,7 +8,9 @@ receives the incoming gradient v, turns it into an adjoint vector g with a ``Bac
 ``(df/dθ)^T g`` to every argument and parameter. For float16 / bfloat16 states the solve runs in
 float32 (``precision.working_dtype``): the VJPs of f run in the state's dtype, the Krylov /
 dense algebra in float32, and g is cast back. No tensor hooks: a second backward with
-``retain_graph=True`` repeats the solve and returns the same gradient.
+``retain_graph=True`` repeats the solve and returns the same gradient. A backward with
+``create_graph=True`` is refused (``SecondOrderError``): the second derivative would hold z*
+and g constant and be wrong.
 
 The gradient assumes z* is a fixed point. The evaluation ``fz = f(z*)`` gives its residual
 ``||f(z*) - z*|| / ||f(z*)||`` per sample for free; the backward pass compares the worst one

@@ -102,6 +102,12 @@ class Decomposition(nn.Module, ABC):
             work; the first call per shape and grad mode compiles, which takes seconds and
             needs a C++ compiler on the CPU). Values match eager mode up to rounding.
 
+    Class attributes: ``default_inv_t`` (the softmax inverse temperature when ``inv_t`` is
+    None), ``nonnegative`` (the layer needs a non-negative input), ``exact_unroll`` (the
+    ``Unroll`` gradient is the exact derivative of the output; False when the readout
+    deliberately holds a quantity constant, as VQ's ``||X||``: the conformance kit then skips
+    its finite-difference check).
+
     Attributes:
         last_solution: the ``Solution`` of the latest forward (None before the first): its
             value detached (so the module stays deep-copyable), its stats, and the same
@@ -110,6 +116,7 @@ class Decomposition(nn.Module, ABC):
 
     default_inv_t: ClassVar[float] = 1.0
     nonnegative: ClassVar[bool] = False
+    exact_unroll: ClassVar[bool] = True
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Decomposition:
         """Refuse unknown keyword arguments with the list of valid ones (before ``__init__``,
