@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from implicit_ham.training.checkpoint import read_checkpoint
+
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 ARGS = [
@@ -49,8 +51,8 @@ def test_two_processes_match_one_process_with_the_doubled_batch(tmp_path: Path) 
     digests = results["state_digests"]
     assert len(digests) == 2 and digests[0] == digests[1]
 
-    ddp_state = torch.load(ddp / "checkpoint.pt", weights_only=True)["model"]
-    single_state = torch.load(single / "checkpoint.pt", weights_only=True)["model"]
+    ddp_state = read_checkpoint(ddp / "checkpoint.pt")["model"]
+    single_state = read_checkpoint(single / "checkpoint.pt")["model"]
     assert ddp_state.keys() == single_state.keys()
     for key, value in single_state.items():
         torch.testing.assert_close(ddp_state[key], value, rtol=1e-5, atol=1e-6, msg=key)

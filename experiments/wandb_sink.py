@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .base import Sink, plain_metrics
-from .files import safe_name
+from implicit_ham.tracking.base import Sink, plain_metrics
+from implicit_ham.tracking.files import safe_name
 
 
 def resolve_mode(mode: str | None) -> str | None:

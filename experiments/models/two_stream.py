@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..validation import check_positive_int
+from implicit_ham.validation import check_positive_int
+
 from .backbone import LocalBackbone
 from .global_features import ColourHistogram, GridPositionCode
 

@@ -8,7 +8,6 @@ from .errors import DataLayoutError
 from .factory import DATASET_NAMES, TaskInfo, make_dataset, task_of
 from .legend_dataset import LegendSegDataset, LegendSegSample, blob_mask
 from .legend_seg import IGNORE_INDEX, LegendLayout, generate_legend_seg
-from .preview import colourize_mask, save_sample_grid
 from .textures import TEXTURE_BANK, Texture
 from .voc import VOCSegmentation
 
@@ -26,9 +25,7 @@ __all__ = [
     "Texture",
     "VOCSegmentation",
     "blob_mask",
-    "colourize_mask",
     "generate_legend_seg",
     "make_dataset",
-    "save_sample_grid",
     "task_of",
 ]

@@ -24,9 +24,10 @@ from typing import Any
 
 import yaml
 
-from ..diagnostics.table import format_value
-from .report import Job, Row, collect_jobs, group_jobs
+from implicit_ham.diagnostics.table import format_value
+
 from .results import RESULTS_FILE, read_results
+from .sweep_report import Job, Row, collect_jobs, group_jobs
 
 CONTEXTS = ("nmf", "vq", "cd")
 ADJOINTS = ("unroll", "one_step", "implicit", "phantom")

@@ -12,8 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import matplotlib.ticker
 
-from .report import Row
 from .study_data import k_steps, mean_std, select
+from .sweep_report import Row
 
 POINT_STYLE = {"init": "--", "trained": "-"}
 

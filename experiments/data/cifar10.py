@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from ..validation import check_choice
+from implicit_ham.validation import check_choice
+
 from .errors import DataLayoutError
 
 SPLITS = ("train", "test")

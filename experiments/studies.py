@@ -22,9 +22,9 @@ import torch
 from hydra.utils import instantiate
 from torch import Tensor, nn
 
-from ..adjoints import Implicit, Neumann, OneStep, Phantom, Truncated, Unroll
-from ..decompositions.base import Decomposition
-from ..diagnostics import (
+from implicit_ham.adjoints import Implicit, Neumann, OneStep, Phantom, Truncated, Unroll
+from implicit_ham.decompositions.base import Decomposition
+from implicit_ham.diagnostics import (
     compare_adjoints,
     convergence_rows,
     estimate_conditioning,
@@ -32,14 +32,16 @@ from ..diagnostics import (
     plot_grad_vs_k,
     plot_residuals,
 )
-from ..diagnostics.measure import fork_rng_on
-from ..errors import ConditioningWarning, ConvergenceWarning
-from ..fixed_point import FixedPointProblem
-from ..solvers import Anderson, Broyden, FixedPointIteration, Solver
-from ..training.loop import Task, evaluate
+from implicit_ham.diagnostics.measure import fork_rng_on
+from implicit_ham.errors import ConditioningWarning, ConvergenceWarning
+from implicit_ham.fixed_point import FixedPointProblem
+from implicit_ham.solvers import Anderson, Broyden, FixedPointIteration, Solver
+from implicit_ham.training.checkpoint import read_checkpoint
+from implicit_ham.training.loop import Task, evaluate
+
 from .build import build_context, build_datasets, build_loaders, build_model, context_channels
 from .results import write_results
-from .train import seed_everything
+from .run import seed_everything
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +223,7 @@ def _build(cfg: Mapping[str, Any], info: Any) -> nn.Module:
     context = build_context(cfg["context"], context_channels(info, cfg["model"]), solver, adjoint)
     model = build_model(info, context, cfg["model"])
     if cfg.get("checkpoint"):
-        state = torch.load(cfg["checkpoint"], map_location="cpu", weights_only=True)
+        state = read_checkpoint(cfg["checkpoint"])
         model.load_state_dict(state["model"])
     return model.eval()
 

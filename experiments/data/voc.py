@@ -16,7 +16,8 @@ from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from ..validation import check_choice, check_positive_int
+from implicit_ham.validation import check_choice, check_positive_int
+
 from .errors import DataLayoutError
 
 SPLITS = ("train", "val", "trainval")

@@ -20,9 +20,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..training import CheckpointStore, DistributedContext, FailureMonitor, TrainState, unwrap
-from ..training.checkpoint import read_checkpoint
-from ..training.rng import capture_rng_state, restore_rng_state
+from implicit_ham.training import (
+    CheckpointStore,
+    DistributedContext,
+    FailureMonitor,
+    TrainState,
+    unwrap,
+)
+from implicit_ham.training.checkpoint import read_checkpoint
+from implicit_ham.training.rng import capture_rng_state, restore_rng_state
+
 from .results import RESULTS_FILE, read_results
 
 logger = logging.getLogger(__name__)

@@ -86,8 +86,9 @@ class _Doc(GradientSections, ConvergenceSections):
         if config:
             data, model = config["data"], config["model"]
             steps = math.ceil(data["train_size"] / config["batch_size"]) * config["epochs"]
+            dataset = data["_target_"].rsplit(".", 1)[-1]
             lines.append(
-                f"- Task: `{data['name']}` {data['image_size']}x{data['image_size']}, "
+                f"- Task: `{dataset}` {data['image_size']}x{data['image_size']}, "
                 f"{data['num_classes']} classes, {data['train_size']} training and "
                 f"{data['val_size']} validation images (fixed data seed {data['seed']}); seeds "
                 "vary the model initialisation and batch order."

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..validation import check_positive_int
+from implicit_ham.validation import check_positive_int
+
 from .shapes import random_blob_mask
 from .textures import FIELD_BACKGROUND, LEGEND_FRAME, MAX_PERIOD, TEXTURE_BANK
 

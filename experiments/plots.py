@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from .report import Row, label
+from .sweep_report import Row, label
 
 
 def plot_metric_bars(rows: Sequence[Row], metric: str, path: str | Path) -> Path:

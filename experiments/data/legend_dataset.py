@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from ..validation import check_choice, check_positive_int
+from implicit_ham.validation import check_choice, check_positive_int
+
 from .legend_seg import IGNORE_INDEX, LegendLayout, generate_legend_seg
 from .textures import render_bank
 

@@ -7,7 +7,6 @@ by hand), so they work with or without Hydra.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,41 +14,32 @@ from typing import Any
 import torch
 from hydra.utils import instantiate
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 
-from ..adjoints import Adjoint
-from ..data import LegendSegDataset, make_dataset, task_of
-from ..data.factory import TaskInfo
-from ..decompositions.registry import DECOMPOSITIONS
-from ..models import ContextClassifier, ContextSegmenter, TwoStreamSegmenter
-from ..models import context_channels as two_stream_channels
-from ..modules.context import make_context
-from ..solvers import Solver
-from ..tracking import CSVSink, JSONLSink, Sink, WandbSink
-from ..training.sampler import EpochBatchSampler
-from ..validation import check_choice
-from .schema import ModelConf
+from implicit_ham.adjoints import Adjoint
+from implicit_ham.decompositions.registry import DECOMPOSITIONS
+from implicit_ham.solvers import Solver
+from implicit_ham.tracking import Sink
+from implicit_ham.training.sampler import EpochBatchSampler
+from implicit_ham.validation import check_choice
 
-VAL_SPLITS = {"legend_seg": "val", "digits": "val", "cifar10": "test", "voc2012": "val"}
+from .configs import ModelConf
+from .data.factory import TaskInfo
+from .models import ContextClassifier, ContextSegmenter, TwoStreamSegmenter
+from .models import context_channels as two_stream_channels
+from .splits import Splits
 
 
 def build_datasets(data: Mapping[str, Any]) -> tuple[Dataset, Dataset, TaskInfo]:
-    """(train set, validation set, task) of the data config (see ``schema`` data options)."""
-    options = {k: v for k, v in data.items() if k != "name"}
-    name = data["name"]
-    if name == "legend_seg":
-        shared = {k: options[k] for k in ("image_size", "num_classes", "seed")}
-        train = LegendSegDataset(options["train_size"], split="train", **shared)
-        val = LegendSegDataset(options["val_size"], split="val", **shared)
-        return (
-            TensorDataset(*train.materialize()),
-            TensorDataset(*val.materialize()),
-            task_of(name, num_classes=shared["num_classes"]),
+    """(train set, validation set, task) of the data config, instantiated by its ``_target_``
+    (a function of ``experiments.splits``)."""
+    splits = instantiate(dict(data), _partial_=True)()  # its own errors, not Hydra's wrapper
+    if not isinstance(splits, Splits):
+        raise TypeError(
+            f"data config {dict(data)!r} built a {type(splits).__name__}; its _target_ must "
+            "be a function of experiments.splits (or another function returning Splits)"
         )
-    root = options.pop("root", None)
-    train = make_dataset(name, root=root, split="train", **options)
-    val = make_dataset(name, root=root, split=VAL_SPLITS[name], **options)
-    return train, val, task_of(name, **options)
+    return splits.train, splits.val, splits.task
 
 
 def build_loaders(
@@ -71,13 +61,13 @@ def build_loaders(
 def build_context(
     context: Mapping[str, Any], channels: int, solver: Solver, adjoint: Adjoint
 ) -> nn.Module:
-    """The context module named ``context["name"]`` on ``channels`` channels; decompositions
-    get ``solver`` and ``adjoint``, baselines ignore them."""
-    options = {k: v for k, v in context.items() if k != "name"}
-    name = context["name"]
-    if name in DECOMPOSITIONS.names():
-        return make_context(name, channels, solver=solver, adjoint=adjoint, **options)
-    return make_context(name, channels, **options)
+    """Instantiate the context config (``_target_``: ``implicit_ham.make_context``) on
+    ``channels`` channels; decompositions get ``solver`` and ``adjoint``, baselines have
+    neither."""
+    runtime: dict[str, Any] = {"channels": channels}
+    if context.get("name") in DECOMPOSITIONS.names():
+        runtime.update(solver=solver, adjoint=adjoint)
+    return instantiate(dict(context), _partial_=True)(**runtime)  # objects, not configs
 
 
 SEGMENTER_ARCHS = ("two_stream", "serial")
@@ -131,24 +121,5 @@ def build_optimizer(optim: Mapping[str, Any], model: nn.Module) -> torch.optim.O
 def build_sinks(
     logger_cfg: Mapping[str, Any], directory: Path, config: Mapping[str, Any]
 ) -> list[Sink]:
-    """Metric sinks: files (JSONL + CSV) unless ``kind == "none"``, plus wandb for ``"wandb"``
-    (offline unless ``WANDB_API_KEY`` is set or ``mode`` says otherwise)."""
-    sinks: list[Sink] = []
-    kind = logger_cfg["kind"]
-    if kind in ("files", "wandb"):
-        sinks += [JSONLSink(directory), CSVSink(directory)]
-    if kind == "wandb":
-        mode = logger_cfg.get("mode") or (
-            "online" if os.environ.get("WANDB_API_KEY") else "offline"
-        )
-        sinks.append(
-            WandbSink(
-                logger_cfg["project"],
-                group=logger_cfg.get("group"),
-                tags=list(logger_cfg.get("tags") or []),
-                config=dict(config),
-                mode=mode,
-                dir=str(directory),
-            )
-        )
-    return sinks
+    """Instantiate the logger config (``_target_``: a function of ``experiments.sinks``)."""
+    return list(instantiate(dict(logger_cfg), _partial_=True)(directory, dict(config)))

@@ -15,9 +15,9 @@ import torch
 from hydra.utils import instantiate
 from torch import nn
 
-from ..diagnostics import DiagnosticsCallback
-from ..diagnostics.gradient_norms import find_implicit_layers
-from ..training import (
+from implicit_ham.diagnostics import DiagnosticsCallback
+from implicit_ham.diagnostics.gradient_norms import find_implicit_layers
+from implicit_ham.training import (
     DistributedContext,
     FailureMonitor,
     GuardedStep,
@@ -27,9 +27,11 @@ from ..training import (
     fit,
     unwrap,
 )
-from ..training.distributed import state_digest
-from ..training.failures import check_policy
-from ..training.rng import configure_determinism
+from implicit_ham.training.checkpoint import write_checkpoint
+from implicit_ham.training.distributed import state_digest
+from implicit_ham.training.failures import check_policy
+from implicit_ham.training.rng import configure_determinism
+
 from .build import (
     build_context,
     build_datasets,
@@ -39,9 +41,9 @@ from .build import (
     build_sinks,
     context_channels,
 )
+from .configs import ReliabilityConf, check_train_config
 from .results import write_results
 from .resume import JobCheckpoints
-from .schema import ReliabilityConf
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +75,7 @@ def run_training(cfg: Mapping[str, Any], output_dir: str | Path) -> dict[str, An
         of the model state on each rank: all equal when the replicas are in sync), and the last
         forward solve statistics of each implicit layer (``solver``).
     """
+    check_train_config(cfg)
     reliability = {**dataclasses.asdict(ReliabilityConf()), **(cfg.get("reliability") or {})}
     cfg = {**cfg, "reliability": reliability}
     check_policy(reliability["on_failure"])
@@ -184,13 +187,13 @@ def _train(cfg: dict[str, Any], output_dir: Path, dist: DistributedContext) -> d
     }
     logger.info("failures: %s", results["failures"])
     if dist.is_main:
-        torch.save(
+        write_checkpoint(
+            output_dir / "checkpoint.pt",
             {
                 "model": unwrap(model).state_dict(),
                 "optimizer": optimizer.state_dict(),
                 "config": dict(cfg),
             },
-            output_dir / "checkpoint.pt",
         )
         write_results(output_dir, results)
     return results
