@@ -6,10 +6,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
 from .sweep_report import Row, label
 
@@ -18,7 +15,8 @@ def plot_metric_bars(rows: Sequence[Row], metric: str, path: str | Path) -> Path
     """Horizontal bars of ``metric`` (mean ± std over seeds), one per row; saved to ``path``."""
     shown = [(label(row.overrides), row.mean_std(metric)) for row in rows]
     shown = [(name, stats) for name, stats in shown if stats is not None]
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(shown) + 1.2))
+    fig = Figure(figsize=(7, 0.45 * len(shown) + 1.2))
+    ax = fig.subplots()
     ax.barh(
         [name for name, _ in shown],
         [s[0] for _, s in shown],
@@ -31,13 +29,13 @@ def plot_metric_bars(rows: Sequence[Row], metric: str, path: str | Path) -> Path
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return Path(path)
 
 
 def plot_curves(rows: Sequence[Row], metric: str, path: str | Path) -> Path:
     """``metric`` per epoch, averaged over each row's seeds; saved to ``path``."""
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
     for row in rows:
         per_epoch: dict[int, list[float]] = defaultdict(list)
         for job in row.jobs:
@@ -55,5 +53,4 @@ def plot_curves(rows: Sequence[Row], metric: str, path: str | Path) -> Path:
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return Path(path)

@@ -16,7 +16,7 @@ from hydra.utils import instantiate
 from torch import nn
 
 from implicit_ham.diagnostics import DiagnosticsCallback
-from implicit_ham.diagnostics.gradient_norms import find_implicit_layers
+from implicit_ham.layers import find_implicit_layers
 from implicit_ham.training import (
     DistributedContext,
     FailureMonitor,

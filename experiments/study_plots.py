@@ -6,11 +6,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import matplotlib.ticker
+from matplotlib.figure import Figure
 
 from .study_data import k_steps, mean_std, select
 from .sweep_report import Row
@@ -27,9 +24,8 @@ def plot_metric_vs_k(
     path: str | Path,
 ) -> Path:
     """Grid (metric x decomposition): metric (mean ± std over seeds) vs K, one line per mode."""
-    fig, axes = plt.subplots(
-        len(metrics), len(contexts), figsize=(4 * len(contexts), 3.2 * len(metrics)), squeeze=False
-    )
+    fig = Figure(figsize=(4 * len(contexts), 3.2 * len(metrics)))
+    axes = fig.subplots(len(metrics), len(contexts), squeeze=False)
     for i, metric in enumerate(metrics):
         for j, context in enumerate(contexts):
             ax = axes[i][j]
@@ -61,7 +57,8 @@ def plot_grad_study(
 ) -> Path:
     """Three panels from ``run_grad_study`` results keyed "init" / "trained": BPTT gradient
     norm vs K, each mode's cosine to the K-step gradient, and to the reference gradient."""
-    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+    fig = Figure(figsize=(15, 3.8))
+    axes = fig.subplots(1, 3)
     panels = (
         ("grad_norm", "BPTT gradient norm"),
         ("cosine_same_k", "cosine to Unroll at K"),
@@ -103,7 +100,8 @@ def plot_convergence(
     """Per decomposition (columns): relative residual (top) and objective (bottom) vs iteration
     for each forward solver; ``traces[context][point]`` is a ``run_convergence`` result."""
     contexts = list(traces)
-    fig, axes = plt.subplots(2, len(contexts), figsize=(4.5 * len(contexts), 7), squeeze=False)
+    fig = Figure(figsize=(4.5 * len(contexts), 7))
+    axes = fig.subplots(2, len(contexts), squeeze=False)
     for j, context in enumerate(contexts):
         for point, res in traces[context].items():
             if not res:
@@ -130,7 +128,8 @@ def plot_eval_solvers(
 ) -> Path:
     """Bars: ``metric`` of each trained model (one group per decomposition) under each forward
     solver of ``run_convergence``'s ``eval_solvers``."""
-    fig, ax = plt.subplots(figsize=(9, 4.6))
+    fig = Figure(figsize=(9, 4.6))
+    ax = fig.subplots()
     present = {c: r for c, r in results.items() if r and r.get("eval_solvers")}
     width = 0.8 / max(1, max((len(r["eval_solvers"]) for r in present.values()), default=1))
     for i, (_context, res) in enumerate(present.items()):
@@ -155,5 +154,4 @@ def _legend(ax: Any, **kwargs: Any) -> None:
 def _save(fig: Any, path: str | Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return Path(path)

@@ -28,6 +28,7 @@ from .errors import (
     BackwardSolveError,
     ConditioningWarning,
     ConvergenceWarning,
+    ForwardSolveError,
     NonFiniteError,
 )
 from .fixed_point import FixedPointProblem, Solution, fixed_point
@@ -85,6 +86,7 @@ __all__ = [
     "FixedPointIteration",
     "FixedPointLinear",
     "FixedPointProblem",
+    "ForwardSolveError",
     "Hamburger",
     "IdentityContext",
     "Implicit",

@@ -17,3 +17,7 @@ class ConditioningWarning(UserWarning):
 
 class BackwardSolveError(RuntimeError):
     """An implicit backward solve missed its tolerance under ``on_divergence="raise"``."""
+
+
+class ForwardSolveError(RuntimeError):
+    """A forward solve missed its tolerance under the training policy ``on_failure="raise"``."""

@@ -10,6 +10,8 @@ backward.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -18,12 +20,12 @@ from .errors import NonFiniteError
 
 class _FiniteGradient(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, where: str, x: Tensor) -> Tensor:
+    def forward(ctx: Any, where: str, x: Tensor) -> Tensor:
         ctx.where = where
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[None, Tensor]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[None, Tensor]:
         if not bool(torch.isfinite(grad).all()):
             raise NonFiniteError(
                 f"{ctx.where}: the gradient is non-finite (NaN or inf; shape "

@@ -96,7 +96,7 @@ class TrainState:
         self.metrics = dict(metrics)
         loss = metrics.get("val/loss")
         finite = loss is not None and math.isfinite(loss)
-        if finite and (not self.best or loss < self.best["val/loss"]):
+        if loss is not None and finite and (not self.best or loss < self.best["val/loss"]):
             self.best = {"val/loss": loss, "epoch": self.epoch}
         self.epoch, self.batch, self.loss_sum, self.loss_count = self.epoch + 1, 0, 0.0, 0
 
@@ -283,7 +283,7 @@ def fit(
                         "epoch_time_s": time.perf_counter() - start,
                     }
                 )
-                if progress is not None:
+                if progress is not None and bar is not None:
                     progress.remove_task(bar)
                 for sink in sinks:
                     sink.log(metrics, state.step)
