@@ -36,7 +36,7 @@ from .study_data import (
 from .study_gradients import GradientSections
 from .study_plots import plot_metric_vs_k
 
-# Hamburger paper, PASCAL VOC val mIoU (%): (one-step, BPTT); see shared/hamburger.md.
+# Hamburger paper, PASCAL VOC val mIoU (%): (one-step, BPTT); see docs/hamburger.md §3.
 PAPER_ONE_STEP_VS_BPTT = {"nmf": (78.3, 77.4), "vq": (77.7, 76.6), "cd": (78.1, 75.0)}
 BASELINE_ARMS = ("none", "sdpa_matched", "self_attention_matched")
 REMEDY_MODES = ("implicit", "implicit(ridge=0.1)")
