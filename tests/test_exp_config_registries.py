@@ -21,7 +21,7 @@ from implicit_ham.registry import parameter_names
 CONF = Path(__file__).resolve().parents[1] / "conf"
 BLOCK = {"dual", "version", "ham_channels", "lower_relu"}  # the Hamburger block's options
 # A valid value other than the default, for the parameters whose type does not give one.
-OTHER_CHOICE = {"stop_mode": "abs", "on_divergence": "raise", "version": "v1", "init": "random"}
+OTHER_CHOICE = {"stop_mode": "abs", "on_divergence": "raise"}
 # Options the experiments set in conf/ on purpose (the test checks the rest keep the default).
 EXPERIMENT_SETTINGS = {("adjoint", "implicit", "max_steps"), ("adjoint", "truncated", "k")}
 
@@ -108,17 +108,22 @@ def test_every_decomposition_parameter_is_settable_in_its_context(name: str) -> 
     cfg = _compose(f"context={name}")
     expected = set(parameter_names(cls)) - set(CONTEXT_RUNTIME) | BLOCK
     assert set(cfg.context) - {"_target_", "name"} == expected
-    for param in sorted(expected - {"init", "ham_channels", "dual"}):
-        value = _other(param, cfg.context[param])
-        if param == "lower_relu" and cls.nonnegative:
-            value = True  # a non-negative ham needs the ReLU
-        small = [] if param == "rank" else ["context.rank=4"]
-        composed = _compose(f"context={name}", f"context.{param}={value}", *small)
-        assert composed.context[param] == value
-        block = build_context(
-            OmegaConf.to_container(composed.context), 16, ih.FixedPointIteration(), ih.OneStep()
-        )
-        assert isinstance(block, ih.Hamburger), (name, param)
+    values = {p: _other(p, cfg.context[p]) for p in expected - {"init", "ham_channels", "rank"}}
+    values["rank"] = 4  # small enough for the 16-channel test block
+    values["version"] = "v2+"  # the version with dual hams
+    if cls.nonnegative:
+        values["lower_relu"] = True  # a non-negative ham needs the ReLU
+    composed = _compose(f"context={name}", *(f"context.{p}={v}" for p, v in values.items()))
+    assert {p: composed.context[p] for p in values} == values
+    block = build_context(
+        OmegaConf.to_container(composed.context), 16, ih.FixedPointIteration(), ih.OneStep()
+    )
+    ham = block.ham
+    assert isinstance(block, ih.Hamburger) and type(ham) is cls
+    assert (ham.rank, ham.groups) == (4, 2)
+    assert (ham.steps, ham.eval_steps) == (values["steps"], values["eval_steps"])
+    assert ham.eta == values["eta"] and ham.grad_through_bases and ham.use_compile
+    assert block.channel_ham is not None  # dual=true
 
 
 @pytest.mark.parametrize("name", ["self_attention", "sdpa_attention", "none"])
