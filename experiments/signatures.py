@@ -58,17 +58,13 @@ def config_type(hint: Any) -> Any:
 
 
 def _hints(function: Callable[..., Any]) -> dict[str, Any]:
+    """The resolved type hints; none (every field ``Any``) when a hint names a type that only
+    exists under ``TYPE_CHECKING`` (a plug-in's choice; the values are still checked by the
+    constructor)."""
     try:
         return typing.get_type_hints(function)
-    except NameError:  # a hint under TYPE_CHECKING: evaluate the ones that resolve
-        hints = {}
-        namespace = vars(inspect.getmodule(function))
-        for name, text in function.__annotations__.items():
-            try:
-                hints[name] = eval(text, namespace) if isinstance(text, str) else text
-            except NameError:
-                hints[name] = Any
-        return hints
+    except NameError:
+        return {}
 
 
 def _signatures(target: Callable[..., Any]) -> Iterable[Callable[..., Any]]:

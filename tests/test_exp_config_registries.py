@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 import implicit_ham as ih
 from experiments.build import build_context
 from experiments.configs import CONTEXT_RUNTIME, register_configs
+from experiments.signatures import config_class
 from implicit_ham.registry import parameter_names
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -146,3 +147,14 @@ def test_a_plugin_registered_before_start_up_is_selectable_as_base_name() -> Non
     register_configs()
     solver = instantiate(_compose("solver=base_test_plugin_halving", "solver.shrink=0.25").solver)
     assert type(solver) is Halving and solver.shrink == 0.25 and solver.max_steps == 6
+
+
+def _unresolvable(rank: int = 2, solver: NotImportedAtRunTime = None) -> None:  # noqa: F821
+    """A plug-in constructor whose hint names a type imported under TYPE_CHECKING only."""
+
+
+def test_a_signature_with_an_unresolvable_hint_gives_untyped_fields() -> None:
+    conf = config_class(_unresolvable)
+    fields = {f.name: f for f in dataclasses.fields(conf)}
+    assert fields["rank"].default == 2 and fields["rank"].type is Any
+    assert OmegaConf.structured(conf).solver is None
