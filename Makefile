@@ -4,19 +4,36 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo study lint bench clean
+.PHONY: install test quick lint typecheck docs-build docs demo study bench clean
 
 install: $(STAMP)
 
+# torch first (the CPU build), so that the project's torch>=2.6 is already met and pip does not
+# fetch a CUDA build; then the library with every extra (experiments, docs, dev tools).
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install torch==2.13.0
 	$(PY) -m pip install -e '.[dev]'
 	touch $(STAMP)
 
-test: install
-	$(PY) -m ruff check implicit_ham experiments tests
+test: lint typecheck docs-build
 	$(PY) -m pytest -q
+
+# The suite without the tests marked slow (subprocess sweeps, kill-and-resume, torchrun).
+quick: install
+	$(PY) -m pytest -q -m "not slow"
+
+lint: install
+	$(PY) -m ruff check implicit_ham experiments tests
+
+typecheck: install
+	$(PY) -m mypy
+
+docs-build: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve
 
 demo: install
 	$(PY) -m experiments.train -m +experiment=demo
@@ -27,12 +44,9 @@ study: install
 	PY=$(PY) bash experiments/study.sh
 	@echo "results: docs/results.md (figures in docs/results/; runs in multirun/study/)"
 
-lint: install
-	$(PY) -m ruff check implicit_ham experiments tests
-
+# Runs both benchmark scripts and rewrites the tables of docs/benchmarks.md (~30 min on 2 cores).
 bench: install
-	$(PY) -m experiments.bench_adjoints
-	$(PY) -m experiments.bench
+	$(PY) -m experiments.bench_page
 
 clean:
-	rm -rf $(VENV) outputs multirun wandb
+	rm -rf $(VENV) outputs multirun wandb site

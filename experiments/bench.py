@@ -6,7 +6,8 @@ the parameters; medians over interleaved rounds), counts their FLOPs, measures t
 for backward and the allocator's peak (see ``experiments/measure.py``), and prints one table
 per size with ratios to self-attention and SDPA and the achieved forward GFLOP/s against the
 rate of a square fp32 matmul timed in the same rounds (under the same machine noise). A second
-table sweeps K and the backward mode for the bare NMF ham; a last one checks issue 6's targets.
+table sweeps K and the backward mode for the bare NMF ham; a last one checks the performance
+targets (docs/benchmarks.md).
 
 Module names: a context name ("nmf", "cd", "vq": a Hamburger v1 block of about 2 C^2 weights,
 the paper's 0.5M-parameter ham at C = 512; "self_attention", "sdpa_attention": 4 C^2 weights),
@@ -224,8 +225,8 @@ def measure_sweep(size: int, ks: Sequence[int], modes: Sequence[str], setup: Set
 
 
 def target_rows(tables: dict[int, Rows], sweep: Rows, steps: int) -> Rows:
-    """Issue 6's targets, each with the measured value and whether it is met (rows whose
-    modules were not measured are left out)."""
+    """The performance targets (docs/benchmarks.md), each with the measured value and whether it
+    is met (rows whose modules were not measured are left out)."""
     rows = Rows()
 
     def add(target: str, value: float, goal: str, met: bool) -> None:
@@ -336,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Rows]:
         sweep = measure_sweep(args.sweep_size, args.sweep_steps, args.sweep_modes, setup)
         print(f"\nbare NMF ham, H=W={args.sweep_size}: K sweep x backward mode\n{sweep}")
     targets = target_rows(tables, sweep, args.steps)
-    print(f"\ntargets (issue 6)\n{targets}")
+    print(f"\ntargets\n{targets}")
     result = {str(hw): rows for hw, rows in tables.items()}
     matmul = Rows({"size": hw, "matmul_GFLOP/s": rate} for hw, rate in rates.items())
     out = {"matmul": matmul, **result, "sweep": sweep, "targets": targets}

@@ -7,7 +7,7 @@ problem, ``problem.solve(FixedPointIteration(K), adjoint)``, the readout ``D C^T
 backward pass to x; median over ``--repeats`` interleaved rounds) and measures the bytes
 autograd saves for the backward and the allocator's peak during the step. Implicit-type modes
 also report their backward solve (VJPs spent, relative residual): NMF's fixed point is
-ill-conditioned (hamburger.md §3), so GMRES with 20 steps is not expected to converge.
+ill-conditioned (docs/hamburger.md §3), so GMRES with 20 steps is not expected to converge.
 
     python -m experiments.bench_adjoints                       # d=512, n=4096, r=64, K=1,6,16,32
     python -m experiments.bench_adjoints --threads 1 --clock cpu   # stable on a shared CPU host

@@ -24,7 +24,7 @@ from torch import nn
 
 import implicit_ham as ih
 from implicit_ham.diagnostics import DiagnosticsCallback, format_table
-from implicit_ham.tracking import default_sinks
+from implicit_ham.tracking import CSVSink, JSONLSink, MultiSink
 
 
 class DEQLayer(nn.Module):
@@ -104,7 +104,7 @@ def time_steps(
 
 def _callback(every: int, conditioning_every: int | None = None) -> Callable:
     def make(model: nn.Module, opt: torch.optim.Optimizer, out: str) -> DiagnosticsCallback:
-        sinks = default_sinks(out, console=False)
+        sinks = MultiSink([JSONLSink(out), CSVSink(out)])
         return DiagnosticsCallback(
             model, sinks, every=every, optimizer=opt, conditioning_every=conditioning_every
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from implicit_ham.experiment.report import find_job
+from experiments.sweep_report import find_job
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,8 +13,8 @@ import argparse
 import logging
 from pathlib import Path
 
-from implicit_ham.experiment.report import write_report
-from implicit_ham.experiment.study_report import write_study_report
+from experiments.study_report import write_study_report
+from experiments.sweep_report import write_report
 
 logger = logging.getLogger("experiments.report")
 STUDY_SCRIPT = Path(__file__).with_name("study.sh")

@@ -3,7 +3,7 @@
 Sweeps: ``python -m experiments.train -m adjoint=unroll,one_step,implicit context.steps=1,3,6``.
 Running the same command again resumes each job from its newest checkpoint; data parallel:
 ``torchrun --standalone --nproc_per_node=2 -m experiments.train hydra.run.dir=DIR ...``.
-The logic lives in ``implicit_ham.experiment.run_training``; this file only wires Hydra.
+The logic lives in ``experiments.run_training``; this file only wires Hydra.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from implicit_ham.experiment import run_training, write_results
-from implicit_ham.experiment.resume import ResumeConflictError
-from implicit_ham.experiment.schema import register_configs
+from experiments.configs import check_train_config, register_configs
+from experiments.results import write_results
+from experiments.resume import ResumeConflictError
+from experiments.run import run_training
 
 register_configs()
 
@@ -25,6 +26,7 @@ register_configs()
 def main(cfg: DictConfig) -> float:
     """Run the job; return the validation loss (for sweepers that minimise)."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
+    check_train_config(resolved)  # before the job writes anything
     output_dir = HydraConfig.get().runtime.output_dir
     try:
         results = run_training(resolved, output_dir)

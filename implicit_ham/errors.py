@@ -31,3 +31,7 @@ class NotFixedPointError(BackwardSolveError):
 class SecondOrderError(RuntimeError):
     """A backward mode that cannot give a second derivative was differentiated with
     ``create_graph=True``; it refuses instead of returning a wrong one."""
+
+
+class ForwardSolveError(RuntimeError):
+    """A forward solve missed its tolerance under the training policy ``on_failure="raise"``."""

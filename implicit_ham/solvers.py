@@ -10,7 +10,7 @@ plain steps of ``f`` taken from its solution, without changing the value (``with
 
 ``FixedPointIteration`` with ``tol=None`` runs exactly ``max_steps`` steps with no host
 synchronisation per step (Hamburger's K steps). ``Anderson`` and ``Broyden`` wrap torchdeq's
-solvers, guarded against its known pitfalls (see design.md): plain keyword arguments only, no
+solvers, guarded against its known pitfalls (see docs/solvers.md): plain keyword arguments only, no
 ``indexing``, the residual recomputed at the returned point, a singular Anderson system retried
 with stronger regularisation, and a non-finite result reported instead of returned.
 """

@@ -1,6 +1,6 @@
 """Write tiny datasets to disk in the exact on-disk formats of CIFAR-10 and PASCAL VOC 2012.
 
-Used by the tests of ``implicit_ham.data``; the formats follow the datasets' own documentation
+Used by the tests of ``experiments.data``; the formats follow the datasets' own documentation
 (CIFAR-10 "python version" pickles; VOCdevkit with JPEG photos and palette PNG class masks).
 """
 

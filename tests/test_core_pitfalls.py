@@ -1,5 +1,5 @@
-"""The torchdeq 0.1.0 pitfalls listed in design.md, each guarded (the ones not tested here are in
-test_core_errors.py: unknown keys; test_core_semantics.py: eval-mode graph, second backward;
+"""The torchdeq 0.1.0 pitfalls listed in docs/solvers.md, each guarded (the ones not tested here
+are in test_core_errors.py: unknown keys; test_core_semantics.py: eval-mode graph, second backward;
 test_core_gradients.py: gradcheck of the implicit backward with a fixed-point linear solver)."""
 
 from __future__ import annotations

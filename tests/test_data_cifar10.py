@@ -10,7 +10,7 @@ import pytest
 import torch
 from data_writers import write_cifar_batches
 
-from implicit_ham.data import CIFAR10Dataset, DataLayoutError
+from experiments.data import CIFAR10Dataset, DataLayoutError
 
 
 def _pixel(data_row: np.ndarray, channel: int, y: int, x: int) -> int:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from implicit_ham.data import DigitsDataset
+from experiments.data import DigitsDataset
 
 
 @pytest.fixture(scope="module")

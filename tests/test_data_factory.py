@@ -6,7 +6,7 @@ import pytest
 import torch
 from data_writers import write_cifar_batches, write_voc_tree
 
-from implicit_ham.data import (
+from experiments.data import (
     DATASET_NAMES,
     CIFAR10Dataset,
     DataLayoutError,

@@ -13,14 +13,12 @@ import numpy as np
 import pytest
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
-from PIL import Image
 
-from implicit_ham.data import (
+from experiments.data import (
     IGNORE_INDEX,
     LegendLayout,
     LegendSegDataset,
     blob_mask,
-    save_sample_grid,
 )
 
 WINDOW = 3
@@ -137,18 +135,3 @@ def test_invalid_geometry_is_rejected_with_the_fix():
         LegendSegDataset(2, image_size=(20, 64))
     with pytest.raises(ValueError, match="split"):
         LegendSegDataset(2, split="training")
-
-
-def test_sample_grid_png_shows_image_and_mask(tmp_path):
-    ds = LegendSegDataset(3, seed=0)
-    path = save_sample_grid([ds[i] for i in range(3)], tmp_path / "grid.png", columns=2, scale=1)
-    with Image.open(path) as png:
-        grid = np.asarray(png.convert("RGB"))
-    gap = 2
-    assert grid.shape == (2 * (64 + gap) + gap, 2 * (2 * 64 + gap) + gap, 3)
-    first_image = grid[gap : gap + 64, gap : gap + 64]
-    expected = (ds[0][0].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
-    assert np.array_equal(first_image, expected)
-    first_mask = grid[gap : gap + 64, gap + 64 : gap + 128]
-    legend = first_mask[: ds.layout.legend_height]
-    assert np.all(legend == 255)

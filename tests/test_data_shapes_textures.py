@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from implicit_ham.data.shapes import ellipse_mask, random_blob_mask, star_polygon_mask
-from implicit_ham.data.textures import FIELD_BACKGROUND, LEGEND_FRAME, MAX_PERIOD, TEXTURE_BANK
+from experiments.data.shapes import ellipse_mask, random_blob_mask, star_polygon_mask
+from experiments.data.textures import FIELD_BACKGROUND, LEGEND_FRAME, MAX_PERIOD, TEXTURE_BANK
 
 
 def _inside_polygon_even_odd(px: float, py: float, vertices: np.ndarray) -> bool:

@@ -8,7 +8,7 @@ import torch
 from data_writers import voc_palette, write_voc_tree
 from PIL import Image
 
-from implicit_ham.data import DataLayoutError, VOCSegmentation
+from experiments.data import DataLayoutError, VOCSegmentation
 
 SPLITS = {"train": ["2007_000032", "2007_000039"], "val": ["2007_000033"]}
 

@@ -1,4 +1,4 @@
-"""Parity of NMF, VQ and CD with a float64 re-implementation written here from hamburger.md §2.
+"""Parity of NMF, VQ and CD with a float64 re-implementation written here from docs/hamburger.md §2.
 
 For fixed initial bases, the layer's output and its input gradient must match the reference to
 1e-8 under the paper's one-step gradient, under ``grad_through_bases=True`` (the last iteration

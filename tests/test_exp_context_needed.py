@@ -14,8 +14,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from implicit_ham.experiment import run_training
-from implicit_ham.experiment.schema import register_configs
+from experiments.configs import register_configs
+from experiments.run import run_training
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 SMOKE = [

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from implicit_ham.experiment.report import collect_jobs, group_jobs, markdown_table, write_report
+from experiments.sweep_report import collect_jobs, group_jobs, markdown_table, write_report
 
 
 def _job(root: Path, num: int, overrides: list[str], metrics: dict | None,

@@ -11,16 +11,17 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from implicit_ham.experiment.build import (
+from experiments.build import (
     build_context,
     build_datasets,
     build_loaders,
     build_model,
     context_channels,
 )
-from implicit_ham.experiment.schema import register_configs
-from implicit_ham.experiment.studies import run_convergence, run_grad_study
-from implicit_ham.experiment.train import seed_everything
+from experiments.configs import register_configs
+from experiments.run import seed_everything
+from experiments.studies import run_convergence, run_grad_study
+from implicit_ham.training.checkpoint import write_checkpoint
 from implicit_ham.training.loop import Task, evaluate
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -86,7 +87,7 @@ def test_convergence_study_evaluates_a_checkpoint_under_other_solvers(tmp_path: 
     _, val_set, info = build_datasets(cfg["data"])
     model = _model(cfg, info)
     checkpoint = tmp_path / "model.pt"
-    torch.save({"model": model.state_dict()}, checkpoint)
+    write_checkpoint(checkpoint, {"model": model.state_dict()})  # as experiments.train does
     results = run_convergence({**cfg, "checkpoint": str(checkpoint)}, tmp_path)
     rows = {row["solver"]: row for row in results["eval_solvers"]}
     assert set(rows) == {

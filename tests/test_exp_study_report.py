@@ -9,12 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from implicit_ham.experiment.report import find_job
-from implicit_ham.experiment.study_report import write_study_report
+from experiments.study_report import write_study_report
+from experiments.sweep_report import find_job
 
 CONFIG = {
-    "data": {"name": "legend_seg", "image_size": 64, "num_classes": 4, "train_size": 512,
-             "val_size": 128, "seed": 0},
+    "data": {
+        "_target_": "experiments.splits.legend_seg",
+        "image_size": 64,
+        "num_classes": 4,
+        "train_size": 512,
+        "val_size": 128,
+        "seed": 0,
+    },
     "model": {"arch": "two_stream", "width": 32},
     "batch_size": 16,
     "epochs": 12,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from implicit_ham.models import (
+from experiments.models import (
     ColourHistogram,
     GridPositionCode,
     TwoStreamSegmenter,

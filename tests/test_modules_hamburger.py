@@ -33,7 +33,7 @@ def batch_norm(x: torch.Tensor, layer: torch.nn.BatchNorm2d) -> torch.Tensor:
 
 
 def manual(block: ih.Hamburger, x: torch.Tensor) -> torch.Tensor:
-    """The block's equations in training mode, from its weights (hamburger.md §1)."""
+    """The block's equations in training mode, from its weights (docs/hamburger.md §1)."""
     h = conv(x, block.lower_bread[0])
     if block.lower_relu:  # the official block: a ReLU for the non-negative hams (NMF) only
         h = torch.relu(h)

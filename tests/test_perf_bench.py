@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import implicit_ham as ih
-from experiments import bench, bench_adjoints
+from experiments import bench, bench_adjoints, bench_page
 from experiments.measure import MIB, Step, count_flops, peak_bytes, saved_bytes
 
 TINY = ["--channels", "16", "--rank", "2", "--steps", "2", "--repeats", "1", "--warmup", "0"]
@@ -130,3 +130,29 @@ def test_sdpa_baseline_does_not_materialise_the_attention_matrix():
         fused = peak_bytes(lambda: fused_module(x), torch.device("cpu"))
         plain = peak_bytes(lambda: plain_module(x), torch.device("cpu"))
     assert fused < 0.1 * n_by_n < n_by_n <= plain
+
+
+def test_bench_page_rewrites_only_the_generated_part(tmp_path):
+    page = tmp_path / "benchmarks.md"
+    page.write_text(f"# Benchmarks\n\nhand-written reading\n\n{bench_page.MARKER}\n\nold tables\n")
+    tiny_bench = (
+        "--sizes 8 --sweep-size 8 --sweep-steps 1 --matmul-size 32 --threads 1 "
+        "--repeats 1 --warmup 0 --channels 16 --rank 2 --modules nmf ham:nmf"
+    )
+    tiny_adjoints = "--channels 16 --size 4 --rank 2 --steps 2 --repeats 1 --warmup 0"
+    bench_page.main(["--out", str(page), "--bench", tiny_bench, "--adjoints", tiny_adjoints])
+    text = page.read_text()
+    head, generated = text.split(bench_page.MARKER)
+    assert head == "# Benchmarks\n\nhand-written reading\n\n"
+    assert "old tables" not in generated
+    assert f"`python -m experiments.bench {tiny_bench}`:" in generated
+    assert "H=W=8" in generated and "ham:nmf" in generated and "targets" in generated
+    assert "NMF implicit problem d=16 n=16 r=2" in generated
+    assert generated.count("```") == 4
+
+
+def test_bench_page_refuses_a_page_without_its_marker(tmp_path):
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# Benchmarks\n")
+    with pytest.raises(ValueError, match="no marker line"):
+        bench_page.write_page(page, [("python -m x", "table")])

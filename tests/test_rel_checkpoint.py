@@ -13,12 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from implicit_ham.experiment.resume import (
-    comparable_config,
-    config_differences,
-    log_rows,
-    rewind_logs,
-)
+from experiments.resume import comparable_config, config_differences, log_rows, rewind_logs
 from implicit_ham.tracking import CSVSink, JSONLSink
 from implicit_ham.training import (
     CheckpointError,

@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from implicit_ham.training.checkpoint import read_checkpoint
+
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 ARGS = [
@@ -54,8 +56,8 @@ def _ddp_and_single(ddp: Path, single: Path, args: list[str]) -> tuple[dict, dic
           *args, "batch_size=4", f"hydra.run.dir={ddp}"])  # fmt: skip
     _run([sys.executable, "-m", "experiments.train", *args, "batch_size=8",
           f"hydra.run.dir={single}"])  # fmt: skip
-    ddp_state = torch.load(ddp / "checkpoint.pt", weights_only=True)["model"]
-    single_state = torch.load(single / "checkpoint.pt", weights_only=True)["model"]
+    ddp_state = read_checkpoint(ddp / "checkpoint.pt")["model"]
+    single_state = read_checkpoint(single / "checkpoint.pt")["model"]
     assert ddp_state.keys() == single_state.keys()
     return ddp_state, single_state
 

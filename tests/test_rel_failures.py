@@ -17,7 +17,8 @@ import torch
 from torch import Tensor, nn
 
 import implicit_ham as ih
-from implicit_ham.training import FailureMonitor, ForwardSolveError, GuardedStep, Task
+from implicit_ham import ForwardSolveError
+from implicit_ham.training import FailureMonitor, GuardedStep, Task
 
 WIDTH, CLASSES = 4, 3
 

@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import torch
 
+from implicit_ham.training.checkpoint import read_checkpoint
+
 ROOT = Path(__file__).resolve().parents[1]
 # NMF context: random initial bases are drawn from torch's global RNG at every forward.
 ARGS = [
@@ -64,7 +66,7 @@ def _rows(job: Path) -> list[dict[str, Any]]:
 
 
 def _parameters(job: Path) -> dict[str, torch.Tensor]:
-    return torch.load(job / "checkpoint.pt", weights_only=True)["model"]
+    return read_checkpoint(job / "checkpoint.pt")["model"]
 
 
 def _assert_same_state(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:

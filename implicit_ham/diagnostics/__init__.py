@@ -13,6 +13,7 @@ Entry points:
 * ``plot_residuals``, ``plot_grad_vs_k``, ``plot_conditioning_history`` (PNG, Agg).
 """
 
+from ..layers import find_implicit_layers
 from .callback import DiagnosticsCallback
 from .conditioning import (
     ConditioningReport,
@@ -32,7 +33,7 @@ from .convergence import (
     steps_to_tolerance,
 )
 from .fidelity import compare_adjoints, describe_adjoint
-from .gradient_norms import LayerGradientHooks, find_implicit_layers, grad_norms
+from .gradient_norms import LayerGradientHooks, grad_norms
 from .jacobian import FixedPointJacobian
 from .krylov import arnoldi_dominant, lanczos_extremes
 from .plots import plot_conditioning_history, plot_grad_vs_k, plot_residuals

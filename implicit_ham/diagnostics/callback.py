@@ -34,10 +34,11 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from ..layers import find_implicit_layers
 from ..tracking.base import MultiSink, Sink
 from ..validation import check_positive_int
 from .conditioning import estimate_conditioning, warn_if_ill_conditioned
-from .gradient_norms import LayerGradientHooks, find_implicit_layers, grad_norms
+from .gradient_norms import LayerGradientHooks, grad_norms
 from .measure import fork_rng_on
 
 logger = logging.getLogger(__name__)
@@ -170,7 +171,7 @@ class DiagnosticsCallback:
     def _conditioning_metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for name, (args, kwargs) in self._captured.items():
-            layer = self.layers[name]
+            layer: Any = self.layers[name]  # an implicit layer: has implicit_problem
             sol = getattr(layer, "last_solution", None)
             if sol is None:
                 logger.warning("conditioning: layer %s has no last_solution; skipped", name)

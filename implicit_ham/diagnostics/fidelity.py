@@ -115,12 +115,13 @@ def _caller(layer_or_fn: nn.Module | LayerFn) -> Callable[[Adjoint, Sequence[Any
             )
 
         def call_module(adjoint: Adjoint, leaves: Sequence[Any]) -> Any:
-            original = module.adjoint
-            module.adjoint = adjoint
+            layer: Any = module  # its adjoint is an attribute nn.Module's typing does not know
+            original = layer.adjoint
+            layer.adjoint = adjoint
             try:
-                return module(*leaves)
+                return layer(*leaves)
             finally:
-                module.adjoint = original
+                layer.adjoint = original
 
         return call_module
     if callable(layer_or_fn):

@@ -14,20 +14,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from ..adjoints import Adjoint
-
-ROOT = "(root)"
-
-
-def find_implicit_layers(model: nn.Module) -> dict[str, nn.Module]:
-    """The submodules (the model itself included) that are implicit layers: they carry an
-    ``adjoint`` attribute holding an ``Adjoint`` or its registry name. Keys are module names
-    (``ROOT`` for the model itself)."""
-    return {
-        name or ROOT: module
-        for name, module in model.named_modules()
-        if isinstance(getattr(module, "adjoint", None), (Adjoint, str))
-    }
+from ..layers import ROOT
 
 
 def _norms(tensors: list[Tensor]) -> list[float]:

@@ -93,7 +93,7 @@ class FixedPointJacobian:
             warnings.filterwarnings(
                 "ignore", message=".*torch.jit.script", category=DeprecationWarning
             )
-            fz, vjp_fn = torch.func.vjp(flat_f, z)
+            fz, vjp_fn = torch.func.vjp(flat_f, z)[:2]  # (output, pullback) without has_aux
             torch.func.jvp(flat_f, (z,), (torch.zeros_like(z),))
         self.fz = fz.detach()
         self._jvp: Callable[[Tensor], Tensor] = lambda v: torch.func.jvp(flat_f, (z,), (v,))[1]

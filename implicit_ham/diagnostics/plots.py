@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from torch import Tensor
 
@@ -61,7 +61,7 @@ def plot_residuals(
     axis.set_ylabel("relative residual" if relative else "residual")
     axis.set_title("forward convergence")
     axis.legend(fontsize="small")
-    return _finish(axis.figure, path)
+    return _finish(cast("Figure", axis.figure), path)
 
 
 def plot_grad_vs_k(
@@ -92,7 +92,7 @@ def plot_grad_vs_k(
     right.set_ylabel("cosine to fixed-point gradient")
     left.legend(fontsize="small")
     right.legend(fontsize="small")
-    return _finish(left.figure, path)
+    return _finish(cast("Figure", left.figure), path)
 
 
 def plot_conditioning_history(
@@ -124,4 +124,4 @@ def plot_conditioning_history(
     left.set_ylabel("spectral radius of J")
     right.set_ylabel("κ(I - J)")
     right.set_yscale("log")
-    return _finish(left.figure, path)
+    return _finish(cast("Figure", left.figure), path)

@@ -22,7 +22,7 @@ BASELINES.register("self_attention")(SelfAttention2d)
 BASELINES.register("sdpa_attention")(SDPAttention2d)
 BASELINES.register("none")(IdentityContext)
 
-BLOCK_OPTIONS = ("version", "ham_channels", "lower_relu", "dual", "compile_block")
+BLOCK_OPTIONS = ("version", "ham_channels", "lower_relu")
 
 
 def context_names() -> list[str]:
@@ -30,38 +30,46 @@ def context_names() -> list[str]:
     return sorted({*DECOMPOSITIONS.names(), *BASELINES.names()})
 
 
-def make_context(name: str, channels: int, **kwargs: Any) -> nn.Module:
+def make_context(
+    name: str, channels: int, *, dual: bool = False, compile_block: bool = False, **kwargs: Any
+) -> nn.Module:
     """A context module on ``channels`` channels.
 
     Args:
         name: a decomposition name (-> ``Hamburger``) or a baseline name (see module docstring).
         channels: C, input and output channels.
-        **kwargs: for a decomposition, the ``Hamburger`` options ``version``, ``ham_channels``,
-            ``lower_relu``, ``dual`` (v2+: add a channel ham with ``spatial=False``) and
-            ``compile_block`` (``nn.Module.compile()`` on the whole block: one graph, no breaks
-            under OneStep / Unroll / Phantom; state-dict keys unchanged) plus the
-            decomposition's own options (``rank``, ``steps``, ``adjoint``, ...); for a baseline,
-            its constructor options. Unknown names or options raise errors listing the choices.
+        dual: decompositions only (v2+): add a channel ham (the same decomposition with
+            ``spatial=False``) beside the spatial one.
+        compile_block: ``nn.Module.compile()`` on the whole module (in place: state-dict keys
+            unchanged); a Hamburger block under OneStep / Unroll / Phantom traces as one graph.
+        **kwargs: for a decomposition, the ``Hamburger`` options ``version``, ``ham_channels``
+            and ``lower_relu`` plus the decomposition's own options (``rank``, ``steps``,
+            ``adjoint``, ...); for a baseline, its constructor options. Unknown names or options
+            raise errors listing the choices.
     """
+    module = _build_context(name, channels, dual, kwargs)
+    if compile_block:
+        module.compile()
+    return module
+
+
+def _build_context(name: str, channels: int, dual: bool, kwargs: dict[str, Any]) -> nn.Module:
     if name in BASELINES.names():
+        if dual:
+            raise TypeError(f"make_context({name!r}): dual applies to decompositions only")
         return BASELINES.make(name, channels=channels, **kwargs)
     if name not in DECOMPOSITIONS.names():
         raise KeyError(f"unknown context {name!r}; valid choices: {', '.join(context_names())}")
     block = {key: kwargs.pop(key) for key in BLOCK_OPTIONS if key in kwargs}
-    dual = bool(block.pop("dual", False))
-    compile_block = bool(block.pop("compile_block", False))
     unknown = sorted(set(kwargs) - set(parameter_names(DECOMPOSITIONS.get(name))))
     if unknown or {"channels", "spatial"} & set(kwargs):
         bad = unknown or sorted({"channels", "spatial"} & set(kwargs))
         raise TypeError(
             f"make_context({name!r}): option(s) {', '.join(bad)} not accepted; valid: "
-            f"{', '.join(BLOCK_OPTIONS)} and the decomposition's options except channels and "
-            "spatial (set by the block)"
+            f"dual, compile_block, {', '.join(BLOCK_OPTIONS)} and the decomposition's options "
+            "except channels and spatial (set by the block)"
         )
     width = block.get("ham_channels") or channels
     ham = get_decomposition(name, channels=width, **kwargs)
     channel_ham = get_decomposition(name, channels=width, spatial=False, **kwargs) if dual else None
-    module = Hamburger(channels, ham, channel_ham=channel_ham, **block)
-    if compile_block:
-        module.compile()
-    return module
+    return Hamburger(channels, ham, channel_ham=channel_ham, **block)

@@ -1,4 +1,4 @@
-"""The sink interface: where metrics and result tables go (files, wandb, the console).
+"""The sink interface: where metrics and result tables go (files, wandb, ...).
 
 A sink receives flat metric dicts with a step, and named tables (lists of plain dicts, e.g. the
 rows of ``compare_adjoints``). Values are plain Python scalars; ``plain_value`` converts 0-d

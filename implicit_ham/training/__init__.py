@@ -8,7 +8,6 @@ from .failures import (
     FAILURE_POLICIES,
     FailureEvent,
     FailureMonitor,
-    ForwardSolveError,
 )
 from .guard import GuardedStep
 from .loop import MetricSink, StepHooks, Task, TrainState, evaluate, fit, train_epoch
@@ -25,7 +24,6 @@ __all__ = [
     "EpochBatchSampler",
     "FailureEvent",
     "FailureMonitor",
-    "ForwardSolveError",
     "GuardedStep",
     "MetricSink",
     "StepHooks",

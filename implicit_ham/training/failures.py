@@ -48,10 +48,6 @@ FAILURE_KINDS = (
 ACTIONS = ("continued", "raised", "skipped", "fallback")
 
 
-class ForwardSolveError(RuntimeError):
-    """A forward solve missed its tolerance under ``on_failure="raise"``."""
-
-
 def check_policy(policy: str) -> str:
     """``policy`` if it is one of ``FAILURE_POLICIES``; ValueError listing them otherwise."""
     check_choice("reliability", "on_failure", policy, FAILURE_POLICIES)

@@ -32,10 +32,10 @@ import torch
 from torch import Tensor, nn
 
 from ..adjoints import AtFixedPoint, OneStep
-from ..diagnostics.gradient_norms import find_implicit_layers
-from ..errors import BackwardSolveError, ConvergenceWarning, NonFiniteError
+from ..errors import BackwardSolveError, ConvergenceWarning, ForwardSolveError, NonFiniteError
+from ..layers import find_implicit_layers
 from .distributed import DistributedContext, unwrap
-from .failures import FailureEvent, FailureMonitor, ForwardSolveError, adjoint_of, apply_policy
+from .failures import FailureEvent, FailureMonitor, adjoint_of, apply_policy
 from .rng import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:

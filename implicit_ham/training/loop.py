@@ -1,5 +1,5 @@
 """The training loop: epochs of guarded SGD steps, evaluation, checkpoint and metric callbacks,
-rich progress; resumable at any step boundary (``TrainState``)."""
+an optional rich progress bar; resumable at any step boundary (``TrainState``)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,22 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from torch import Tensor, nn
 
+from ..validation import check_positive_int
 from .distributed import DistributedContext, unwrap
 from .guard import GuardedStep
 from .metrics import ConfusionMatrix
 from .sampler import EpochBatchSampler
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -92,9 +96,29 @@ class TrainState:
         self.metrics = dict(metrics)
         loss = metrics.get("val/loss")
         finite = loss is not None and math.isfinite(loss)
-        if finite and (not self.best or loss < self.best["val/loss"]):
+        if loss is not None and finite and (not self.best or loss < self.best["val/loss"]):
             self.best = {"val/loss": loss, "epoch": self.epoch}
         self.epoch, self.batch, self.loss_sum, self.loss_count = self.epoch + 1, 0, 0.0, 0
+
+
+def _progress_bar(show: bool) -> AbstractContextManager[Progress | None]:
+    """A transient rich progress bar when ``show`` (rich is imported only then), else None."""
+    if not show:
+        return nullcontext()
+    try:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    except ImportError as err:
+        raise ImportError(
+            "fit(show_progress=True) draws its progress bar with rich, which is not installed; "
+            "pip install rich (or implicit-ham[experiments]), or pass show_progress=False"
+        ) from err
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        transient=True,
+    )
 
 
 def train_epoch(
@@ -192,7 +216,7 @@ def fit(
     hooks: StepHooks | None = None,
     sinks: Sequence[MetricSink] = (),
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-    show_progress: bool = True,
+    show_progress: bool = False,
     log_every: int = 10,
     state: TrainState | None = None,
     step_fn: Callable[[Tensor, Tensor, int], Tensor | None] | None = None,
@@ -212,8 +236,11 @@ def fit(
     ``hooks`` are used by the default ``step_fn`` (a ``GuardedStep`` with policy "warn"); a
     given ``step_fn`` carries its own.
 
-    Logs one line per epoch (``logging``) and, when ``show_progress``, a rich progress bar.
+    Logs one line per epoch (``logging``) and, when ``show_progress``, a rich progress bar
+    (needs ``rich``, part of the ``experiments`` extra). ``epochs`` must be >= 1: the returned
+    metrics are the last epoch's evaluation.
     """
+    check_positive_int("fit", "epochs", epochs)
     state = state if state is not None else TrainState()
     dist = dist or DistributedContext(device=device)
     runner = step_fn or GuardedStep(model, task, optimizer, hooks=hooks, dist=dist)
@@ -223,20 +250,17 @@ def fit(
             checkpoint(current)
 
     try:
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn(),
-            disable=not show_progress,
-            transient=True,
-        ) as progress:
+        with _progress_bar(show_progress) as progress:
             while state.epoch <= epochs:
                 _position(train_batches, state)
-                bar = progress.add_task(
-                    f"epoch {state.epoch}/{epochs}",
-                    total=state.batch + len(train_batches),
-                    completed=state.batch,
+                bar = (
+                    None
+                    if progress is None
+                    else progress.add_task(
+                        f"epoch {state.epoch}/{epochs}",
+                        total=state.batch + len(train_batches),
+                        completed=state.batch,
+                    )
                 )
                 start = time.perf_counter()
                 train_epoch(
@@ -270,7 +294,8 @@ def fit(
                         "epoch_time_s": time.perf_counter() - start,
                     }
                 )
-                progress.remove_task(bar)
+                if progress is not None and bar is not None:
+                    progress.remove_task(bar)
                 for sink in sinks:
                     sink.log(metrics, state.step)
                 logger.info("epoch %d/%d  %s", state.epoch, epochs, _format(metrics))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -20,7 +20,7 @@ RngState = dict[str, Any]
 
 def capture_rng_state() -> RngState:
     """The current state of every generator (see the module docstring)."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    kind, keys, pos, has_gauss, gauss = cast(tuple[Any, ...], np.random.get_state())
     state: RngState = {
         "python": random.getstate(),
         "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),

@@ -9,6 +9,8 @@ concatenated batch once DistributedDataParallel averages the parameter gradients
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
@@ -71,16 +73,14 @@ class AllReduceBatchNorm(_BatchNorm):
         return out
 
     def _update_running_stats(self, mean: Tensor, var: Tensor, count: float) -> None:
+        tracked = cast(Tensor, self.num_batches_tracked)  # buffers exist: track_running_stats
+        running_mean, running_var = cast(Tensor, self.running_mean), cast(Tensor, self.running_var)
         with torch.no_grad():
-            self.num_batches_tracked.add_(1)
-            factor = (
-                1.0 / float(self.num_batches_tracked)
-                if self.momentum is None
-                else float(self.momentum)
-            )
+            tracked.add_(1)
+            factor = 1.0 / float(tracked) if self.momentum is None else float(self.momentum)
             unbiased = var * (count / max(count - 1.0, 1.0))
-            self.running_mean.lerp_(mean.to(self.running_mean.dtype), factor)
-            self.running_var.lerp_(unbiased.to(self.running_var.dtype), factor)
+            running_mean.lerp_(mean.to(running_mean.dtype), factor)
+            running_var.lerp_(unbiased.to(running_var.dtype), factor)
 
 
 def convert_batchnorm(module: nn.Module) -> nn.Module:

@@ -1,0 +1,125 @@
+"""Build an experiment's parts (data, model, optimiser, sinks) from a resolved config.
+
+Functions take plain mappings (a resolved ``DictConfig`` converted to a dict, or a dict written
+by hand), so they work with or without Hydra.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from implicit_ham.adjoints import Adjoint
+from implicit_ham.decompositions.registry import DECOMPOSITIONS
+from implicit_ham.solvers import Solver
+from implicit_ham.tracking import Sink
+from implicit_ham.training.sampler import EpochBatchSampler
+from implicit_ham.validation import check_choice
+
+from .configs import ModelConf
+from .data.factory import TaskInfo
+from .models import ContextClassifier, ContextSegmenter, TwoStreamSegmenter
+from .models import context_channels as two_stream_channels
+from .splits import Splits
+
+
+def build_datasets(data: Mapping[str, Any]) -> tuple[Dataset, Dataset, TaskInfo]:
+    """(train set, validation set, task) of the data config, instantiated by its ``_target_``
+    (a function of ``experiments.splits``)."""
+    splits = instantiate(dict(data), _partial_=True)()  # its own errors, not Hydra's wrapper
+    if not isinstance(splits, Splits):
+        raise TypeError(
+            f"data config {dict(data)!r} built a {type(splits).__name__}; its _target_ must "
+            "be a function of experiments.splits (or another function returning Splits)"
+        )
+    return splits.train, splits.val, splits.task
+
+
+def build_loaders(
+    train: Dataset, val: Dataset, batch_size: int, seed: int, *, rank: int = 0, world_size: int = 1
+) -> tuple[DataLoader, DataLoader]:
+    """Shuffled training batches (an ``EpochBatchSampler``: the order of epoch e depends only
+    on (seed, e); this rank's slice of each global batch) and ordered validation batches. Both
+    loaders own a generator, so iterating them never draws from torch's global RNG."""
+    size = len(train)  # type: ignore[arg-type]
+    sampler = EpochBatchSampler(size, batch_size, seed=seed, rank=rank, world_size=world_size)
+    return (
+        DataLoader(train, batch_sampler=sampler, generator=torch.Generator().manual_seed(seed)),
+        DataLoader(
+            val, batch_size=batch_size, shuffle=False, generator=torch.Generator().manual_seed(seed)
+        ),
+    )
+
+
+def build_context(
+    context: Mapping[str, Any], channels: int, solver: Solver, adjoint: Adjoint
+) -> nn.Module:
+    """Instantiate the context config (``_target_``: ``implicit_ham.make_context``) on
+    ``channels`` channels; decompositions get ``solver`` and ``adjoint``, baselines have
+    neither."""
+    runtime: dict[str, Any] = {"channels": channels}
+    if context.get("name") in DECOMPOSITIONS.names():
+        runtime.update(solver=solver, adjoint=adjoint)
+    return instantiate(dict(context), _partial_=True)(**runtime)  # objects, not configs
+
+
+SEGMENTER_ARCHS = ("two_stream", "serial")
+
+
+def _model_conf(model: Mapping[str, Any]) -> ModelConf:
+    """The model config with its defaults filled in; unknown keys or arch raise."""
+    try:
+        conf = ModelConf(**dict(model))
+    except TypeError as err:
+        raise ValueError(
+            f"model config {dict(model)!r}: {err}; valid keys: "
+            f"{', '.join(f.name for f in dataclasses.fields(ModelConf))}"
+        ) from err
+    check_choice("model", "arch", conf.arch, SEGMENTER_ARCHS)
+    return conf
+
+
+def context_channels(task: TaskInfo, model: Mapping[str, Any]) -> int:
+    """Channels of the context module that ``build_model(task, context, model)`` needs."""
+    conf = _model_conf(model)
+    if task.kind == "segmentation" and conf.arch == "two_stream":
+        return two_stream_channels(task.in_channels, conf.colour_bins, conf.position_grid)
+    return conf.width
+
+
+def build_model(task: TaskInfo, context: nn.Module, model: Mapping[str, Any]) -> nn.Module:
+    """A segmenter (``model["arch"]``) or a classifier (by ``task.kind``) around ``context``,
+    which must take ``context_channels(task, model)`` channels."""
+    conf = _model_conf(model)
+    if task.kind != "segmentation":
+        return ContextClassifier(task.in_channels, task.num_classes, context, width=conf.width)
+    if conf.arch == "serial":
+        return ContextSegmenter(task.in_channels, task.num_classes, context, width=conf.width)
+    return TwoStreamSegmenter(
+        task.in_channels,
+        task.num_classes,
+        context,
+        width=conf.width,
+        colour_bins=conf.colour_bins,
+        position_grid=conf.position_grid,
+        colour_scale=conf.colour_scale,
+    )
+
+
+def build_optimizer(optim: Mapping[str, Any], model: nn.Module) -> torch.optim.Optimizer:
+    """Instantiate the partial optimiser config on ``model``'s parameters."""
+    return instantiate(dict(optim))(model.parameters())
+
+
+def build_sinks(
+    logger_cfg: Mapping[str, Any], directory: Path, config: Mapping[str, Any]
+) -> list[Sink]:
+    """Instantiate the logger config (``_target_``: a function of ``experiments.sinks``)."""
+    return list(instantiate(dict(logger_cfg), _partial_=True)(directory, dict(config)))

@@ -1,0 +1,71 @@
+"""The ``data`` config group's targets: each builds (train set, validation set, task).
+
+``conf/data/<name>.yaml`` instantiates one of these by ``_target_``; its fields are generated
+from the function's signature (``experiments.signatures``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch.utils.data import Dataset, TensorDataset
+
+from .data import LegendSegDataset, make_dataset, task_of
+from .data.factory import TaskInfo
+
+
+@dataclass(frozen=True)
+class Splits:
+    """A dataset's training and validation sets and its task."""
+
+    train: Dataset
+    val: Dataset
+    task: TaskInfo
+
+
+def legend_seg(
+    train_size: int = 1024,
+    val_size: int = 128,
+    image_size: int = 64,
+    num_classes: int = 4,
+    seed: int = 0,
+) -> Splits:
+    """The embedded task: segment blobs by matching their texture to a legend strip;
+    materialised as tensors (images (N, 3, S, S), masks (N, S, S))."""
+    shared = {"image_size": image_size, "num_classes": num_classes, "seed": seed}
+    train = LegendSegDataset(train_size, split="train", **shared)
+    val = LegendSegDataset(val_size, split="val", **shared)
+    return Splits(
+        TensorDataset(*train.materialize()),
+        TensorDataset(*val.materialize()),
+        task_of("legend_seg", num_classes=num_classes),
+    )
+
+
+def digits(val_fraction: float = 0.2, seed: int = 0) -> Splits:
+    """scikit-learn's 8x8 digits, split by class-stratified ``val_fraction``."""
+    options = {"val_fraction": val_fraction, "seed": seed}
+    return Splits(
+        make_dataset("digits", split="train", **options),
+        make_dataset("digits", split="val", **options),
+        task_of("digits", **options),
+    )
+
+
+def cifar10(root: str) -> Splits:
+    """CIFAR-10 from its python-pickle folder ``root``; validation is the test split."""
+    return Splits(
+        make_dataset("cifar10", root=root, split="train"),
+        make_dataset("cifar10", root=root, split="test"),
+        task_of("cifar10"),
+    )
+
+
+def voc2012(root: str, size: int = 128, resize_mode: str = "center_crop") -> Splits:
+    """PASCAL VOC 2012 segmentation from ``root`` at ``size`` x ``size``."""
+    options = {"size": size, "resize_mode": resize_mode}
+    return Splits(
+        make_dataset("voc2012", root=root, split="train", **options),
+        make_dataset("voc2012", root=root, split="val", **options),
+        task_of("voc2012", **options),
+    )
