@@ -21,6 +21,7 @@ returned; they are the references the native ones are tested and benchmarked aga
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import warnings
@@ -89,6 +90,13 @@ class FixedPointIteration(Solver):
         damping: step size in (0, 1].
         stop_mode: "rel" (``||f(z) - z|| / ||f(z)||``) or "abs".
         check_finite: raise NonFiniteError if an iterate is NaN/inf (one sync per solve).
+        trace: record the residual of every step in ``stats.residuals`` (steps, B). Without a
+            tolerance and with ``trace=False`` (the default) only the last step's residual is
+            measured (``stats.residuals`` is then (1, B), ``stats.steps`` still K), and the
+            finiteness check folds each iterate into one running sum (a NaN / inf anywhere
+            makes it non-finite); when that sum is non-finite the solve is replayed with the
+            trace to name the first non-finite step and tensor. With a tolerance the trace is
+            always recorded (the stopping decision needs it).
     """
 
     max_steps: int = 6
@@ -96,6 +104,7 @@ class FixedPointIteration(Solver):
     damping: float = 1.0
     stop_mode: str = "rel"
     check_finite: bool = True
+    trace: bool = False
 
     def __post_init__(self) -> None:
         check_positive_int("FixedPointIteration", "max_steps", self.max_steps)
@@ -113,6 +122,8 @@ class FixedPointIteration(Solver):
         step = damped(f, self.damping)
         grad_steps = min(grad_steps, self.max_steps)
         rec = TraceRecorder(self.name, scale=self.damping)
+        if self.tol is None and not self.trace:
+            return self._untraced(step, z0, spec, grad_steps, rec)
         if self.tol is None:
             z = self._fixed_budget(step, z0, grad_steps, rec)
         elif grad_steps >= self.max_steps:
@@ -124,6 +135,29 @@ class FixedPointIteration(Solver):
         stats = rec.build(spec.batch, z0[0].device, z0[0].dtype, self.tol, self.stop_mode)
         _warn_if_not_converged(stats, self.tol)
         return z, stats
+
+    def _untraced(
+        self, step: StepFn, z0: State, spec: StateSpec, grad_steps: int, rec: TraceRecorder
+    ) -> tuple[State, SolverStats]:
+        """K steps without a per-step trace: the last step's residual, one finiteness sync."""
+        dtype = torch.promote_types(z0[0].dtype, torch.float32)  # fp16 sums would overflow
+        health = torch.zeros((), dtype=dtype, device=z0[0].device)
+        prev, z = z0, z0
+        for index in range(self.max_steps):
+            with torch.set_grad_enabled(
+                torch.is_grad_enabled() and index >= self.max_steps - grad_steps
+            ):
+                prev, z = z, step(z)
+            if self.check_finite:
+                health = _fold_sums(health, z)
+        rec.record(prev, z)
+        if self.check_finite and not _is_finite(health, z0):
+            replay = TraceRecorder(self.name, scale=self.damping)
+            with torch.no_grad():
+                self._fixed_budget(step, z0, 0, replay)
+            replay.check_finite(z0)  # names the first non-finite step and tensor
+        stats = rec.build(spec.batch, z0[0].device, z0[0].dtype, None, self.stop_mode)
+        return z, dataclasses.replace(stats, steps=self.max_steps)
 
     def _fixed_budget(self, step: StepFn, z0: State, grad_steps: int, rec: TraceRecorder) -> State:
         z = z0
@@ -536,6 +570,21 @@ def _advance(step: StepFn, z: State, rec: TraceRecorder) -> State:
     z_next = step(z)
     rec.record(z, z_next)
     return z_next
+
+
+def _fold_sums(health: Tensor, z: State) -> Tensor:
+    """``health + sum of every entry of z``: NaN / inf once any iterate held NaN / inf (or,
+    rarely, once the sums overflow; the replay then finds nothing and the solve goes on)."""
+    with torch.no_grad():
+        for t in z:
+            health = health + t.detach().sum(dtype=health.dtype)
+    return health
+
+
+def _is_finite(health: Tensor, z0: State) -> bool:
+    """One host synchronisation: whether z0 and the folded iterates are finite."""
+    flags = torch.cat([finite_flags(tuple(t.detach() for t in z0)), torch.isfinite(health)[None]])
+    return bool(flags.all())
 
 
 def _apply_steps(step: StepFn, z: State, n: int) -> State:
