@@ -170,12 +170,13 @@ def broyden(
 ) -> Iterate:
     """Broyden's ("good") method on ``g(x) = f(x) - x`` for x (B, N), without line search, at
     most ``max_evals`` evaluations of ``f``: the inverse Jacobian estimate ``-I + U V^T`` is
-    built from rank-one updates kept in preallocated (B, N, L) / (B, L, N) buffers, as in
-    torchdeq. Stops once the worst sample's residual (``stop_mode``) is ``<= tol``."""
+    built from rank-one updates u_i, v_i, kept as rows of two preallocated (B, L, N) buffers
+    (only the filled rows are read, so they are not zeroed; each product reads contiguous
+    rows). Stops once the worst sample's residual (``stop_mode``) is ``<= tol``."""
     batch, size = x0.shape
     limit = max(max_evals - 1, 1)
-    us = x0.new_zeros(batch, size, limit)
-    vts = x0.new_zeros(batch, limit, size)
+    us = x0.new_empty(batch, limit, size)
+    vts = x0.new_empty(batch, limit, size)
     tracker = _Tracker(x0, tol, stop_mode)
     x = x0
     fx = f(x)
@@ -191,25 +192,27 @@ def broyden(
             break
         delta_x, delta_g = update, gx_new - gx
         x, gx = x_new, gx_new
-        us_k, vts_k = us[:, :, : step - 1], vts[:, : step - 1]
+        us_k, vts_k = us[:, : step - 1], vts[:, : step - 1]
         vt = _rmatvec(us_k, vts_k, delta_x)
         denom = torch.bmm(vt[:, None], delta_g[:, :, None])[:, 0]
         u = (delta_x - _matvec(us_k, vts_k, delta_g)) / denom
         vts[:, step - 1] = vt.masked_fill_(vt.isnan(), 0)
-        us[:, :, step - 1] = u.masked_fill_(u.isnan(), 0)
-        update = -_matvec(us[:, :, :step], vts[:, :step], gx)
+        us[:, step - 1] = u.masked_fill_(u.isnan(), 0)
+        update = -_matvec(us[:, :step], vts[:, :step], gx)
     return tracker.result()
 
 
 def _matvec(us: Tensor, vts: Tensor, x: Tensor) -> Tensor:
-    """``(-I + U V^T) x`` for x (B, N)."""
-    if us.shape[-1] == 0:
+    """``(-I + U V^T) x`` for x (B, N), with the rows of us / vts (B, k, N) the u_i / v_i."""
+    if us.shape[1] == 0:
         return -x
-    return torch.baddbmm(-x[:, :, None], us, torch.bmm(vts, x[:, :, None]))[:, :, 0]
+    coeffs = torch.bmm(vts, x[:, :, None])  # (B, k, 1): v_i . x
+    return torch.baddbmm(x[:, None], coeffs.mT, us, alpha=1, beta=-1)[:, 0]
 
 
 def _rmatvec(us: Tensor, vts: Tensor, x: Tensor) -> Tensor:
     """``x^T (-I + U V^T)`` for x (B, N)."""
-    if us.shape[-1] == 0:
+    if us.shape[1] == 0:
         return -x
-    return torch.baddbmm(-x[:, None], torch.bmm(x[:, None], us), vts)[:, 0]
+    coeffs = torch.bmm(us, x[:, :, None])  # (B, k, 1): u_i . x
+    return torch.baddbmm(x[:, None], coeffs.mT, vts, alpha=1, beta=-1)[:, 0]
