@@ -120,19 +120,23 @@ def matmul_floor(fn: Callable[[], object]) -> Callable[[], None]:
     recorder = MatmulRecorder()
     with recorder:
         fn()
-    replay = []
-    for func, layout in recorder.calls:
-        args = [
-            torch.empty_strided(a[0], a[1], dtype=a[2]).uniform_() if isinstance(a, tuple) else a
-            for a in layout
-        ]
-        replay.append((func, args))
+    replay = [
+        (func, [_strided(a) if isinstance(a, tuple) else a for a in layout])
+        for func, layout in recorder.calls
+    ]
 
     def run() -> None:
         for func, args in replay:
             func(*args)
 
     return run
+
+
+def _strided(layout: tuple[tuple[int, ...], tuple[int, ...], torch.dtype]) -> Tensor:
+    """A random tensor with the given shape, strides (zero strides included) and dtype."""
+    shape, stride, dtype = layout
+    extent = 1 + sum((size - 1) * step for size, step in zip(shape, stride, strict=True))
+    return torch.rand(max(extent, 1), dtype=dtype).as_strided(shape, stride)
 
 
 def ham_cases(name: str, size: int, channels: int, rank: int, steps: int):  # type: ignore[no-untyped-def]
