@@ -30,7 +30,7 @@ from .implicit_backward import (
 from .linear_solvers import LINEAR_SOLVERS, AdjointOperator, LinearSolver, discounted
 from .registry import Registry
 from .solvers import Solver, damped
-from .state import State, StateSpec, StepFn, with_gradient_of
+from .state import State, StateSpec, StepFn, detached, with_gradient_of
 from .stats import BackwardStats, SolverStats
 from .validation import (
     check_choice,
@@ -129,7 +129,7 @@ class Phantom(Adjoint):
             z, stats = solver.solve(f, z0, spec, 0)
         if not torch.is_grad_enabled():
             return z, stats, []
-        step, p = damped(f, self.tau), z
+        step, p = damped(f, self.tau), detached(z)  # detached: no forward-mode tangent either
         for _ in range(self.k):
             p = step(p)
         return with_gradient_of(z, p), stats, []

@@ -14,28 +14,34 @@ import torch
 from torch import Tensor
 
 from .errors import NonFiniteError
+from .transforms import host_checks
 
 
 class _FiniteGradient(torch.autograd.Function):
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, where: str, x: Tensor) -> Tensor:
-        ctx.where = where
+    def forward(x: Tensor, where: str) -> Tensor:
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[None, Tensor]:
-        if not bool(torch.isfinite(grad).all()):
+    def setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: Tensor):
+        ctx.where = inputs[1]
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[Tensor, None]:
+        if host_checks() and not bool(torch.isfinite(grad).all()):
             raise NonFiniteError(
                 f"{ctx.where}: the gradient is non-finite (NaN or inf; shape "
                 f"{tuple(grad.shape)}). The backward pass overflowed or divided by zero (e.g. "
                 "huge float32 inputs, a rank-deficient input to an orthogonalisation). Use "
                 "float64, rescale the input, or another backward mode (e.g. OneStep)."
             )
-        return None, grad
+        return grad, None
 
 
 def guard_gradient(x: Tensor, where: str) -> Tensor:
     """``x`` itself, whose backward raises ``NonFiniteError`` on a non-finite gradient."""
     if not (isinstance(x, Tensor) and x.requires_grad and torch.is_grad_enabled()):
         return x
-    return _FiniteGradient.apply(where, x)
+    return _FiniteGradient.apply(x, where)

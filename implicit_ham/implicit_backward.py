@@ -5,8 +5,12 @@ which records how ``f`` depends on its arguments and on any parameters it closes
 Function returns z* itself (so the forward value is exactly the solver's), and its backward
 receives the incoming gradient v, turns it into an adjoint vector g with a ``BackwardSolve``
 (e.g. a linear solve of ``g = J^T g + v``), and hands g to ``fz``'s graph, which carries
-``(df/dθ)^T g`` to every argument and parameter. No tensor hooks: a second backward with
-``retain_graph=True`` repeats the solve and returns the same gradient.
+``(df/dθ)^T g`` to every argument and parameter. For float16 / bfloat16 states the solve runs in
+float32 (``precision.working_dtype``): the VJPs of f run in the state's dtype, the Krylov /
+dense algebra in float32, and g is cast back. No tensor hooks: a second backward with
+``retain_graph=True`` repeats the solve and returns the same gradient. A backward with
+``create_graph=True`` is refused (``SecondOrderError``): the second derivative would hold z*
+and g constant and be wrong.
 
 The gradient assumes z* is a fixed point. The evaluation ``fz = f(z*)`` gives its residual
 ``||f(z*) - z*|| / ||f(z*)||`` per sample for free; the backward pass compares the worst one
@@ -36,8 +40,10 @@ from .errors import (
     SecondOrderError,
 )
 from .linear_solvers import AdjointOperator
+from .precision import working_dtype
 from .state import State, StateSpec, StepFn, per_sample_norm
 from .stats import BackwardStats
+from .transforms import active_transforms
 
 BackwardSolve = Callable[[AdjointOperator, Tensor], tuple[Tensor, BackwardStats]]
 ON_DIVERGENCE = ("warn", "raise", "fallback")
@@ -80,6 +86,13 @@ def attach_fixed_point_gradient(
     """
     if not torch.is_grad_enabled():
         return z_star
+    if active_transforms():
+        raise NotImplementedError(
+            f"{check.adjoint} under torch.func ({' > '.join(active_transforms())}): this mode "
+            "runs its own autograd graph in backward, which torch.func transforms cannot "
+            "trace. Use torch.autograd (loss.backward(), torch.autograd.grad), or Unroll, "
+            "Truncated, OneStep or Phantom under torch.func."
+        )
     with torch.enable_grad():
         z_req = tuple(t.detach().requires_grad_() for t in z_star)
         fz = f(z_req)
@@ -105,14 +118,23 @@ class _AdjointBackward:
     residual: Tensor
 
     def vjp(self, g: Tensor) -> Tensor:
-        """(M,) -> (M,): ``J^T g``."""
+        """(M,) -> (M,): ``J^T g``, in g's dtype (f's graph runs in the state's dtype)."""
         grads = torch.autograd.grad(
-            self.fz, self.z_req, self.spec.unflatten(g), retain_graph=True, allow_unused=True
+            self.fz,
+            self.z_req,
+            self.spec.unflatten(g.to(self.spec.dtype)),
+            retain_graph=True,
+            allow_unused=True,
         )
-        return self.spec.flatten(self.spec.zeros_like_missing(grads, self.z_req)).reshape(-1)
+        flat = self.spec.flatten(self.spec.zeros_like_missing(grads, self.z_req))
+        return flat.reshape(-1).to(g.dtype)
 
     def vjp_batched(self, rows: Tensor) -> Tensor:
         """(P, M) -> (P, M): ``J^T`` applied to each row (vmapped; a loop if vmap fails)."""
+        dtype, rows = rows.dtype, rows.to(self.spec.dtype)
+        return self._vjp_rows(rows).to(dtype)
+
+    def _vjp_rows(self, rows: Tensor) -> Tensor:
         count, shapes = rows.shape[0], self.spec.shapes
         sizes = [s.numel() // s[0] for s in shapes]
         chunks = torch.split(rows.reshape(count, self.spec.batch, -1), sizes, dim=2)
@@ -136,7 +158,7 @@ class _AdjointBackward:
 
     def __call__(self, grads: tuple[Tensor | None, ...]) -> State:
         v_parts = self.spec.zeros_like_missing(grads, self.z_req)
-        v = self.spec.flatten(v_parts).reshape(-1)
+        v = self.spec.flatten(v_parts).reshape(-1).to(working_dtype(self.spec.dtype))
         op = AdjointOperator(self.vjp, self.vjp_batched, v.numel())
         worst = float(self.residual.max()) if self.residual.numel() else 0.0
         if _at_fixed_point(worst, self.check, self.spec.batch):
@@ -151,7 +173,7 @@ class _AdjointBackward:
             at_fixed_point=None if self.check.tol is None else worst <= self.check.tol,
         )
         self.log.append(stats)
-        return self.spec.unflatten(g.reshape(self.spec.batch, -1))
+        return self.spec.unflatten(g.reshape(self.spec.batch, -1).to(self.spec.dtype))
 
 
 def _at_fixed_point(worst: float, check: FixedPointCheck, batch: int) -> bool:

@@ -37,8 +37,9 @@ from torchdeq.solver import anderson_solver, broyden_solver
 from .anderson import Iterate, anderson, broyden
 from .errors import ConvergenceWarning, NonFiniteError
 from .registry import Registry
-from .state import State, StateSpec, StepFn, finite_flags, with_gradient_of
+from .state import State, StateSpec, StepFn, detached, finite_flags, with_gradient_of
 from .stats import SolverStats, TraceRecorder
+from .transforms import host_checks, under_vmap
 from .validation import check_choice, check_positive_int, check_tolerance, check_unit_interval
 
 logger = logging.getLogger(__name__)
@@ -122,6 +123,12 @@ class FixedPointIteration(Solver):
         step = damped(f, self.damping)
         grad_steps = min(grad_steps, self.max_steps)
         rec = TraceRecorder(self.name, scale=self.damping)
+        if self.tol is not None and under_vmap():
+            raise NotImplementedError(
+                f"FixedPointIteration(tol={self.tol:g}) under torch.func.vmap: stopping on a "
+                "tolerance decides on values, which vmap cannot trace. Use tol=None (a fixed "
+                "number of steps) inside vmap."
+            )
         if self.tol is None and not self.trace:
             return self._untraced(step, z0, spec, grad_steps, rec)
         if self.tol is None:
@@ -130,7 +137,7 @@ class FixedPointIteration(Solver):
             z = self._until_converged(step, z0, rec, keep=0)[0]
         else:
             z = self._replay_tail(step, z0, grad_steps, rec)
-        if self.check_finite:
+        if self.check_finite and host_checks():
             rec.check_finite(z0)
         stats = rec.build(spec.batch, z0[0].device, z0[0].dtype, self.tol, self.stop_mode)
         _warn_if_not_converged(stats, self.tol)
@@ -140,18 +147,21 @@ class FixedPointIteration(Solver):
         self, step: StepFn, z0: State, spec: StateSpec, grad_steps: int, rec: TraceRecorder
     ) -> tuple[State, SolverStats]:
         """K steps without a per-step trace: the last step's residual, one finiteness sync."""
+        check = self.check_finite and host_checks()
         dtype = torch.promote_types(z0[0].dtype, torch.float32)  # fp16 sums would overflow
         health = torch.zeros((), dtype=dtype, device=z0[0].device)
         prev, z = z0, z0
-        for index in range(self.max_steps):
-            with torch.set_grad_enabled(
-                torch.is_grad_enabled() and index >= self.max_steps - grad_steps
-            ):
-                prev, z = z, step(z)
-            if self.check_finite:
-                health = _fold_sums(health, z)
+        if grad_steps < self.max_steps:
+            with torch.no_grad():
+                for _ in range(self.max_steps - grad_steps):
+                    prev, z = z, step(z)
+                    health = _fold_sums(health, z) if check else health
+            z = detached(z)  # no_grad does not stop forward-mode tangents (jvp, jacfwd)
+        for _ in range(grad_steps):
+            prev, z = z, step(z)
+            health = _fold_sums(health, z) if check else health
         rec.record(prev, z)
-        if self.check_finite and not _is_finite(health, z0):
+        if check and not _is_finite(health, z0):
             replay = TraceRecorder(self.name, scale=self.damping)
             with torch.no_grad():
                 self._fixed_budget(step, z0, 0, replay)
@@ -161,9 +171,11 @@ class FixedPointIteration(Solver):
 
     def _fixed_budget(self, step: StepFn, z0: State, grad_steps: int, rec: TraceRecorder) -> State:
         z = z0
-        with torch.no_grad():
-            for _ in range(self.max_steps - grad_steps):
-                z = _advance(step, z, rec)
+        if grad_steps < self.max_steps:
+            with torch.no_grad():
+                for _ in range(self.max_steps - grad_steps):
+                    z = _advance(step, z, rec)
+            z = detached(z)  # no_grad does not stop forward-mode tangents (jvp, jacfwd)
         for _ in range(grad_steps):
             z = _advance(step, z, rec)
         return z
@@ -193,7 +205,8 @@ class FixedPointIteration(Solver):
             z, history = self._until_converged(step, z0, rec, keep=grad_steps)
         if grad_steps == 0:
             return z
-        return _apply_steps(step, history[0], len(history) - 1)
+        start = history[0] if history[0] is z0 else detached(history[0])
+        return _apply_steps(step, start, len(history) - 1)
 
 
 class _TorchDEQSolver(Solver):
@@ -222,6 +235,7 @@ class _TorchDEQSolver(Solver):
         spec: StateSpec,
         grad_steps: int = 0,
     ) -> tuple[State, SolverStats]:
+        _refuse_vmap(self)
         _refuse_unroll(self, grad_steps)
         budget = self.max_steps - 1
         rec = TraceRecorder(self.name)
@@ -234,7 +248,7 @@ class _TorchDEQSolver(Solver):
 
         with torch.no_grad():
             x = self._run(flat_f, spec.flatten(z0), budget)
-        z = spec.unflatten(x)
+        z = detached(spec.unflatten(x))
         tail = grad_steps > 0 and torch.is_grad_enabled()
         with torch.set_grad_enabled(tail):
             fz = f(z)  # the residual check at z*, and the first gradient step when tail
@@ -357,6 +371,7 @@ class _NativeSolver(Solver):
         spec: StateSpec,
         grad_steps: int = 0,
     ) -> tuple[State, SolverStats]:
+        _refuse_vmap(self)
         _refuse_unroll(self, grad_steps)
         flat = _Flat(spec)
 
@@ -367,7 +382,7 @@ class _NativeSolver(Solver):
             result = self._iterate(flat_f, flat.flatten(z0), self.max_steps - 1)
         if result.failed_at is not None:
             _raise_non_finite(self.name, z0, result.failed_at)
-        z = flat.unflatten(result.x)
+        z = detached(flat.unflatten(result.x))
         if grad_steps > 0 and torch.is_grad_enabled():
             z = with_gradient_of(z, _apply_steps(f, f(z), grad_steps - 1))
         converged = None
@@ -492,6 +507,15 @@ def _check_broyden(owner: str, solver: Broyden | TorchDEQBroyden) -> None:
     check_choice(owner, "stop_mode", solver.stop_mode, STOP_MODES)
 
 
+def _refuse_vmap(solver: Solver) -> None:
+    if under_vmap():
+        raise NotImplementedError(
+            f"{type(solver).__name__} under torch.func.vmap: its steps decide on values "
+            "(convergence checks, the mixing system), which vmap cannot trace. Use "
+            "FixedPointIteration(tol=None) inside vmap."
+        )
+
+
 def _refuse_unroll(solver: Solver, grad_steps: int) -> None:
     if grad_steps >= solver.max_steps:
         raise ValueError(
@@ -594,7 +618,7 @@ def _apply_steps(step: StepFn, z: State, n: int) -> State:
 
 
 def _warn_if_not_converged(stats: SolverStats, tol: float | None) -> None:
-    if tol is None or stats.converged is None or bool(stats.converged.all()):
+    if tol is None or stats.converged is None or not host_checks() or bool(stats.converged.all()):
         return
     warnings.warn(
         f"{stats.solver}: forward solve did not reach tol={tol:g} in {stats.steps} steps "

@@ -35,8 +35,11 @@ def test_an_empty_batch_gives_empty_values_and_zero_parameter_gradients(solver, 
     W = torch.randn(5, 5, dtype=DT, requires_grad=True)
     x = torch.randn(0, 5, dtype=DT, requires_grad=True)
     sol = ih.fixed_point(
-        lambda z, x: torch.tanh(z @ W + x), torch.zeros(0, 5, dtype=DT), x,
-        solver=solver, adjoint=adjoint,
+        lambda z, x: torch.tanh(z @ W + x),
+        torch.zeros(0, 5, dtype=DT),
+        x,
+        solver=solver,
+        adjoint=adjoint,
     )
     assert sol.value.shape == (0, 5) and sol.value.dtype == DT
     grad_x, grad_w = torch.autograd.grad(sol.value.sum(), (x, W), allow_unused=True)
@@ -101,8 +104,11 @@ def test_a_custom_solver_gives_one_value_under_every_backward_mode() -> None:
     x = torch.randn(3, 6, dtype=DT)
     values = [
         ih.fixed_point(
-            lambda z, x: torch.tanh(z @ W + x), torch.zeros(3, 6, dtype=DT), x,
-            solver=DelegatingSolver(), adjoint=adjoint,
+            lambda z, x: torch.tanh(z @ W + x),
+            torch.zeros(3, 6, dtype=DT),
+            x,
+            solver=DelegatingSolver(),
+            adjoint=adjoint,
         ).value
         for adjoint in [ih.Unroll(), *MODES]
     ]

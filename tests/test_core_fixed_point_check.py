@@ -117,31 +117,3 @@ def test_check_conditioning_warns_at_a_point_that_is_not_a_fixed_point() -> None
             problem, solver=ih.FixedPointIteration(max_steps=10), lanczos_steps=4, krylov_dim=4
         )
     assert report.fixed_point_residual > 0.1
-
-
-@pytest.mark.parametrize("adjoint", [ih.Implicit(linear_solver="dense"), ih.Neumann()])
-def test_a_second_derivative_is_refused_not_silently_wrong(adjoint) -> None:
-    """A Hessian-vector product through an at-fixed-point mode raises; through Unroll it is
-    the second derivative of the K-step computation (checked by central differences)."""
-    W = torch.eye(4, dtype=DT) * 0.3
-    x = torch.randn(2, 4, dtype=DT, requires_grad=True)
-    solver = ih.FixedPointIteration(max_steps=60, tol=1e-13)
-    sol = ih.fixed_point(lambda z, x: torch.tanh(z @ W + x), torch.zeros(2, 4, dtype=DT), x,
-                         solver=solver, adjoint=adjoint)  # fmt: skip
-    with pytest.raises(ih.SecondOrderError, match="create_graph=True"):
-        torch.autograd.grad(sol.value.square().sum(), x, create_graph=True)
-
-    def gradient(x: torch.Tensor, create_graph: bool) -> torch.Tensor:
-        value = ih.fixed_point(
-            lambda z, x: torch.tanh(z @ W + x), torch.zeros(2, 4, dtype=DT), x,
-            solver=ih.FixedPointIteration(max_steps=30), adjoint=ih.Unroll(),
-        ).value
-        return torch.autograd.grad(value.square().sum(), x, create_graph=create_graph)[0]
-
-    u = torch.randn(2, 4, dtype=DT)
-    (hvp,) = torch.autograd.grad((gradient(x, True) * u).sum(), x)
-    h = 1e-6
-    plus = (x + h * u).detach().requires_grad_()
-    minus = (x - h * u).detach().requires_grad_()
-    fd = (gradient(plus, False) - gradient(minus, False)) / (2 * h)
-    torch.testing.assert_close(hvp, fd, rtol=1e-6, atol=1e-8)

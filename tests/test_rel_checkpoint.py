@@ -13,7 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from implicit_ham.experiment.resume import config_differences, log_rows, rewind_logs
+from implicit_ham.experiment.resume import (
+    comparable_config,
+    config_differences,
+    log_rows,
+    rewind_logs,
+)
 from implicit_ham.tracking import CSVSink, JSONLSink
 from implicit_ham.training import (
     CheckpointError,
@@ -175,3 +180,12 @@ def test_config_differences_name_dotted_keys() -> None:
     old = {"seed": 0, "optim": {"lr": 0.1, "momentum": 0.9}}
     new = {"seed": 0, "optim": {"lr": 0.2, "momentum": 0.9}, "epochs": 3}
     assert config_differences(old, new) == ["epochs", "optim.lr"]
+
+
+def test_default_dtype_matches_checkpoints_written_before_the_option() -> None:
+    before = {"seed": 0, "threads": 1}  # a config saved before ``dtype`` existed
+    assert not config_differences(comparable_config(before), comparable_config(
+        {"seed": 0, "threads": 2, "dtype": "float32"}))  # fmt: skip
+    assert config_differences(
+        comparable_config(before), comparable_config({"seed": 0, "dtype": "float64"})
+    ) == ["dtype"]

@@ -44,6 +44,8 @@ from ..errors import NonFiniteError
 from ..fixed_point import FixedPointProblem, Solution
 from ..registry import check_options
 from ..solvers import SOLVERS, FixedPointIteration, Solver
+from ..state import detached
+from ..transforms import host_checks
 from ..validation import check_choice, check_positive_int, check_tolerance, check_unit_interval
 from .iteration import IterationMap
 
@@ -52,10 +54,17 @@ INIT_MODES = ("random", "online")
 ONLINE_UPDATES = ("eval", "train", "always")
 
 
+def _like(y: Tensor, x: Tensor) -> Tensor:
+    """``y`` in ``x``'s memory format (channels_last in, channels_last out)."""
+    if x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last):
+        return y
+    return y.contiguous(memory_format=torch.channels_last)
+
+
 def is_finite(x: Tensor) -> bool:
     """Whether x holds no NaN or infinity: one pass (``aminmax`` propagates NaN) and one host
     synchronisation, several times cheaper than ``isfinite(x).all()`` on a large map."""
-    if x.numel() == 0:
+    if x.numel() == 0 or not host_checks():  # vmap / compile: values cannot be read
         return True
     low, high = torch.aminmax(x.detach())
     return bool(torch.isfinite(torch.stack([low, high])).all())
@@ -93,6 +102,12 @@ class Decomposition(nn.Module, ABC):
             work; the first call per shape and grad mode compiles, which takes seconds and
             needs a C++ compiler on the CPU). Values match eager mode up to rounding.
 
+    Class attributes: ``default_inv_t`` (the softmax inverse temperature when ``inv_t`` is
+    None), ``nonnegative`` (the layer needs a non-negative input), ``exact_unroll`` (the
+    ``Unroll`` gradient is the exact derivative of the output; False when the readout
+    deliberately holds a quantity constant, as VQ's ``||X||``: the conformance kit then skips
+    its finite-difference check).
+
     Attributes:
         last_solution: the ``Solution`` of the latest forward (None before the first): its
             value detached (so the module stays deep-copyable), its stats, and the same
@@ -101,6 +116,7 @@ class Decomposition(nn.Module, ABC):
 
     default_inv_t: ClassVar[float] = 1.0
     nonnegative: ClassVar[bool] = False
+    exact_unroll: ClassVar[bool] = True
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Decomposition:
         """Refuse unknown keyword arguments with the list of valid ones (before ``__init__``,
@@ -292,6 +308,8 @@ class Decomposition(nn.Module, ABC):
             with torch.no_grad():  # z0 = init(X, D0) too: no graph the gradient never uses
                 problem = self.implicit_problem(x, init)
                 solution = problem.solve(self.active_solver(), adjoint)
+            # detached: no_grad does not stop forward-mode tangents (torch.func.jvp / jacfwd)
+            solution.value = detached(solution.value)
             problem = dataclasses.replace(problem, args=(self.flatten(x),))
         else:
             problem = self.implicit_problem(x, init)
@@ -302,7 +320,7 @@ class Decomposition(nn.Module, ABC):
         if self._updates_online_bases():
             self._update_online_bases(solution.value[0])
         readout = self.kernel("readout")(problem.args[0], solution.value)
-        return self.unflatten(readout, x.shape)
+        return _like(self.unflatten(readout, x.shape), x)
 
     def extra_repr(self) -> str:
         parts = [

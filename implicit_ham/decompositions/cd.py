@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..precision import working_dtype
 from ..validation import check_tolerance
 from .base import Decomposition, State
 from .fused import column_norms, normalize_over_n, normalized_similarity
@@ -55,9 +56,11 @@ class CD(Decomposition):
 
     def compute_coef(self, x: Tensor, state: State) -> Tensor:
         bases = state[0]
-        eye = torch.eye(self.rank, device=bases.device, dtype=bases.dtype)
-        system = bases.transpose(1, 2) @ bases + self.beta * eye
-        return torch.linalg.solve(system, bases.transpose(1, 2) @ x).transpose(1, 2)
+        dtype = working_dtype(bases.dtype)  # the r x r solve in float32 for half states
+        eye = torch.eye(self.rank, device=bases.device, dtype=dtype)
+        system = (bases.transpose(1, 2) @ bases).to(dtype) + self.beta * eye
+        coef = torch.linalg.solve(system, (bases.transpose(1, 2) @ x).to(dtype))
+        return coef.transpose(1, 2).to(bases.dtype)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, beta={self.beta:g}"

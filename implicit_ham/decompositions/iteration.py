@@ -32,7 +32,10 @@ class IterationMap:
         self._memo: dict[tuple[int, int, bool], tuple[Tensor, Any]] = {}
 
     def invariants(self, x: Tensor) -> Any:
-        """``layer.loop_invariants(x)``, computed once per (x, version of x, grad mode)."""
+        """``layer.loop_invariants(x)``, computed once per (x, version of x, grad mode); while
+        torch.compile traces, recomputed (the compiler removes the repeats itself)."""
+        if torch.compiler.is_compiling():
+            return self.layer.loop_invariants(x)
         key = (id(x), x._version, torch.is_grad_enabled())
         entry = self._memo.get(key)
         if entry is None or entry[0] is not x:

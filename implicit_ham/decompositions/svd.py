@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..precision import working_dtype
 from .base import Decomposition, State
 from .registry import register_decomposition
 
@@ -17,10 +18,10 @@ def orthonormalize(a: Tensor) -> Tensor:
     """(..., d, r) -> Q (..., d, r): the reduced QR ``a = Q R`` with ``diag(R) >= 0``.
 
     Fixing the signs makes the factor unique, so the subspace iteration has a genuine fixed
-    point (not one up to column signs)."""
-    q, r = torch.linalg.qr(a, mode="reduced")
-    signs = torch.where(torch.diagonal(r, dim1=-2, dim2=-1) < 0, -1.0, 1.0).to(a.dtype)
-    return q * signs.unsqueeze(-2)
+    point (not one up to column signs). float16 / bfloat16 inputs are factorised in float32."""
+    q, r = torch.linalg.qr(a.to(working_dtype(a.dtype)), mode="reduced")
+    signs = torch.where(torch.diagonal(r, dim1=-2, dim2=-1) < 0, -1.0, 1.0).to(q.dtype)
+    return (q * signs.unsqueeze(-2)).to(a.dtype)
 
 
 @register_decomposition("svd")

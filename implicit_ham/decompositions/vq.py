@@ -34,6 +34,7 @@ class VQ(Decomposition):
     """
 
     default_inv_t = 100.0
+    exact_unroll = False  # compute_coef holds ||X||_d constant (the official readout)
 
     def assignments(self, x: Tensor, bases: Tensor) -> Tensor:
         """Soft assignments ``softmax_r(inv_t * normalize_d(X)^T normalize_d(D))`` (B*S, n, r);

@@ -39,8 +39,12 @@ class ResumeConflictError(ValueError):
 
 
 def comparable_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """The config without the settings a resumed run may change (``RUN_SETTINGS``)."""
+    """The config without the settings a resumed run may change (``RUN_SETTINGS``); the default
+    ``dtype`` (float32) is left out too, so checkpoints written before that option existed
+    still match."""
     out = {k: v for k, v in cfg.items() if k not in RUN_SETTINGS}
+    if out.get("dtype") == "float32":
+        del out["dtype"]
     if isinstance(out.get("reliability"), Mapping):
         out["reliability"] = {
             k: v for k, v in out["reliability"].items() if k not in RUN_RELIABILITY

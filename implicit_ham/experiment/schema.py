@@ -287,7 +287,13 @@ class ReliabilityConf:
 
 @dataclass
 class TrainConfig:
-    """The root config of ``experiments.train`` (group fields are filled by the defaults)."""
+    """The root config of ``experiments.train`` (group fields are filled by the defaults).
+
+    ``dtype``: "float32" (default) or "float64", the precision of the model's parameters and
+    input images in ``experiments.train``; float64 gives reference runs free of float32
+    rounding (e.g. to check that data-parallel training equals one process, see
+    ``tests/test_rel_distributed.py``).
+    """
 
     context: Any = MISSING
     adjoint: Any = MISSING
@@ -302,6 +308,7 @@ class TrainConfig:
     epochs: int = 4
     batch_size: int = 32
     threads: int | None = None
+    dtype: str = "float32"
     log_every: int = 10
     progress: bool = True
     checkpoint: str | None = None

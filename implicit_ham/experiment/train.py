@@ -30,6 +30,7 @@ from ..training import (
 from ..training.distributed import state_digest
 from ..training.failures import check_policy
 from ..training.rng import configure_determinism
+from ..validation import check_choice
 from .build import (
     build_context,
     build_datasets,
@@ -44,6 +45,8 @@ from .resume import JobCheckpoints
 from .schema import ReliabilityConf
 
 logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def seed_everything(seed: int) -> None:
@@ -76,6 +79,7 @@ def run_training(cfg: Mapping[str, Any], output_dir: str | Path) -> dict[str, An
     reliability = {**dataclasses.asdict(ReliabilityConf()), **(cfg.get("reliability") or {})}
     cfg = {**cfg, "reliability": reliability}
     check_policy(reliability["on_failure"])
+    check_choice("config", "dtype", cfg.get("dtype", "float32"), tuple(DTYPES))
     dist = DistributedContext.from_env(cfg["device"])
     results = _train(cfg, Path(dist.broadcast(str(output_dir))), dist)
     dist.close()
@@ -103,7 +107,8 @@ def _train(cfg: dict[str, Any], output_dir: Path, dist: DistributedContext) -> d
     )
     solver, adjoint = instantiate(dict(cfg["solver"])), instantiate(dict(cfg["adjoint"]))
     context = build_context(cfg["context"], context_channels(info, cfg["model"]), solver, adjoint)
-    model = build_model(info, context, cfg["model"]).to(device)
+    dtype = DTYPES[cfg.get("dtype", "float32")]
+    model = build_model(info, context, cfg["model"]).to(device=device, dtype=dtype)
     optimizer = build_optimizer(cfg["optim"], model)
     model = dist.wrap(model)
     sinks = build_sinks(cfg["logger"], output_dir, cfg) if dist.is_main else []
@@ -153,6 +158,7 @@ def _train(cfg: dict[str, Any], output_dir: Path, dist: DistributedContext) -> d
             optimizer,
             epochs=int(cfg["epochs"]),
             device=device,
+            dtype=dtype,
             sinks=sinks,
             show_progress=bool(cfg.get("progress", True)) and dist.is_main,
             log_every=int(cfg.get("log_every", 10)),

@@ -22,7 +22,7 @@ BASELINES.register("self_attention")(SelfAttention2d)
 BASELINES.register("sdpa_attention")(SDPAttention2d)
 BASELINES.register("none")(IdentityContext)
 
-BLOCK_OPTIONS = ("version", "ham_channels", "lower_relu", "dual")
+BLOCK_OPTIONS = ("version", "ham_channels", "lower_relu", "dual", "compile_block")
 
 
 def context_names() -> list[str]:
@@ -37,7 +37,9 @@ def make_context(name: str, channels: int, **kwargs: Any) -> nn.Module:
         name: a decomposition name (-> ``Hamburger``) or a baseline name (see module docstring).
         channels: C, input and output channels.
         **kwargs: for a decomposition, the ``Hamburger`` options ``version``, ``ham_channels``,
-            ``lower_relu`` and ``dual`` (v2+: add a channel ham with ``spatial=False``) plus the
+            ``lower_relu``, ``dual`` (v2+: add a channel ham with ``spatial=False``) and
+            ``compile_block`` (``nn.Module.compile()`` on the whole block: one graph, no breaks
+            under OneStep / Unroll / Phantom; state-dict keys unchanged) plus the
             decomposition's own options (``rank``, ``steps``, ``adjoint``, ...); for a baseline,
             its constructor options. Unknown names or options raise errors listing the choices.
     """
@@ -47,6 +49,7 @@ def make_context(name: str, channels: int, **kwargs: Any) -> nn.Module:
         raise KeyError(f"unknown context {name!r}; valid choices: {', '.join(context_names())}")
     block = {key: kwargs.pop(key) for key in BLOCK_OPTIONS if key in kwargs}
     dual = bool(block.pop("dual", False))
+    compile_block = bool(block.pop("compile_block", False))
     unknown = sorted(set(kwargs) - set(parameter_names(DECOMPOSITIONS.get(name))))
     if unknown or {"channels", "spatial"} & set(kwargs):
         bad = unknown or sorted({"channels", "spatial"} & set(kwargs))
@@ -58,4 +61,7 @@ def make_context(name: str, channels: int, **kwargs: Any) -> nn.Module:
     width = block.get("ham_channels") or channels
     ham = get_decomposition(name, channels=width, **kwargs)
     channel_ham = get_decomposition(name, channels=width, spatial=False, **kwargs) if dual else None
-    return Hamburger(channels, ham, channel_ham=channel_ham, **block)
+    module = Hamburger(channels, ham, channel_ham=channel_ham, **block)
+    if compile_block:
+        module.compile()
+    return module

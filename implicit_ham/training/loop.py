@@ -104,6 +104,7 @@ def train_epoch(
     optimizer: torch.optim.Optimizer,
     *,
     device: torch.device,
+    dtype: torch.dtype | None = None,
     state: TrainState | None = None,
     step_fn: Callable[[Tensor, Tensor, int], Tensor | None] | None = None,
     hooks: StepHooks | None = None,
@@ -117,6 +118,7 @@ def train_epoch(
     batch and then calling ``on_step(state)`` (e.g. to checkpoint).
 
     Args:
+        dtype: floating-point inputs are cast to it (None: left as they come).
         step_fn: ``(inputs, target, step) -> loss or None (skipped)`` running one optimisation
             step; default a ``GuardedStep`` with policy "warn" and ``hooks``.
 
@@ -130,7 +132,7 @@ def train_epoch(
     runner = step_fn or GuardedStep(model, task, optimizer, hooks=hooks)
     try:
         for inputs, target in batches:
-            loss = runner(inputs.to(device), target.to(device), state.step)
+            loss = runner(_to(inputs, device, dtype), target.to(device), state.step)
             if loss is None:
                 state.skipped += 1
             else:
@@ -154,14 +156,20 @@ def train_epoch(
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], task: Task, *, device: torch.device
+    model: nn.Module,
+    batches: Iterable[tuple[Tensor, Tensor]],
+    task: Task,
+    *,
+    device: torch.device,
+    dtype: torch.dtype | None = None,
 ) -> dict[str, float]:
-    """Metrics of ``model`` on ``batches`` in eval mode (keys prefixed with ``val/``)."""
+    """Metrics of ``model`` on ``batches`` in eval mode (keys prefixed with ``val/``);
+    floating-point inputs are cast to ``dtype`` unless it is None."""
     model.eval()
     confusion = ConfusionMatrix(task.num_classes, task.ignore_index)
     total, count = 0.0, 0
     for inputs, target in batches:
-        inputs, target = inputs.to(device), target.to(device)
+        inputs, target = _to(inputs, device, dtype), target.to(device)
         logits = model(inputs)
         total += float(task.loss(logits, target)) * len(inputs)
         count += len(inputs)
@@ -180,6 +188,7 @@ def fit(
     *,
     epochs: int,
     device: torch.device,
+    dtype: torch.dtype | None = None,
     hooks: StepHooks | None = None,
     sinks: Sequence[MetricSink] = (),
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
@@ -199,6 +208,7 @@ def fit(
     epoch boundary. ``checkpoint(state)`` is called every ``checkpoint_every`` steps (0: never
     mid-epoch) and after every epoch (after the scheduler step and the evaluation). Under data
     parallelism (``dist``) the train loss is averaged over ranks and rank 0 evaluates.
+    Floating-point inputs are cast to ``dtype`` (the model's, e.g. float64) unless it is None.
     ``hooks`` are used by the default ``step_fn`` (a ``GuardedStep`` with policy "warn"); a
     given ``step_fn`` carries its own.
 
@@ -235,6 +245,7 @@ def fit(
                     task,
                     optimizer,
                     device=device,
+                    dtype=dtype,
                     state=state,
                     step_fn=runner,
                     sinks=sinks,
@@ -247,7 +258,7 @@ def fit(
                     scheduler.step()
                 loss_sum, loss_count = dist.sum([state.loss_sum, state.loss_count])
                 val = (
-                    evaluate(unwrap(model), val_batches, task, device=device)
+                    evaluate(unwrap(model), val_batches, task, device=device, dtype=dtype)
                     if dist.is_main
                     else {}
                 )
@@ -270,6 +281,13 @@ def fit(
         if step_fn is None and isinstance(runner, GuardedStep):
             runner.close()
     return state.metrics
+
+
+def _to(inputs: Tensor, device: torch.device, dtype: torch.dtype | None) -> Tensor:
+    """``inputs`` on ``device``, cast to ``dtype`` when both are floating point."""
+    if dtype is None or not inputs.is_floating_point():
+        return inputs.to(device)
+    return inputs.to(device=device, dtype=dtype)
 
 
 def _mean(total: float, count: float) -> float:

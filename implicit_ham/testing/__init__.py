@@ -1,0 +1,32 @@
+"""The conformance kit: hold a plug-in (solver, backward mode, linear solver, decomposition) to
+the library's contract on a panel of small problems. See docs/conformance.md.
+
+Usage (in a plug-in's own test suite; pytest is not required)::
+
+    from implicit_ham.testing import check_solver
+
+    def test_my_solver_conforms():
+        check_solver(MySolver())            # ConformanceError (an AssertionError) on failure
+
+    report = check_solver(MySolver(), fail_fast=False)   # run every check, collect failures
+    print(report.summary())
+"""
+
+from .adjoint_checks import check_adjoint
+from .decomposition_checks import check_decomposition
+from .linear_solver_checks import check_linear_solver
+from .problems import Problem, panel
+from .report import CheckResult, ConformanceError, ConformanceReport
+from .solver_checks import check_solver
+
+__all__ = [
+    "CheckResult",
+    "ConformanceError",
+    "ConformanceReport",
+    "Problem",
+    "check_adjoint",
+    "check_decomposition",
+    "check_linear_solver",
+    "check_solver",
+    "panel",
+]

@@ -1,0 +1,111 @@
+"""``check_linear_solver``: a linear solver for the implicit backward pass against the
+contract: it must solve ``g = J^T g + v`` (checked against a dense solve)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from ..adjoints import Implicit
+from ..linear_solvers import AdjointOperator, LinearSolver
+from ..solvers import FixedPointIteration
+from .adjoint_checks import STEPS
+from .common import dtype_device_shape, no_dead_inputs, solve_and_differentiate
+from .problems import Problem, panel
+from .references import gradient_from_adjoint, implicit_adjoint, jacobian, relative_error
+from .report import Checker, ConformanceReport, require
+
+SOLVE_TOL = 1e-10
+SOLVE_BUDGET = 200
+SOLVE_RTOL = 1e-7
+
+
+def check_linear_solver(
+    linear_solver: LinearSolver, *, fail_fast: bool = True
+) -> ConformanceReport:
+    """Run ``linear_solver`` on the systems of every non-empty panel problem.
+
+    Checks:
+
+    * ``solve_matches_dense`` (float64): ``linear_solver.solve(op, v, 200, 1e-10)`` with ``op``
+      the explicit ``J^T`` at the fixed point (J by ``torch.func.jacrev``; the whole batch
+      is one system, so batch-coupled problems couple the samples) returns g (M,) of v's
+      dtype and device with ``||g - g_dense|| / ||g_dense|| <= 1e-7``, ``g_dense`` from
+      ``torch.linalg.solve(I - J^T, v)``.
+    * ``implicit_gradient_matches_dense`` (float64): ``Implicit(linear_solver, tol=1e-10)``
+      through ``fixed_point`` gives the input gradient ``(df/dθ)^T g_dense`` (rel. <= 1e-7).
+    * ``dtype_device_shape`` and ``no_dead_inputs`` of that run (float32 included, tol 1e-5).
+
+    Args:
+        linear_solver: the solver under test.
+        fail_fast: raise ``ConformanceError`` at the first failure; else collect all.
+    """
+    if not isinstance(linear_solver, LinearSolver):
+        raise TypeError(
+            f"check_linear_solver expects an ih.LinearSolver, got {type(linear_solver).__name__}"
+        )
+    checker = Checker(repr(linear_solver), fail_fast)
+    for problem in panel():
+        if problem.batch == 0:
+            continue  # the implicit backward never solves for an empty batch
+        if problem.exact:
+            checker.run(
+                "solve_matches_dense", problem.name, partial(_solve, problem, linear_solver)
+            )
+        checker.run(
+            "implicit_gradient_matches_dense",
+            problem.name,
+            partial(_through_layer, problem, linear_solver),
+        )
+    return checker.finish()
+
+
+def _solve(problem: Problem, linear_solver: LinearSolver) -> dict[str, float]:
+    z_star = problem.plain_fixed_point()
+    jac = jacobian(problem, z_star)
+    v = torch.cat([w.reshape(-1) for w in problem.weights])
+    op = AdjointOperator(
+        vjp=lambda g: jac.T @ g, vjp_batched=lambda rows: rows @ jac, size=v.numel()
+    )
+    g, steps, _ = linear_solver.solve(op, v, SOLVE_BUDGET, SOLVE_TOL)
+    require(
+        isinstance(g, torch.Tensor)
+        and g.shape == v.shape
+        and g.dtype == v.dtype
+        and g.device == v.device,
+        f"solve returned {type(g).__name__} "
+        f"{getattr(g, 'dtype', '')} {tuple(getattr(g, 'shape', ()))}, expected {v.dtype} "
+        f"{tuple(v.shape)} on {v.device}",
+    )
+    expected = torch.linalg.solve(torch.eye(v.numel(), dtype=v.dtype) - jac.T, v)
+    err = float((g - expected).norm() / expected.norm())
+    require(
+        err <= SOLVE_RTOL,
+        "g does not solve g = J^T g + v",
+        rel_error=err,
+        tol=SOLVE_RTOL,
+        steps=float(steps),
+    )
+    return {"rel_error": err, "tol": SOLVE_RTOL, "steps": float(steps)}
+
+
+def _through_layer(problem: Problem, linear_solver: LinearSolver) -> dict[str, float]:
+    tol = SOLVE_TOL if problem.exact else 1e-5
+    adjoint = Implicit(
+        linear_solver=linear_solver, max_steps=SOLVE_BUDGET, tol=tol, on_divergence="raise"
+    )
+    run = solve_and_differentiate(problem, FixedPointIteration(max_steps=STEPS), adjoint)
+    dtype_device_shape(problem, run)
+    no_dead_inputs(problem, run)
+    if not problem.exact:
+        return {}  # float32: it ran, with the right dtypes and live gradients
+    expected = gradient_from_adjoint(problem, run.value, implicit_adjoint(problem, run.value))
+    err = relative_error(run.gradient, expected)
+    require(
+        err <= SOLVE_RTOL,
+        "the implicit gradient is not (df/dθ)^T (I - J^T)^{-1} v",
+        rel_error=err,
+        tol=SOLVE_RTOL,
+    )
+    return {"rel_error": err, "tol": SOLVE_RTOL}

@@ -1,0 +1,181 @@
+"""``check_solver``: a forward solver against the contract, on the problem panel."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from functools import partial
+
+from torch import Tensor
+
+from ..adjoints import Adjoint, Implicit, Neumann, OneStep, Phantom, Truncated, Unroll
+from ..fixed_point import fixed_point
+from ..linear_solvers import Dense
+from ..solvers import Solver
+from .common import (
+    Run,
+    clear_errors,
+    dtype_device_shape,
+    no_dead_inputs,
+    solve_and_differentiate,
+    solve_or_skip,
+    values_equal,
+)
+from .problems import Problem, panel
+from .references import directional_errors, relative_error
+from .report import Checker, ConformanceReport, NotApplicableError, require
+
+UNROLL_FD_RTOL = 1e-6
+TIGHT_TOL = 1e-12
+TIGHT_VALUE_RTOL = 1e-9
+IMPLICIT_FD_RTOL = 1e-6
+
+
+def default_modes() -> list[Adjoint]:
+    """The backward modes ``check_solver`` compares by default (no fixed-point check: the
+    solver's default budget need not converge)."""
+    return [
+        OneStep(),
+        Unroll(),
+        Truncated(2),
+        Phantom(k=2, tau=0.5),
+        Implicit(linear_solver=Dense(), fixed_point_tol=None, cond_threshold=None),
+        Neumann(k=3, tau=0.5, fixed_point_tol=None),
+    ]
+
+
+def check_solver(
+    solver: Solver, *, adjoints: Sequence[Adjoint] | None = None, fail_fast: bool = True
+) -> ConformanceReport:
+    """Run ``solver`` on every panel problem and check the solver contract.
+
+    Checks (per problem; the gradient ones on the float64 problems):
+
+    * ``value_independent_of_adjoint``: the value is bitwise equal (``torch.equal``) under every
+      mode of ``adjoints`` (default ``default_modes()``); a mode the solver refuses with a
+      ValueError (torchdeq's solvers refuse Unroll) is skipped. The first mode must be accepted.
+    * ``dtype_device_shape`` and ``no_dead_inputs`` under every accepted mode.
+    * ``unroll_matches_finite_differences``: the Unroll gradient against central differences
+      (eps 1e-6, 3 random directions) of the solver's own value; rel. error <= 1e-6.
+    * ``implicit_matches_finite_differences``: the solver with ``tol=1e-12`` (and at least
+      300 steps, via ``dataclasses.replace``; skipped if that fails) lands within 1e-9
+      (relative) of the fixed point of an independent plain loop, and Implicit(Dense) at its
+      solution agrees with central differences of that fixed point, rel. error <= 1e-6.
+    * ``clear_errors`` (tanh_f64): a wrong-shaped f -> ValueError, a dtype change ->
+      TypeError, NaN in z0 -> NonFiniteError.
+
+    Args:
+        solver: the solver under test (its own settings are used, except for the tight solve).
+        adjoints: the backward modes to compare; default ``default_modes()``.
+        fail_fast: raise ``ConformanceError`` at the first failure; else collect all.
+
+    Returns:
+        The ``ConformanceReport`` (all checks passed when ``fail_fast``).
+    """
+    if not isinstance(solver, Solver):
+        raise TypeError(f"check_solver expects an ih.Solver instance, got {type(solver).__name__}")
+    modes = list(default_modes() if adjoints is None else adjoints)
+    checker = Checker(repr(solver), fail_fast)
+    for problem in panel():
+        runs: list[Run] = []
+        checker.run(
+            "runs_under_every_mode", problem.name, partial(_run_all, problem, solver, modes, runs)
+        )
+        for run in runs[1:]:
+            checker.run(
+                "value_independent_of_adjoint", problem.name, partial(values_equal, runs[0], run)
+            )
+        for run in runs:
+            checker.run(
+                f"dtype_device_shape[{run.mode}]",
+                problem.name,
+                partial(dtype_device_shape, problem, run),
+            )
+            checker.run(
+                f"no_dead_inputs[{run.mode}]", problem.name, partial(no_dead_inputs, problem, run)
+            )
+        if problem.exact:
+            checker.run(
+                "unroll_matches_finite_differences",
+                problem.name,
+                partial(_unroll_vs_fd, problem, solver),
+            )
+            checker.run(
+                "implicit_matches_finite_differences",
+                problem.name,
+                partial(_tight_implicit_vs_fd, problem, solver),
+            )
+        if problem.name == "tanh_f64":
+            checker.run(
+                "clear_errors", problem.name, partial(clear_errors, problem, solver, OneStep())
+            )
+    return checker.finish()
+
+
+def _run_all(
+    problem: Problem, solver: Solver, modes: list[Adjoint], runs: list[Run]
+) -> dict[str, float]:
+    refused = []
+    for i, mode in enumerate(modes):
+        try:
+            runs.append(solve_and_differentiate(problem, solver, mode))
+        except ValueError as err:
+            require(i > 0, f"the solver refuses the first mode {mode!r}: {err}")
+            refused.append(mode.name)
+    return {"modes_run": len(runs), "modes_refused": len(refused)}
+
+
+def _unroll_vs_fd(problem: Problem, solver: Solver) -> dict[str, float]:
+    run = solve_or_skip(problem, solver, Unroll())
+
+    def loss() -> Tensor:
+        sol = fixed_point(problem.f, problem.z0, *problem.args, solver=solver, adjoint=OneStep())
+        return problem.loss(sol.value)
+
+    err, norm = directional_errors(problem.inputs, run.gradient, loss)
+    require(
+        err <= UNROLL_FD_RTOL,
+        "the Unroll gradient disagrees with finite differences of the solver's value",
+        rel_error=err,
+        tol=UNROLL_FD_RTOL,
+        fd_norm=norm,
+    )
+    return {"rel_error": err, "tol": UNROLL_FD_RTOL}
+
+
+def tightened(solver: Solver) -> Solver:
+    """``solver`` with ``tol=1e-12`` and at least 300 steps; skips when it is not a dataclass
+    with ``max_steps`` and ``tol`` fields."""
+    try:
+        return dataclasses.replace(solver, max_steps=max(solver.max_steps, 300), tol=TIGHT_TOL)
+    except (TypeError, ValueError) as err:
+        raise NotApplicableError(f"cannot tighten {solver!r} (dataclasses.replace: {err})") from err
+
+
+def _tight_implicit_vs_fd(problem: Problem, solver: Solver) -> dict[str, float]:
+    tight = tightened(solver)
+    adjoint = Implicit(
+        linear_solver=Dense(), tol=1e-12, fixed_point_tol=1e-8, on_divergence="raise"
+    )
+    run = solve_and_differentiate(problem, tight, adjoint)
+    reference = problem.plain_fixed_point()
+    value_err = relative_error(run.value, reference)
+    require(
+        value_err <= TIGHT_VALUE_RTOL,
+        f"{tight!r} does not reach the fixed point",
+        value_rel_error=value_err,
+        tol=TIGHT_VALUE_RTOL,
+    )
+    err, _ = directional_errors(
+        problem.inputs,
+        run.gradient,
+        lambda: problem.loss(problem.restore(problem.plain_fixed_point())),
+    )
+    require(
+        err <= IMPLICIT_FD_RTOL,
+        "the implicit gradient at the tight solution disagrees with "
+        "finite differences of the fixed point",
+        rel_error=err,
+        tol=IMPLICIT_FD_RTOL,
+    )
+    return {"value_rel_error": value_err, "rel_error": err, "tol": IMPLICIT_FD_RTOL}
