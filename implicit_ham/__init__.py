@@ -53,7 +53,15 @@ from .modules import (
     context_names,
     make_context,
 )
-from .solvers import SOLVERS, Anderson, Broyden, FixedPointIteration, Solver
+from .solvers import (
+    SOLVERS,
+    Anderson,
+    Broyden,
+    FixedPointIteration,
+    Solver,
+    TorchDEQAnderson,
+    TorchDEQBroyden,
+)
 from .stats import BackwardStats, SolverStats
 
 register_solver = SOLVERS.register
@@ -108,6 +116,8 @@ __all__ = [
     "Solver",
     "SolverStats",
     "ThroughIterations",
+    "TorchDEQAnderson",
+    "TorchDEQBroyden",
     "Truncated",
     "Unroll",
     "context_names",

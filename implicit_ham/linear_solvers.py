@@ -11,10 +11,12 @@ A solver that meets a non-finite product returns a NaN vector; the caller applie
 from __future__ import annotations
 
 import logging
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 from torchdeq.solver import broyden_solver
@@ -98,6 +100,16 @@ class FixedPointLinear(LinearSolver):
 class GMRES(LinearSolver):
     """Restarted GMRES on ``A = I - J^T`` (Gram-Schmidt applied twice per Arnoldi step).
 
+    The Krylov basis lives in one preallocated (restart + 1, M) buffer; the least-squares
+    problem of each step is kept in upper-triangular form by Givens rotations, applied on the
+    host in float64 to the (at most restart + 1) Hessenberg entries of the new column, so its
+    residual is known without a solve. Host synchronisations happen only where a decision is
+    taken: one per Arnoldi step (the new Hessenberg column, whose last entries give the
+    residual, the breakdown test and the finiteness test) and one per cycle start (the norm of
+    the right-hand side or of the restart residual); none for the solution update. The
+    Gram-Schmidt arithmetic is the same as with a growing list of basis vectors, so the result
+    equals a float64 least-squares solve of the same Hessenberg system.
+
     Reports κ of its Arnoldi Hessenberg matrices (largest over cycles) as ``cond``: a free lower
     bound of κ(I - J), so a large value is conclusive evidence of an ill-conditioned system.
 
@@ -116,54 +128,103 @@ class GMRES(LinearSolver):
         def matvec(x: Tensor) -> Tensor:
             return x - op.vjp(x)
 
+        dim = min(self.restart, max(max_steps, 1))
+        basis = v.new_empty(dim + 1, v.numel())
         x = torch.zeros_like(v)
-        target = tol * float(torch.linalg.vector_norm(v))
-        r, steps, cond = v, 0, None
+        (v_norm,) = to_host(torch.linalg.vector_norm(v)[None])
+        target = tol * v_norm
+        r, beta, steps, cond = v, v_norm, 0, None
         while steps < max_steps:
-            beta = float(torch.linalg.vector_norm(r))
-            if beta <= target or beta == 0.0:
+            if beta <= target or beta == 0.0 or not math.isfinite(beta):
                 break
-            try:
-                y, basis, hess, converged = self._cycle(matvec, r, beta, target, max_steps - steps)
-            except _NonFiniteProductError:
-                return torch.full_like(v, float("nan")), steps, cond
-            steps += hess.shape[1]
-            cond = max(cond or 0.0, _hessenberg_cond(hess))
-            x = x + basis.T @ y
-            if converged or steps >= max_steps:
+            cycle = _ArnoldiCycle(basis, r, beta, target)
+            if not cycle.run(matvec, min(dim, max_steps - steps)):
+                return torch.full_like(v, float("nan")), steps + cycle.size, cond
+            steps += cycle.size
+            cond = max(cond or 0.0, cycle.cond())
+            x = x + basis[: cycle.size].T @ cycle.coefficients(v.dtype, v.device)
+            if cycle.converged or steps >= max_steps:
                 break
             r = v - matvec(x)
             steps += 1
+            (beta,) = to_host(torch.linalg.vector_norm(r)[None])
         return x, steps, cond
 
-    def _cycle(
-        self, matvec: Callable[[Tensor], Tensor], r: Tensor, beta: float, target: float, budget: int
-    ) -> tuple[Tensor, Tensor, Tensor, bool]:
-        """One Arnoldi cycle: Krylov coefficients, basis, Hessenberg matrix (its column count is
-        the matvecs used), whether converged."""
-        dim = min(self.restart, budget)
-        basis = [r / beta]
-        hess = torch.zeros(dim + 1, dim, dtype=r.dtype, device=r.device)
-        rhs = torch.zeros(dim + 1, dtype=r.dtype, device=r.device)
-        rhs[0] = beta
-        y = rhs[:0]
+
+class _ArnoldiCycle:
+    """One GMRES cycle on a preallocated basis (rows of ``basis``), the Hessenberg matrix and
+    its Givens-rotated triangular factor kept on the host in float64.
+
+    Attributes:
+        size: Arnoldi steps (matrix-vector products) taken.
+        converged: whether the least-squares residual reached ``target``.
+    """
+
+    def __init__(self, basis: Tensor, r: Tensor, beta: float, target: float) -> None:
+        self.basis, self.beta, self.target = basis, beta, target
+        torch.div(r, beta, out=basis[0])
+        self.hess: list[list[float]] = []  # columns of the (size + 1, size) Hessenberg matrix
+        self.tri: list[list[float]] = []  # the same columns after the Givens rotations
+        self.rotations: list[tuple[float, float]] = []
+        self.rhs = [beta]
+        self.size, self.converged = 0, False
+
+    def run(self, matvec: Callable[[Tensor], Tensor], dim: int) -> bool:
+        """Take up to ``dim`` Arnoldi steps; False if a product came back non-finite."""
         for j in range(dim):
-            w = matvec(basis[j])
-            if not bool(torch.isfinite(w).all()):
-                raise _NonFiniteProductError
-            for _ in range(2):
-                coeffs = torch.stack(basis) @ w
-                w = w - torch.stack(basis).T @ coeffs
-                hess[: j + 1, j] += coeffs
-            hess[j + 1, j] = torch.linalg.vector_norm(w)
-            h = hess[: j + 2, : j + 1]
-            y = torch.linalg.lstsq(h, rhs[: j + 2, None], driver="gels").solution[:, 0]
-            residual = float(torch.linalg.vector_norm(h @ y - rhs[: j + 2]))
-            breakdown = float(hess[j + 1, j]) <= 1e-14 * beta
-            if residual <= target or breakdown:
-                return y, torch.stack(basis), h, residual <= target
-            basis.append(w / hess[j + 1, j])
-        return y, torch.stack(basis[:dim]), hess, False
+            active = self.basis[: j + 1]
+            w = matvec(self.basis[j])
+            coeffs = active @ w
+            w = w - active.T @ coeffs
+            again = active @ w
+            w = w - active.T @ again
+            norm = torch.linalg.vector_norm(w)
+            column = to_host(torch.cat([coeffs + again, norm[None]]))  # the step's one sync
+            self.size = j + 1
+            if not all(map(math.isfinite, column)):
+                return False
+            residual = self._rotate(column)
+            breakdown = column[-1] <= 1e-14 * self.beta
+            if residual <= self.target or breakdown:
+                self.converged = residual <= self.target
+                return True
+            if j + 1 < len(self.basis):
+                torch.div(w, norm, out=self.basis[j + 1])
+        return True
+
+    def _rotate(self, column: list[float]) -> float:
+        """Append a Hessenberg column, rotate it into triangular form; return the least-squares
+        residual ``|rhs[j + 1]|``."""
+        self.hess.append(list(column))
+        col = list(column)
+        for i, (c, s) in enumerate(self.rotations):
+            col[i], col[i + 1] = c * col[i] + s * col[i + 1], -s * col[i] + c * col[i + 1]
+        j = len(self.rotations)
+        radius = math.hypot(col[j], col[j + 1])
+        c, s = (1.0, 0.0) if radius == 0.0 else (col[j] / radius, col[j + 1] / radius)
+        col[j], col[j + 1] = radius, 0.0
+        self.rotations.append((c, s))
+        self.tri.append(col[: j + 1])
+        self.rhs.append(-s * self.rhs[j])
+        self.rhs[j] = c * self.rhs[j]
+        return abs(self.rhs[j + 1])
+
+    def coefficients(self, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """y minimising ``||beta e1 - H y||``: back substitution in the rotated system."""
+        k = self.size
+        y = [0.0] * k
+        for i in reversed(range(k)):
+            acc = self.rhs[i] - sum(self.tri[j][i] * y[j] for j in range(i + 1, k))
+            diag = self.tri[i][i]
+            y[i] = acc / diag if diag != 0.0 else 0.0
+        return torch.tensor(y, dtype=dtype, device=device)
+
+    def cond(self) -> float:
+        """κ of this cycle's Hessenberg matrix (see ``_hessenberg_cond``)."""
+        hess = np.zeros((self.size + 1, self.size))
+        for j, column in enumerate(self.hess):
+            hess[: j + 2, j] = column
+        return _hessenberg_cond(hess)
 
 
 @LINEAR_SOLVERS.register("anderson")
@@ -247,15 +308,18 @@ class Dense(LinearSolver):
         return g, op.size, cond
 
 
-def _hessenberg_cond(hess: Tensor) -> float:
+def _hessenberg_cond(hess: np.ndarray) -> float:
     """κ of an Arnoldi Hessenberg matrix H (m+1, m) of A: a lower bound of κ(A), since
     ``A V_m = V_{m+1} H`` with orthonormal V gives σ_max(H) <= σ_max(A), σ_min(H) >= σ_min(A)."""
-    values = torch.linalg.svdvals(hess)
-    return float(values[0] / values[-1]) if float(values[-1]) > 0 else float("inf")
+    values = np.linalg.svd(hess, compute_uv=False)
+    return float(values[0] / values[-1]) if values[-1] > 0 else float("inf")
 
 
-class _NonFiniteProductError(Exception):
-    """A Jacobian-vector product came back NaN / inf (GMRES stops and reports a NaN result)."""
+def to_host(values: Tensor) -> list[float]:
+    """The entries of a small 1-D tensor as Python floats: one device-to-host transfer (a
+    synchronisation on an accelerator). Every convergence decision of ``GMRES`` reads its
+    numbers through here, once per decision."""
+    return values.tolist()
 
 
 class _CountingMap:

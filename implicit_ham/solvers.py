@@ -9,14 +9,19 @@ of ``f`` (Anderson, Broyden) solves without gradient and attaches the gradient o
 plain steps of ``f`` taken from its solution, without changing the value (``with_gradient_of``).
 
 ``FixedPointIteration`` with ``tol=None`` runs exactly ``max_steps`` steps with no host
-synchronisation per step (Hamburger's K steps). ``Anderson`` and ``Broyden`` wrap torchdeq's
-solvers, guarded against its known pitfalls (see docs/solvers.md): plain keyword arguments only, no
-``indexing``, the residual recomputed at the returned point, a singular Anderson system retried
-with stronger regularisation, and a non-finite result reported instead of returned.
+synchronisation per step (Hamburger's K steps); its per-step residual trace is recorded only
+when asked for (``trace=True``) or when a tolerance needs it. ``Anderson`` and ``Broyden`` are
+native (``implicit_ham.anderson``): they return an evaluated iterate, so its residual is known
+without another evaluation of ``f``. ``TorchDEQAnderson`` and ``TorchDEQBroyden`` wrap
+torchdeq's solvers, guarded against its known pitfalls (see docs/solvers.md): plain keyword arguments
+only, no ``indexing``, the residual recomputed at the returned point, a singular Anderson
+system retried with stronger regularisation, and a non-finite result reported instead of
+returned; they are the references the native ones are tested and benchmarked against.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import warnings
@@ -29,9 +34,10 @@ import torch
 from torch import Tensor
 from torchdeq.solver import anderson_solver, broyden_solver
 
+from .anderson import Iterate, anderson, broyden
 from .errors import ConvergenceWarning, NonFiniteError
 from .registry import Registry
-from .state import State, StateSpec, StepFn, detached, with_gradient_of
+from .state import State, StateSpec, StepFn, detached, finite_flags, with_gradient_of
 from .stats import SolverStats, TraceRecorder
 from .transforms import host_checks, under_vmap
 from .validation import check_choice, check_positive_int, check_tolerance, check_unit_interval
@@ -85,6 +91,13 @@ class FixedPointIteration(Solver):
         damping: step size in (0, 1].
         stop_mode: "rel" (``||f(z) - z|| / ||f(z)||``) or "abs".
         check_finite: raise NonFiniteError if an iterate is NaN/inf (one sync per solve).
+        trace: record the residual of every step in ``stats.residuals`` (steps, B). Without a
+            tolerance and with ``trace=False`` (the default) only the last step's residual is
+            measured (``stats.residuals`` is then (1, B), ``stats.steps`` still K), and the
+            finiteness check folds each iterate into one running sum (a NaN / inf anywhere
+            makes it non-finite); when that sum is non-finite the solve is replayed with the
+            trace to name the first non-finite step and tensor. With a tolerance the trace is
+            always recorded (the stopping decision needs it).
     """
 
     max_steps: int = 6
@@ -92,6 +105,7 @@ class FixedPointIteration(Solver):
     damping: float = 1.0
     stop_mode: str = "rel"
     check_finite: bool = True
+    trace: bool = False
 
     def __post_init__(self) -> None:
         check_positive_int("FixedPointIteration", "max_steps", self.max_steps)
@@ -115,6 +129,8 @@ class FixedPointIteration(Solver):
                 "tolerance decides on values, which vmap cannot trace. Use tol=None (a fixed "
                 "number of steps) inside vmap."
             )
+        if self.tol is None and not self.trace:
+            return self._untraced(step, z0, spec, grad_steps, rec)
         if self.tol is None:
             z = self._fixed_budget(step, z0, grad_steps, rec)
         elif grad_steps >= self.max_steps:
@@ -126,6 +142,32 @@ class FixedPointIteration(Solver):
         stats = rec.build(spec.batch, z0[0].device, z0[0].dtype, self.tol, self.stop_mode)
         _warn_if_not_converged(stats, self.tol)
         return z, stats
+
+    def _untraced(
+        self, step: StepFn, z0: State, spec: StateSpec, grad_steps: int, rec: TraceRecorder
+    ) -> tuple[State, SolverStats]:
+        """K steps without a per-step trace: the last step's residual, one finiteness sync."""
+        check = self.check_finite and host_checks()
+        dtype = torch.promote_types(z0[0].dtype, torch.float32)  # fp16 sums would overflow
+        health = torch.zeros((), dtype=dtype, device=z0[0].device)
+        prev, z = z0, z0
+        if grad_steps < self.max_steps:
+            with torch.no_grad():
+                for _ in range(self.max_steps - grad_steps):
+                    prev, z = z, step(z)
+                    health = _fold_sums(health, z) if check else health
+            z = detached(z)  # no_grad does not stop forward-mode tangents (jvp, jacfwd)
+        for _ in range(grad_steps):
+            prev, z = z, step(z)
+            health = _fold_sums(health, z) if check else health
+        rec.record(prev, z)
+        if check and not _is_finite(health, z0):
+            replay = TraceRecorder(self.name, scale=self.damping)
+            with torch.no_grad():
+                self._fixed_budget(step, z0, 0, replay)
+            replay.check_finite(z0)  # names the first non-finite step and tensor
+        stats = rec.build(spec.batch, z0[0].device, z0[0].dtype, None, self.stop_mode)
+        return z, dataclasses.replace(stats, steps=self.max_steps)
 
     def _fixed_budget(self, step: StepFn, z0: State, grad_steps: int, rec: TraceRecorder) -> State:
         z = z0
@@ -193,18 +235,8 @@ class _TorchDEQSolver(Solver):
         spec: StateSpec,
         grad_steps: int = 0,
     ) -> tuple[State, SolverStats]:
-        if under_vmap():
-            raise NotImplementedError(
-                f"{type(self).__name__} under torch.func.vmap: its steps decide on values "
-                "(convergence checks, the mixing system), which vmap cannot trace. Use "
-                "FixedPointIteration(tol=None) inside vmap."
-            )
-        if grad_steps >= self.max_steps:
-            raise ValueError(
-                f"{type(self).__name__} runs without gradient and cannot be unrolled through all "
-                f"{self.max_steps} steps; use FixedPointIteration with Unroll, or an adjoint with "
-                "fewer gradient steps (Truncated, OneStep, Phantom, Implicit, Neumann)."
-            )
+        _refuse_vmap(self)
+        _refuse_unroll(self, grad_steps)
         budget = self.max_steps - 1
         rec = TraceRecorder(self.name)
 
@@ -232,10 +264,11 @@ class _TorchDEQSolver(Solver):
         return -math.inf if self.tol is None else float(self.tol)
 
 
-@SOLVERS.register("anderson")
+@SOLVERS.register("torchdeq_anderson")
 @dataclass(frozen=True)
-class Anderson(_TorchDEQSolver):
-    """Anderson acceleration (torchdeq's ``anderson_solver``), guarded.
+class TorchDEQAnderson(_TorchDEQSolver):
+    """Anderson acceleration (torchdeq's ``anderson_solver``), guarded: the reference the
+    native ``Anderson`` is tested and benchmarked against.
 
     Args:
         max_steps: budget of ``f`` evaluations. tol: stopping tolerance (None: use the budget).
@@ -255,13 +288,8 @@ class Anderson(_TorchDEQSolver):
     retry_lam: float = 1e-2
 
     def __post_init__(self) -> None:
-        check_positive_int("Anderson", "max_steps", self.max_steps, minimum=4)
-        check_tolerance("Anderson", "tol", self.tol, optional=True)
-        check_positive_int("Anderson", "m", self.m, minimum=2)
-        check_unit_interval("Anderson", "damping", self.damping)
-        check_choice("Anderson", "stop_mode", self.stop_mode, STOP_MODES)
-        if self.lam < 0:
-            raise ValueError(f"Anderson: lam must be >= 0, got {self.lam!r}")
+        check_positive_int(type(self).__name__, "max_steps", self.max_steps, minimum=4)
+        _check_anderson(type(self).__name__, self)
 
     def _run(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, max_iter: int) -> Tensor:
         return guarded_anderson(
@@ -277,10 +305,11 @@ class Anderson(_TorchDEQSolver):
         )
 
 
-@SOLVERS.register("broyden")
+@SOLVERS.register("torchdeq_broyden")
 @dataclass(frozen=True)
-class Broyden(_TorchDEQSolver):
-    """Broyden's method (torchdeq's ``broyden_solver``, no line search), guarded.
+class TorchDEQBroyden(_TorchDEQSolver):
+    """Broyden's method (torchdeq's ``broyden_solver``, no line search), guarded: the reference
+    the native ``Broyden`` is tested and benchmarked against.
 
     Args:
         max_steps: budget of ``f`` evaluations. tol: stopping tolerance (None: use the budget).
@@ -292,9 +321,7 @@ class Broyden(_TorchDEQSolver):
     stop_mode: str = "rel"
 
     def __post_init__(self) -> None:
-        check_positive_int("Broyden", "max_steps", self.max_steps, minimum=3)
-        check_tolerance("Broyden", "tol", self.tol, optional=True)
-        check_choice("Broyden", "stop_mode", self.stop_mode, STOP_MODES)
+        _check_broyden(type(self).__name__, self)
 
     def _run(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, max_iter: int) -> Tensor:
         # torchdeq evaluates f once at x0, then once per iteration: max_iter + 1 evaluations.
@@ -312,6 +339,202 @@ class Broyden(_TorchDEQSolver):
                 "use Anderson or FixedPointIteration, or a smaller max_steps."
             )
         return x.reshape_as(x0)
+
+
+
+class _NativeSolver(Solver):
+    """Shared frame of the native accelerated solvers (``implicit_ham.anderson``).
+
+    The solve spends at most ``max_steps - 1`` evaluations of ``f`` without gradient and
+    returns, per sample, the evaluated iterate with the lowest residual; its residual is
+    therefore known without another evaluation. Under a through-iteration backward mode
+    (``grad_steps >= 1`` with gradient enabled) ``f`` is evaluated once more at the solution
+    z* with gradient (the ``max_steps``-th evaluation, the first gradient step), followed by
+    ``grad_steps - 1`` more plain steps; the result carries their gradient and z*'s value
+    (``with_gradient_of``), so the value is the same under every backward mode. ``Unroll``
+    (``grad_steps >= max_steps``) is refused. Host synchronisations: one per evaluation with a
+    tolerance (the stopping decision, which also detects NaN / inf), one per solve without.
+    """
+
+    max_steps: int
+    tol: float | None
+    stop_mode: str
+
+    @abstractmethod
+    def _iterate(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, budget: int) -> Iterate:
+        """Run the native solver on (B, N) states."""
+
+    def solve(
+        self,
+        f: StepFn,
+        z0: State,
+        spec: StateSpec,
+        grad_steps: int = 0,
+    ) -> tuple[State, SolverStats]:
+        _refuse_vmap(self)
+        _refuse_unroll(self, grad_steps)
+        flat = _Flat(spec)
+
+        def flat_f(x: Tensor) -> Tensor:
+            return flat.flatten(f(flat.unflatten(x)))
+
+        with torch.no_grad():
+            result = self._iterate(flat_f, flat.flatten(z0), self.max_steps - 1)
+        if result.failed_at is not None:
+            _raise_non_finite(self.name, z0, result.failed_at)
+        z = detached(flat.unflatten(result.x))
+        if grad_steps > 0 and torch.is_grad_enabled():
+            z = with_gradient_of(z, _apply_steps(f, f(z), grad_steps - 1))
+        converged = None
+        if self.tol is not None:
+            metric = result.rel_residual if self.stop_mode == "rel" else result.abs_residual
+            converged = metric <= self.tol
+        stats = SolverStats(
+            self.name,
+            result.evaluations,
+            result.residuals,
+            result.abs_residual,
+            result.rel_residual,
+            converged,
+        )
+        _warn_if_not_converged(stats, self.tol)
+        return z, stats
+
+
+@SOLVERS.register("anderson")
+@dataclass(frozen=True)
+class Anderson(_NativeSolver):
+    """Anderson acceleration (native, ``implicit_ham.anderson.anderson``); the default
+    accelerated solver. ``TorchDEQAnderson`` ("torchdeq_anderson") runs torchdeq's.
+
+    Args:
+        max_steps: budget of ``f`` evaluations (see ``_NativeSolver``). tol: stopping
+            tolerance (None: use the budget).
+        m: history size (>= 2). lam: Tikhonov regularisation of the mixing system.
+        damping: mixing step size in (0, 1]. stop_mode: "rel" or "abs".
+
+    A singular mixing system or a non-finite iterate is retried once with ``lam`` raised to
+    ``retry_lam``; if that fails too, NonFiniteError is raised.
+    """
+
+    max_steps: int = 50
+    tol: float | None = 1e-5
+    m: int = 5
+    lam: float = 1e-4
+    damping: float = 1.0
+    stop_mode: str = "rel"
+    retry_lam: float = 1e-2
+
+    def __post_init__(self) -> None:
+        _check_anderson(type(self).__name__, self)
+
+    def _iterate(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, budget: int) -> Iterate:
+        retry = max(self.retry_lam, self.lam)
+        for attempt, lam in enumerate((self.lam, retry)):
+            result = anderson(
+                flat_f,
+                x0,
+                max_evals=budget,
+                tol=self.tol,
+                stop_mode=self.stop_mode,
+                m=self.m,
+                lam=lam,
+                damping=self.damping,
+            )
+            if result.failed_at is None or result.failed_at == 0:
+                return result
+            if attempt == 0:
+                logger.warning(
+                    "Anderson: non-finite iterate at evaluation %d with lam=%g; retrying with "
+                    "lam=%g",
+                    result.failed_at + 1,
+                    lam,
+                    retry,
+                )
+        return result
+
+
+@SOLVERS.register("broyden")
+@dataclass(frozen=True)
+class Broyden(_NativeSolver):
+    """Broyden's method (native, ``implicit_ham.anderson.broyden``, no line search).
+    ``TorchDEQBroyden`` ("torchdeq_broyden") runs torchdeq's.
+
+    Args:
+        max_steps: budget of ``f`` evaluations (see ``_NativeSolver``). tol: stopping
+            tolerance (None: use the budget). stop_mode: "rel" or "abs".
+    """
+
+    max_steps: int = 50
+    tol: float | None = 1e-5
+    stop_mode: str = "rel"
+
+    def __post_init__(self) -> None:
+        _check_broyden(type(self).__name__, self)
+
+    def _iterate(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, budget: int) -> Iterate:
+        return broyden(flat_f, x0, max_evals=budget, tol=self.tol, stop_mode=self.stop_mode)
+
+
+class _Flat:
+    """(B, N) views of a state: a reshape (no copy) for a one-tensor state, a concatenation
+    otherwise."""
+
+    def __init__(self, spec: StateSpec) -> None:
+        self.spec = spec
+        self.single = len(spec.shapes) == 1
+
+    def flatten(self, z: State) -> Tensor:
+        return z[0].reshape(self.spec.batch, -1) if self.single else self.spec.flatten(z)
+
+    def unflatten(self, x: Tensor) -> State:
+        return (x.reshape(self.spec.shapes[0]),) if self.single else self.spec.unflatten(x)
+
+
+def _check_anderson(owner: str, solver: Anderson | TorchDEQAnderson) -> None:
+    check_positive_int(owner, "max_steps", solver.max_steps, minimum=4)
+    check_tolerance(owner, "tol", solver.tol, optional=True)
+    check_positive_int(owner, "m", solver.m, minimum=2)
+    check_unit_interval(owner, "damping", solver.damping)
+    check_choice(owner, "stop_mode", solver.stop_mode, STOP_MODES)
+    if solver.lam < 0:
+        raise ValueError(f"{owner}: lam must be >= 0, got {solver.lam!r}")
+
+
+def _check_broyden(owner: str, solver: Broyden | TorchDEQBroyden) -> None:
+    check_positive_int(owner, "max_steps", solver.max_steps, minimum=3)
+    check_tolerance(owner, "tol", solver.tol, optional=True)
+    check_choice(owner, "stop_mode", solver.stop_mode, STOP_MODES)
+
+
+def _refuse_vmap(solver: Solver) -> None:
+    if under_vmap():
+        raise NotImplementedError(
+            f"{type(solver).__name__} under torch.func.vmap: its steps decide on values "
+            "(convergence checks, the mixing system), which vmap cannot trace. Use "
+            "FixedPointIteration(tol=None) inside vmap."
+        )
+
+
+def _refuse_unroll(solver: Solver, grad_steps: int) -> None:
+    if grad_steps >= solver.max_steps:
+        raise ValueError(
+            f"{type(solver).__name__} runs without gradient and cannot be unrolled through all "
+            f"{solver.max_steps} steps; use FixedPointIteration with Unroll, or an adjoint with "
+            "fewer gradient steps (Truncated, OneStep, Phantom, Implicit, Neumann)."
+        )
+
+
+def _raise_non_finite(solver: str, z0: State, evaluation: int) -> None:
+    flags = finite_flags(tuple(t.detach() for t in z0)).tolist()
+    if not all(flags):
+        where = f"state[{flags.index(False)}] at the initial state z0"
+    else:
+        where = f"forward evaluation {evaluation + 1} (after a retry where the solver has one)"
+    raise NonFiniteError(
+        f"{solver}: non-finite value (NaN or inf, or a step whose size overflows) at {where}. "
+        "Check f for overflow or division by zero, use FixedPointIteration, or float64."
+    )
 
 
 def guarded_anderson(
@@ -371,6 +594,21 @@ def _advance(step: StepFn, z: State, rec: TraceRecorder) -> State:
     z_next = step(z)
     rec.record(z, z_next)
     return z_next
+
+
+def _fold_sums(health: Tensor, z: State) -> Tensor:
+    """``health + sum of every entry of z``: NaN / inf once any iterate held NaN / inf (or,
+    rarely, once the sums overflow; the replay then finds nothing and the solve goes on)."""
+    with torch.no_grad():
+        for t in z:
+            health = health + t.detach().sum(dtype=health.dtype)
+    return health
+
+
+def _is_finite(health: Tensor, z0: State) -> bool:
+    """One host synchronisation: whether z0 and the folded iterates are finite."""
+    flags = torch.cat([finite_flags(tuple(t.detach() for t in z0)), torch.isfinite(health)[None]])
+    return bool(flags.all())
 
 
 def _apply_steps(step: StepFn, z: State, n: int) -> State:

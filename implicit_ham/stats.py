@@ -22,7 +22,9 @@ class SolverStats:
     Attributes:
         solver: the solver's name.
         steps: iterations taken (evaluations of the solver's step).
-        residuals: (steps, B) absolute residual ``||f(z_k) - z_k||`` of each iterate, per sample.
+        residuals: (steps, B) absolute residual ``||f(z_k) - z_k||`` of each iterate, per sample;
+            (1, B), the last step only, for a ``FixedPointIteration`` without tolerance and
+            without ``trace=True`` (its per-step trace is opt-in).
         abs_residual: (B,) the last absolute residual.
         rel_residual: (B,) the last residual divided by the norm of the iterate it produced.
         converged: (B,) bool, ``rel/abs residual <= tol``; None when the solver had no tolerance.

@@ -17,7 +17,8 @@ import implicit_ham as ih
 DT = torch.float64
 
 
-def test_anderson_without_regularisation_started_at_the_fixed_point(caplog) -> None:
+@pytest.mark.parametrize("solver_cls", [ih.TorchDEQAnderson, ih.Anderson])
+def test_anderson_without_regularisation_started_at_the_fixed_point(caplog, solver_cls) -> None:
     # f(z) = z / 2 + c has the fixed point 2c, exact in floating point (c is dyadic)
     c = torch.tensor([[0.25, -1.5, 3.0], [1.0, 0.5, -0.125]], dtype=DT)
 
@@ -30,7 +31,10 @@ def test_anderson_without_regularisation_started_at_the_fixed_point(caplog) -> N
 
     with caplog.at_level(logging.WARNING, logger="implicit_ham"):
         sol = ih.fixed_point(
-            f, 2 * c, solver=ih.Anderson(lam=0.0, m=3, max_steps=8), adjoint="implicit"
+            f,
+            2 * c,
+            solver=solver_cls(lam=0.0, m=3, max_steps=8, tol=None),  # no early stop
+            adjoint="implicit",
         )
     assert "retrying" in caplog.text
     torch.testing.assert_close(sol.value, 2 * c, rtol=1e-15, atol=0)

@@ -227,7 +227,8 @@ def test_non_converged_backward_raises_when_asked() -> None:
 def test_state_of_one_scalar_per_sample_is_supported() -> None:
     """A (B,) state: z <- z / 2 + 1 converges to 2 for every sample; residual trace is (K, B)."""
     z0 = torch.zeros(3, dtype=torch.float64)
-    sol = ih.fixed_point(lambda z: 0.5 * z + 1, z0, solver=ih.FixedPointIteration(max_steps=40))
+    solver = ih.FixedPointIteration(max_steps=40, trace=True)
+    sol = ih.fixed_point(lambda z: 0.5 * z + 1, z0, solver=solver)
     torch.testing.assert_close(sol.value, torch.full((3,), 2.0, dtype=torch.float64))
     assert sol.stats.residuals.shape == (40, 3)
     torch.testing.assert_close(sol.stats.residuals[0], torch.ones(3, dtype=torch.float64))

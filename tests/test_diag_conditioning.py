@@ -188,7 +188,7 @@ def test_jacobian_products_match_dense_jacobian(backend: str) -> None:
 def test_contraction_factors_of_a_scalar_linear_iteration() -> None:
     a = torch.tensor([0.5, -0.8], dtype=F64)
     problem = ih.FixedPointProblem(lambda z: a * z + 1.0, torch.zeros(2, dtype=F64))
-    sol = problem.solve(ih.FixedPointIteration(max_steps=12))
+    sol = problem.solve(ih.FixedPointIteration(max_steps=12, trace=True))
     factors = contraction_factors(sol.stats.residuals)
     assert factors.shape == (11, 2)
     torch.testing.assert_close(factors, a.abs().expand(11, 2))

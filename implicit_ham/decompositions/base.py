@@ -303,14 +303,16 @@ class Decomposition(nn.Module, ABC):
             x: the feature map.
             init: optional explicit initial bases (B*S, d, r), e.g. for reproducible runs.
         """
-        problem = self.implicit_problem(x, init)
         adjoint = self.active_adjoint()
         if isinstance(adjoint, OneStep) and not self.grad_through_bases:
-            with torch.no_grad():
+            with torch.no_grad():  # z0 = init(X, D0) too: no graph the gradient never uses
+                problem = self.implicit_problem(x, init)
                 solution = problem.solve(self.active_solver(), adjoint)
             # detached: no_grad does not stop forward-mode tangents (torch.func.jvp / jacfwd)
             solution.value = detached(solution.value)
+            problem = dataclasses.replace(problem, args=(self.flatten(x),))
         else:
+            problem = self.implicit_problem(x, init)
             solution = problem.solve(self.active_solver(), adjoint)
         self.last_solution = Solution(
             tuple(t.detach() for t in solution.value), solution.stats, solution.backward_log

@@ -28,8 +28,9 @@ class NMF(Decomposition):
 
     Evaluation order (the same in every gradient mode, so the forward value never depends on
     the backward mode): the r x r Gram matrices ``D^T D`` and ``C^T C`` are formed first, so
-    the only products of size d x n x r are ``X^T D``, ``X C`` and the readout; temporaries
-    are updated in place when autograd does not need them (see ``fused``); the quotient is
+    the only products of size d x n x r are ``X^T D``, ``X C`` and the readout; C is kept in
+    an (r, n) memory layout (a transposed view, see ``_update_coef``); temporaries are updated
+    in place when autograd does not need them (see ``fused``); the quotient is
     ``(X^T D) * (C / (C D^T D + eps))``.
     """
 
@@ -67,7 +68,14 @@ class NMF(Decomposition):
                 )
 
     def _update_coef(self, x: Tensor, bases: Tensor, coef: Tensor) -> Tensor:
-        """``C * (X^T D) / (C D^T D + eps)``: (B*S, n, r)."""
-        numer = x.mT @ bases
-        denom = coef @ (bases.mT @ bases)
+        """``C * (X^T D) / (C D^T D + eps)``: (B*S, n, r), stored as its transpose (r, n).
+
+        Both products are formed transposed, ``(D^T X)^T`` and ``(D^T D C^T)^T`` (the Gram
+        matrix is symmetric), so the n x r temporaries and the result share the (r, n) layout
+        (the elementwise update runs on matching memory) and the gradient of X, ``D G^T``, is
+        produced in X's own (d, n) layout: no strided transpose copy of an (n, d) gradient in
+        the backward pass (the official formulation's ``bmm(X^T, D)`` pays one per step).
+        """
+        numer = (bases.mT @ x).mT
+        denom = ((bases.mT @ bases) @ coef.mT).mT
         return multiplicative_update(coef, numer, denom, self.eps)

@@ -246,7 +246,8 @@ def contraction_factors(residuals: Tensor) -> Tensor:
     """Per-step contraction ``||z_{k+1} - z_k|| / ||z_k - z_{k-1}||`` from a residual trace.
 
     Args:
-        residuals: (steps, B) residual trace (``Solution.stats.residuals``); for plain
+        residuals: (steps, B) residual trace (``Solution.stats.residuals``; a fixed-budget
+            ``FixedPointIteration`` records it with ``trace=True``); for plain
             iteration ``residuals[k] = ||z_{k+1} - z_k||``.
 
     Returns:

@@ -5,6 +5,7 @@ tolerance, and the gradient as a function of the number of iterations K per back
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -17,7 +18,7 @@ from torch import Tensor
 from ..adjoints import Adjoint, Implicit, Unroll
 from ..fixed_point import FixedPointProblem
 from ..linear_solvers import Dense
-from ..solvers import FixedPointIteration, Solver
+from ..solvers import SOLVERS, FixedPointIteration, Solver
 from ..state import StateSpec, per_sample_norm
 from .conditioning import contraction_rate
 from .fidelity import describe_adjoint
@@ -68,6 +69,9 @@ def convergence_trace(
             values.append(value.to(scales[-1].device).expand_as(scales[-1]))
         return out
 
+    solver = SOLVERS.resolve(solver, Solver)
+    if isinstance(solver, FixedPointIteration):
+        solver = dataclasses.replace(solver, trace=True)  # the per-step trace is opt-in
     start = time.perf_counter()
     with torch.no_grad():
         sol = FixedPointProblem(traced, problem.z0, problem.args).solve(solver, Implicit())
