@@ -10,6 +10,8 @@ backward.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -25,11 +27,11 @@ class _FiniteGradient(torch.autograd.Function):
         return x.view_as(x)
 
     @staticmethod
-    def setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: Tensor):
+    def setup_context(ctx: Any, inputs: tuple[Tensor, str], output: Tensor) -> None:
         ctx.where = inputs[1]
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[Tensor, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
         if host_checks() and not bool(torch.isfinite(grad).all()):
             raise NonFiniteError(
                 f"{ctx.where}: the gradient is non-finite (NaN or inf; shape "

@@ -26,6 +26,7 @@ import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -209,16 +210,12 @@ class _FixedPointGradient(torch.autograd.Function):
     """Identity on z* in forward; the adjoint solve in backward (see module docstring)."""
 
     @staticmethod
-    def forward(
-        ctx: torch.autograd.function.FunctionCtx, backward: _AdjointBackward, *fz: Tensor
-    ) -> tuple[Tensor, ...]:
+    def forward(ctx: Any, backward: _AdjointBackward, *fz: Tensor) -> tuple[Tensor, ...]:
         ctx.backward_solve = backward
         return tuple(t.detach() for t in backward.z_req)
 
     @staticmethod
-    def backward(
-        ctx: torch.autograd.function.FunctionCtx, *grads: Tensor | None
-    ) -> tuple[Tensor | None, ...]:
+    def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
         if torch.is_grad_enabled():  # backward(create_graph=True): a second derivative is wanted
             raise SecondOrderError(
                 f"{ctx.backward_solve.check.adjoint} backward: create_graph=True asks for a "

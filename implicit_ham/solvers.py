@@ -13,8 +13,8 @@ synchronisation per step (Hamburger's K steps); its per-step residual trace is r
 when asked for (``trace=True``) or when a tolerance needs it. ``Anderson`` and ``Broyden`` are
 native (``implicit_ham.anderson``): they return an evaluated iterate, so its residual is known
 without another evaluation of ``f``. ``TorchDEQAnderson`` and ``TorchDEQBroyden`` wrap
-torchdeq's solvers, guarded against its known pitfalls (see docs/solvers.md): plain keyword arguments
-only, no ``indexing``, the residual recomputed at the returned point, a singular Anderson
+torchdeq's solvers, guarded against its known pitfalls (see docs/solvers.md): plain keyword
+arguments only, no ``indexing``, the residual recomputed at the returned point, a singular Anderson
 system retried with stronger regularisation, and a non-finite result reported instead of
 returned; they are the references the native ones are tested and benchmarked against.
 """
@@ -191,7 +191,7 @@ class FixedPointIteration(Solver):
             history.append(z)
             metric = (rec.rel if self.stop_mode == "rel" else rec.residuals)[-1]
             worst = float(metric.max())
-            if not math.isfinite(worst) or worst <= self.tol:
+            if not math.isfinite(worst) or worst <= float(self.tol or 0.0):
                 break
         return z, history
 

@@ -58,7 +58,10 @@ class StateSpec:
 
     def as_tuple(self, z: Tensor | Sequence[Tensor]) -> State:
         """The internal tuple form of a user-structured state."""
-        return tuple(z) if self.is_tuple else (z,)  # type: ignore[arg-type]
+        if self.is_tuple:
+            return tuple(z)
+        assert isinstance(z, Tensor)
+        return (z,)
 
     def restore(self, z: State) -> Tensor | State:
         """The user's structure (a Tensor or a tuple) from the internal tuple form."""

@@ -37,7 +37,7 @@ class SolverStats:
     rel_residual: Tensor
     converged: Tensor | None
 
-    def summary(self) -> dict[str, float | int | bool | None]:
+    def summary(self) -> dict[str, str | float | int | bool | None]:
         """Plain numbers (max over the batch); synchronises with the device once."""
         return {
             "solver": self.solver,

@@ -116,6 +116,7 @@ class Decomposition(nn.Module, ABC):
 
     default_inv_t: ClassVar[float] = 1.0
     nonnegative: ClassVar[bool] = False
+    bases: Tensor  # the online bases buffer (S, d, r), registered when init="online"
     exact_unroll: ClassVar[bool] = True
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Decomposition:
@@ -245,7 +246,7 @@ class Decomposition(nn.Module, ABC):
     def active_solver(self) -> Solver:
         """The forward solver with ``max_steps`` = ``steps`` (training) or ``eval_steps``."""
         solver = SOLVERS.resolve(self.solver, Solver)
-        return dataclasses.replace(
+        return dataclasses.replace(  # type: ignore[type-var]
             solver, max_steps=self.steps if self.training else self.eval_steps
         )
 
@@ -294,7 +295,7 @@ class Decomposition(nn.Module, ABC):
     def iterate(self, state: State, x: Tensor) -> State:
         """``f(z, *args)`` in ``fixed_point``'s argument order: ``step(x, state)`` (without the
         per-solve memo of ``implicit_problem``'s map)."""
-        return tuple(self.kernel("step")(x, state))  # type: ignore[return-value]
+        return tuple(self.kernel("step")(x, state))
 
     def forward(self, x: Tensor, init: Tensor | None = None) -> Tensor:
         """x (B, C, H, W) -> its low-rank reconstruction (B, C, H, W).
@@ -309,7 +310,7 @@ class Decomposition(nn.Module, ABC):
                 problem = self.implicit_problem(x, init)
                 solution = problem.solve(self.active_solver(), adjoint)
             # detached: no_grad does not stop forward-mode tangents (torch.func.jvp / jacfwd)
-            solution.value = detached(solution.value)
+            solution.value = detached(tuple(solution.value))
             problem = dataclasses.replace(problem, args=(self.flatten(x),))
         else:
             problem = self.implicit_problem(x, init)

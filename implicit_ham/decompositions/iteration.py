@@ -45,4 +45,4 @@ class IterationMap:
 
     def __call__(self, state: State, x: Tensor) -> State:
         step = self.layer.kernel("step_with")
-        return tuple(step(x, state, self.invariants(x)))  # type: ignore[return-value]
+        return tuple(step(x, state, self.invariants(x)))

@@ -11,6 +11,8 @@ regression uses an explicit inverse. They are not registered: build them directl
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -25,7 +27,7 @@ class PlainIteration(Decomposition):
     """Mixin: no loop invariants, every iteration is the plain ``step`` (which recomputes
     whatever it needs from X)."""
 
-    def loop_invariants(self, x: Tensor) -> None:
+    def loop_invariants(self, x: Tensor) -> Any:
         return None
 
     def step_with(self, x: Tensor, state: State, invariants: object) -> State:
@@ -52,7 +54,7 @@ class ReferenceVQ(PlainIteration, VQ):
     """``VQ`` as written: X and D are normalised (new copies) in every iteration."""
 
     def assignments(self, x: Tensor, bases: Tensor) -> Tensor:
-        x_unit = F.normalize(x, dim=1, eps=self.eps)
+        x_unit = F.normalize(x, dim=1, eps=self.norm_eps)
         d_unit = F.normalize(bases, dim=1, eps=self.eps)
         return torch.softmax(self.inv_t * (x_unit.transpose(1, 2) @ d_unit), dim=-1)
 
@@ -73,7 +75,7 @@ class ReferenceCD(PlainIteration, CD):
     ``X^T D (D^T D + beta I)^-1`` with an explicit inverse."""
 
     def step(self, x: Tensor, state: State) -> State:
-        x_unit = F.normalize(x, dim=1, eps=self.eps)
+        x_unit = F.normalize(x, dim=1, eps=self.norm_eps)
         coef = torch.softmax(self.inv_t * (x_unit.transpose(1, 2) @ state[0]), dim=-1)
         coef = coef / (coef.sum(dim=1, keepdim=True) + self.eps)
         return F.normalize(x @ coef, dim=1, eps=self.eps), coef

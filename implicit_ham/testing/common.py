@@ -136,17 +136,18 @@ def second_derivative(problem: Problem, solver: Solver, adjoint: Adjoint) -> dic
         grads = torch.autograd.grad(
             loss, problem.inputs, create_graph=create_graph, allow_unused=True
         )
-        return sum((g * d).sum() for g, d in zip(grads, u, strict=True) if g is not None)
+        terms = [(g * d).sum() for g, d in zip(grads, u, strict=True) if g is not None]
+        return torch.stack(terms).sum() if terms else torch.zeros(())
 
     try:
         first = h(create_graph=True)  # a mode may refuse here (in its backward) or below
         if not first.requires_grad:
             raise RuntimeError("the gradient has no graph under create_graph=True")
         hessian_u = torch.autograd.grad(first, problem.inputs, allow_unused=True)
-    except RuntimeError as err:
-        refused = any(word in str(err) for word in TWICE)
-        require(refused, f"the second derivative neither works nor is refused clearly: {err}")
-        raise NotApplicableError(f"refuses a second derivative: {err}") from err
+    except RuntimeError as refusal:
+        refused = any(word in str(refusal) for word in TWICE)
+        require(refused, f"the second derivative neither works nor is refused clearly: {refusal}")
+        raise NotApplicableError(f"refuses a second derivative: {refusal}") from refusal
     hessian_u = tuple(
         torch.zeros_like(t) if g is None else g
         for g, t in zip(hessian_u, problem.inputs, strict=True)

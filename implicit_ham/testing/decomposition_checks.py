@@ -7,6 +7,7 @@ import copy
 import math
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import torch
 
@@ -72,7 +73,7 @@ def _plan(
 ) -> list[tuple[str, str, Callable[[], dict[str, float] | None]]]:
     """The (check, problem, body) triples ``check_decomposition`` runs, in order."""
     name = "feature_map"
-    plan = [
+    plan: list[tuple[str, str, Callable[[], dict[str, float] | None]]] = [
         (
             "output_shape_dtype",
             f"{name}_{_short(dtype)}",
@@ -241,7 +242,8 @@ def _clear_errors(layer: Decomposition) -> dict[str, float]:
 
 def _unknown_option(cls: type[Decomposition]) -> dict[str, float]:
     try:
-        cls(rank=2, no_such_option=1)
+        options: dict[str, Any] = {"rank": 2, "no_such_option": 1}
+        cls(**options)
     except TypeError as err:
         require("rank" in str(err), f"the TypeError does not list the valid options: {err}")
         return {}

@@ -147,7 +147,10 @@ def tightened(solver: Solver) -> Solver:
     """``solver`` with ``tol=1e-12`` and at least 300 steps; skips when it is not a dataclass
     with ``max_steps`` and ``tol`` fields."""
     try:
-        return dataclasses.replace(solver, max_steps=max(solver.max_steps, 300), tol=TIGHT_TOL)
+        tight = dataclasses.replace(  # type: ignore[type-var]
+            solver, max_steps=max(solver.max_steps, 300), tol=TIGHT_TOL
+        )
+        return tight
     except (TypeError, ValueError) as err:
         raise NotApplicableError(f"cannot tighten {solver!r} (dataclasses.replace: {err})") from err
 

@@ -82,9 +82,10 @@ def apply_policy(layers: Mapping[str, nn.Module], policy: str) -> None:
     if check_policy(policy) == "warn":
         return
     for layer in layers.values():
-        adjoint = layer.adjoint
+        adjoint = adjoint_of(layer)
         if isinstance(adjoint, AtFixedPoint) and adjoint.on_divergence != "fallback":
-            layer.adjoint = dataclasses.replace(adjoint, on_divergence="fallback")
+            fallback = dataclasses.replace(adjoint, on_divergence="fallback")  # type: ignore[type-var]
+            layer.adjoint = fallback  # type: ignore[assignment]
 
 
 def adjoint_of(layer: nn.Module) -> Adjoint | None:

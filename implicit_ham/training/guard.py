@@ -89,13 +89,15 @@ class GuardedStep:
         self.optimizer.zero_grad(set_to_none=True)
         loss, code = self._forward(inputs, target, step)
         code = self.dist.max_code(code)
-        if code == SKIP:
-            return self._skip(snapshot)
+        if code == SKIP or loss is None:
+            self._skip(snapshot)
+            return None
         if code == RECOMPUTE:
             loss = self._recompute(inputs, target, snapshot)
         code = self.dist.max_code(self._backward(loss, step))
         if code == SKIP:
-            return self._skip(snapshot)
+            self._skip(snapshot)
+            return None
         self.optimizer.step()
         if self.hooks is not None and self.hooks.after_step is not None:
             self.hooks.after_step(step)
@@ -120,7 +122,8 @@ class GuardedStep:
             layer = self._active[-1] if self._active else "(model)"
             self._active.clear()
             self._reemit(caught, recorded=True)
-            return self._fail("forward_nonfinite", layer, step, None, error), SKIP
+            self._fail("forward_nonfinite", layer, step, None, error)
+            return None, SKIP
         events = self._forward_misses(step)
         finite = bool(torch.isfinite(loss.detach()))
         self._reemit(caught, recorded=bool(events))
@@ -144,7 +147,7 @@ class GuardedStep:
         for name, layer in self.layers.items():
             solution = getattr(layer, "last_solution", None)
             converged = None if solution is None else solution.stats.converged
-            if converged is None or bool(converged.all()):
+            if solution is None or converged is None or bool(converged.all()):
                 continue
             residual = float(solution.stats.rel_residual.max())
             action, code = self._miss_action(layer)
@@ -164,10 +167,11 @@ class GuardedStep:
         """The batch again from the same RNG state and buffers, with the at-fixed-point layers'
         adjoints set to OneStep."""
         self._restore(snapshot, rng=True)
-        saved = {}
+        saved: dict[str, Any] = {}
         for name, layer in self.layers.items():
             if isinstance(adjoint_of(layer), AtFixedPoint):
-                saved[name], layer.adjoint = layer.adjoint, OneStep()
+                saved[name] = layer.adjoint
+                layer.adjoint = OneStep()  # type: ignore[assignment]
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ConvergenceWarning)
