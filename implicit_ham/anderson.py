@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .precision import working_dtype
+
 FlatMap = Callable[[Tensor], Tensor]
 
 
@@ -126,13 +128,14 @@ def anderson(
     xs = x0.new_empty(batch, m, size)
     fs = x0.new_empty(batch, m, size)
     gs = x0.new_empty(batch, m, size)
-    gram = x0.new_zeros(batch, m, m)
-    system = x0.new_zeros(batch, m + 1, m + 1)
+    small = working_dtype(x0.dtype)  # the m x m mixing system in float32 for half states
+    gram = x0.new_zeros(batch, m, m, dtype=small)
+    system = x0.new_zeros(batch, m + 1, m + 1, dtype=small)
     system[:, 0, 1:] = 1
     system[:, 1:, 0] = 1
-    rhs = x0.new_zeros(batch, m + 1, 1)
+    rhs = x0.new_zeros(batch, m + 1, 1, dtype=small)
     rhs[:, 0] = 1
-    ridge = lam * torch.eye(m, dtype=x0.dtype, device=x0.device)
+    ridge = lam * torch.eye(m, dtype=small, device=x0.device)
     tracker = _Tracker(x0, tol, stop_mode)
     x = x0
     for k in range(max_evals):
@@ -146,14 +149,14 @@ def anderson(
         n = min(k + 1, m)
         if n == 1:
             x = fx
-            gram[:, 0, 0] = torch.linalg.vector_norm(gx, dim=1).square()
+            gram[:, 0, 0] = torch.linalg.vector_norm(gx, dim=1).square().to(small)
             continue
-        row = torch.bmm(gs[:, :n], gx[:, :, None])[:, :, 0]  # (B, n): <g_i, g_new>
+        row = torch.bmm(gs[:, :n], gx[:, :, None])[:, :, 0].to(small)  # (B, n): <g_i, g_new>
         gram[:, slot, :n] = row
         gram[:, :n, slot] = row
         system[:, 1 : n + 1, 1 : n + 1] = gram[:, :n, :n] + ridge[:n, :n]
         solution, _ = torch.linalg.solve_ex(system[:, : n + 1, : n + 1], rhs[:, : n + 1])
-        alpha = solution[:, 1 : n + 1, 0][:, None]  # (B, 1, n)
+        alpha = solution[:, 1 : n + 1, 0][:, None].to(x0.dtype)  # (B, 1, n)
         x = torch.bmm(alpha, fs[:, :n])[:, 0]
         if damping != 1.0:
             x = damping * x + (1 - damping) * torch.bmm(alpha, xs[:, :n])[:, 0]

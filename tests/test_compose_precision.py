@@ -128,3 +128,27 @@ def test_functional_call_matches_the_module() -> None:
             p.copy_(params[name])
     torch.manual_seed(0)
     torch.testing.assert_close(out, block(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=str)
+@pytest.mark.parametrize(
+    "solver",
+    [ih.Anderson(max_steps=30, tol=1e-2), ih.Broyden(max_steps=30, tol=1e-2)],
+    ids=["anderson", "broyden"],
+)
+def test_accelerated_solvers_run_in_low_precision(dtype, solver) -> None:
+    """The mixing system runs in float32; the solution is the float64 fixed point to the
+    precision of the state (relative 2e-2)."""
+    W, x, _ = tanh_case(dtype)
+    sol = ih.fixed_point(
+        lambda z, x: torch.tanh(z @ W.to(dtype) + x),
+        torch.zeros(4, 8, dtype=dtype),
+        x,
+        solver=solver,
+        adjoint=ih.OneStep(),
+    )
+    assert sol.value.dtype == dtype
+    z = torch.zeros(4, 8, dtype=torch.float64)
+    for _ in range(200):
+        z = torch.tanh(z @ W + x.double())
+    assert float((sol.value.double() - z).norm() / z.norm()) <= 2e-2
