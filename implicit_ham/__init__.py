@@ -43,6 +43,7 @@ from .linear_solvers import (
     BroydenLinear,
     Dense,
     FixedPointLinear,
+    LinearSolve,
     LinearSolver,
 )
 from .modules import (
@@ -101,6 +102,7 @@ __all__ = [
     "Hamburger",
     "IdentityContext",
     "Implicit",
+    "LinearSolve",
     "LinearSolver",
     "Neumann",
     "NonFiniteError",

@@ -3,8 +3,9 @@
 ``J = df/dz`` at the fixed point is never formed (except by ``Dense``); a solver sees it only as
 ``AdjointOperator.vjp``, one vector-Jacobian product per call, on the whole batch flattened to one
 vector of length M = B * N (so samples coupled inside ``f``, e.g. by batch statistics, are handled
-correctly). Every solver has the signature ``solve(op, v, max_steps, tol) -> (g, steps, cond)``;
-the caller checks the residual at the returned g itself, so no solver can report a false success.
+correctly). Every solver has the signature
+``solve(op, v, max_steps, tol) -> LinearSolve(g, steps, cond)`` (a named tuple); the caller
+checks the residual at the returned g itself, so no solver can report a false success.
 A solver that meets a non-finite product returns a NaN vector; the caller applies the policy.
 """
 
@@ -15,6 +16,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -56,15 +58,29 @@ def discounted(op: AdjointOperator, factor: float) -> AdjointOperator:
     )
 
 
+class LinearSolve(NamedTuple):
+    """What a linear solve returns (a named tuple: ``g, steps, cond = solver.solve(...)`` works).
+
+    Attributes:
+        g: (M,) the solution of ``g = J^T g + v`` (NaN where a non-finite product was met).
+        steps: matrix-vector products (VJPs) spent.
+        cond: κ(I - J) when the solver obtains it (exact, or a lower bound for GMRES), else None.
+    """
+
+    g: Tensor
+    steps: int
+    cond: float | None
+
+
 class LinearSolver(ABC):
     """Solves ``(I - J^T) g = v`` given ``J^T`` as an operator."""
 
     @abstractmethod
     def solve(
         self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float
-    ) -> tuple[Tensor, int, float | None]:
-        """Return ``(g, vjp_count, cond)``; ``cond`` is κ(I - J) (exact, or a lower bound for
-        GMRES) when the solver obtains it, else None.
+    ) -> LinearSolve:
+        """Return a ``LinearSolve(g, steps, cond)``; ``cond`` is κ(I - J) (exact, or a lower
+        bound for GMRES) when the solver obtains it, else None.
 
         Args:
             op: the operator. v: (M,) right-hand side (the incoming gradient).
@@ -84,15 +100,15 @@ class FixedPointLinear(LinearSolver):
 
     def solve(
         self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float
-    ) -> tuple[Tensor, int, float | None]:
+    ) -> LinearSolve:
         g, target = v, tol * torch.linalg.vector_norm(v)
         for step in range(1, max_steps + 1):
             g_next = op.vjp(g) + v
             done = bool(torch.linalg.vector_norm(g_next - g) <= target)
             g = g_next
             if done:
-                return g, step, None
-        return g, max_steps, None
+                return LinearSolve(g, step, None)
+        return LinearSolve(g, max_steps, None)
 
 
 @LINEAR_SOLVERS.register("gmres")
@@ -124,7 +140,7 @@ class GMRES(LinearSolver):
 
     def solve(
         self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float
-    ) -> tuple[Tensor, int, float | None]:
+    ) -> LinearSolve:
         def matvec(x: Tensor) -> Tensor:
             return x - op.vjp(x)
 
@@ -139,7 +155,7 @@ class GMRES(LinearSolver):
                 break
             cycle = _ArnoldiCycle(basis, r, beta, target)
             if not cycle.run(matvec, min(dim, max_steps - steps)):
-                return torch.full_like(v, float("nan")), steps + cycle.size, cond
+                return LinearSolve(torch.full_like(v, float("nan")), steps + cycle.size, cond)
             steps += cycle.size
             cond = max(cond or 0.0, cycle.cond())
             x = x + basis[: cycle.size].T @ cycle.coefficients(v.dtype, v.device)
@@ -148,7 +164,7 @@ class GMRES(LinearSolver):
             r = v - matvec(x)
             steps += 1
             (beta,) = to_host(torch.linalg.vector_norm(r)[None])
-        return x, steps, cond
+        return LinearSolve(x, steps, cond)
 
 
 class _ArnoldiCycle:
@@ -238,7 +254,7 @@ class AndersonLinear(LinearSolver):
 
     def solve(
         self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float
-    ) -> tuple[Tensor, int, float | None]:
+    ) -> LinearSolve:
         target = tol * float(torch.linalg.vector_norm(v))
         counter = _CountingMap(op.vjp, v)
         try:
@@ -254,8 +270,8 @@ class AndersonLinear(LinearSolver):
                 retry_lam=self.retry_lam,
             )
         except NonFiniteError:
-            return torch.full_like(v, float("nan")), counter.calls, None
-        return g[0], counter.calls, None
+            return LinearSolve(torch.full_like(v, float("nan")), counter.calls, None)
+        return LinearSolve(g[0], counter.calls, None)
 
 
 @LINEAR_SOLVERS.register("broyden")
@@ -265,13 +281,13 @@ class BroydenLinear(LinearSolver):
 
     def solve(
         self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float
-    ) -> tuple[Tensor, int, float | None]:
+    ) -> LinearSolve:
         target = tol * float(torch.linalg.vector_norm(v))
         counter = _CountingMap(op.vjp, v)
         g, _, _ = broyden_solver(
             counter, v[None], max_iter=max_steps, tol=target, stop_mode="abs", ls=False
         )
-        return g.reshape(-1), counter.calls, None
+        return LinearSolve(g.reshape(-1), counter.calls, None)
 
 
 @LINEAR_SOLVERS.register("dense")
@@ -286,7 +302,7 @@ class Dense(LinearSolver):
 
     def solve(
         self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float
-    ) -> tuple[Tensor, int, float | None]:
+    ) -> LinearSolve:
         if op.size > self.max_size:
             raise ValueError(
                 f"Dense: the state has M={op.size} entries (batch included), above "
@@ -295,7 +311,7 @@ class Dense(LinearSolver):
         eye = torch.eye(op.size, dtype=v.dtype, device=v.device)
         jac_t = op.vjp_batched(eye).T
         if not bool(torch.isfinite(jac_t).all()):
-            return torch.full_like(v, float("nan")), op.size, None
+            return LinearSolve(torch.full_like(v, float("nan")), op.size, None)
         system = eye - jac_t
         cond = float(torch.linalg.cond(system))
         try:
@@ -305,7 +321,7 @@ class Dense(LinearSolver):
                 f"Dense: I - J^T is singular (condition number {cond:.3e}); the fixed point is "
                 "not isolated (e.g. NMF's scaling symmetry). Use a damped/regularised map."
             ) from err
-        return g, op.size, cond
+        return LinearSolve(g, op.size, cond)
 
 
 def _hessenberg_cond(hess: np.ndarray) -> float:

@@ -118,3 +118,17 @@ def test_registering_a_taken_name_is_an_error(isolated_adjoint_registry) -> None
         @ih.register_adjoint("unroll")
         class Impostor(ih.Unroll):
             pass
+
+
+def test_every_linear_solver_returns_a_named_linear_solve() -> None:
+    """``solve`` returns ``LinearSolve(g, steps, cond)``; g solves the 1-D system
+    g = 0.5 g + v exactly (g = 2 v)."""
+    import torch
+
+    op = ih.AdjointOperator(lambda g: 0.5 * g, lambda rows: 0.5 * rows, 3)
+    v = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    for name in ("gmres", "dense", "fixed_point", "anderson", "broyden"):
+        result = ih.make_linear_solver(name).solve(op, v, 200, 1e-12)
+        assert isinstance(result, ih.LinearSolve), name
+        torch.testing.assert_close(result.g, 2 * v, rtol=1e-9, atol=1e-12, msg=name)
+        assert result.steps >= 1
