@@ -20,9 +20,14 @@ from experiments.signatures import config_class
 from implicit_ham.registry import parameter_names
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-BLOCK = {"dual", "version", "ham_channels", "lower_relu"}  # the Hamburger block's options
+BLOCK = {"dual", "compile_block", "version", "ham_channels", "lower_relu"}  # the block's options
 # A valid value other than the default, for the parameters whose type does not give one.
-OTHER_CHOICE = {"stop_mode": "abs", "on_divergence": "raise"}
+OTHER_CHOICE = {
+    "stop_mode": "abs",
+    "on_divergence": "raise",
+    "online_update": "train",
+    "lower_relu": True,
+}
 # Options the experiments set in conf/ on purpose (the test checks the rest keep the default).
 EXPERIMENT_SETTINGS = {("adjoint", "implicit", "max_steps"), ("adjoint", "truncated", "k")}
 
@@ -125,6 +130,7 @@ def test_every_decomposition_parameter_is_settable_in_its_context(name: str) -> 
     assert (ham.steps, ham.eval_steps) == (values["steps"], values["eval_steps"])
     assert ham.eta == values["eta"] and ham.grad_through_bases and ham.use_compile
     assert block.channel_ham is not None  # dual=true
+    assert block._compiled_call_impl is not None  # compile_block=true: compiled in place
 
 
 @pytest.mark.parametrize("name", ["self_attention", "sdpa_attention", "none"])
@@ -132,7 +138,7 @@ def test_baseline_contexts_take_their_constructor_options(name: str) -> None:
     cfg = _compose(f"context={name}")
     assert set(cfg.context) - {"_target_", "name"} == set(
         parameter_names(type(ih.make_context(name, 8)))
-    ) - {"channels"}
+    ) - {"channels"} | {"compile_block"}
 
 
 @dataclasses.dataclass(frozen=True)
