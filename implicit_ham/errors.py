@@ -31,3 +31,8 @@ class NotFixedPointError(BackwardSolveError):
 class SecondOrderError(RuntimeError):
     """A backward mode that cannot give a second derivative was differentiated with
     ``create_graph=True``; it refuses instead of returning a wrong one."""
+
+
+class NotPositiveDefiniteError(BackwardSolveError):
+    """A solver that needs a symmetric positive-definite system (CG) met a direction of
+    non-positive curvature: the Hessian is indefinite or singular (not a strict minimum)."""
