@@ -121,11 +121,31 @@ class Newton(RootSolver):
 
 
 def jacobian_operator(fn: Callable[[Tensor], Tensor], x: Tensor, label: str) -> AdjointOperator:
-    """The linear operator ``A = d fn / dx`` at x (M,) by ``torch.func.jvp``, posed for the
-    linear solvers as the system ``A Δ = b`` (``system``; ``vjp = I - A`` its Richardson form)."""
+    """The linear operator ``A = d fn / dx`` at x (M,), posed for the linear solvers as the
+    system ``A Δ = b`` (``system``; ``vjp = I - A`` its Richardson form).
 
-    def jvp(v: Tensor) -> Tensor:
-        return torch.func.jvp(fn, (x,), (v.to(x.dtype),))[1].to(v.dtype)
+    ``fn`` is evaluated once; each product ``A v`` is the derivative of the VJP
+    ``u -> A^T u`` in the direction v (double backward on the retained graph), cheaper than
+    re-tracing ``fn`` with ``torch.func.jvp`` per product.
+    """
+    with torch.enable_grad():
+        x_req = x.detach().requires_grad_()
+        out = fn(x_req)
+        u = torch.zeros_like(out, requires_grad=True)
+        (transposed,) = torch.autograd.grad(out, x_req, u, create_graph=True, allow_unused=True)
+    if transposed is None or not transposed.requires_grad:  # fn is affine or constant in x
+        dense = torch.func.jacrev(fn)(x.detach()) if transposed is not None else None
+
+        def jvp(v: Tensor) -> Tensor:
+            return torch.zeros_like(v) if dense is None else dense @ v.to(dense.dtype)
+
+    else:
+
+        def jvp(v: Tensor) -> Tensor:
+            (product,) = torch.autograd.grad(
+                transposed, u, v.to(x.dtype), retain_graph=True, allow_unused=True
+            )
+            return (torch.zeros_like(v) if product is None else product.detach()).to(v.dtype)
 
     def jvp_rows(rows: Tensor) -> Tensor:
         return torch.stack([jvp(r) for r in rows])
