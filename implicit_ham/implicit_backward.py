@@ -17,6 +17,11 @@ The gradient assumes z* is a fixed point. The evaluation ``fz = f(z*)`` gives it
 with ``FixedPointCheck.tol`` before solving and applies the ``on_divergence`` policy when z* is
 not a fixed point (warn ``NotFixedPointWarning``, raise ``NotFixedPointError``, or fall back
 to the one-step gradient ``g = v``), recording the residual in the ``BackwardStats``.
+
+The root and argmin layers (``ih.root``, ``ih.minimize``) use the same Function through
+``attach_root_gradient``: the graph is that of g at z* (``g = grad_z loss`` for a minimum), the
+backward solve is ``(dg/dz)^T w = v`` (posed through ``AdjointOperator.system``), ``-w`` is
+handed to g's graph, and the check compares ``||g(z*)||`` with the tolerance.
 """
 
 from __future__ import annotations

@@ -52,8 +52,9 @@ def minimize(
             (``GradientDescent()`` under a constraint).
         adjoint: default ``Implicit(linear_solver=CG())``: differentiate ``grad_z loss = 0``
             (Hessian-vector products; CG needs a positive-definite Hessian). Its
-            ``fixed_point_tol`` bounds ``||grad_z loss(z*)||`` (absolute, worst sample); under
-            a constraint the fixed-point residual of the projected-gradient map.
+            ``fixed_point_tol`` bounds ``||grad_z loss(z*)||`` (absolute, worst sample). Under
+            a constraint the default is ``Implicit()`` (GMRES: the projected map's ``I - J``
+            is not symmetric) and ``fixed_point_tol`` bounds the map's relative residual.
         constraint: ``NonNegative()``, ``Box(lower, upper)`` or a name; None: unconstrained.
             Needs ``GradientDescent`` (projected gradient).
 
@@ -100,9 +101,9 @@ def _solve(
         raise TypeError(f"{where}: the loss must be callable, got {type(loss).__name__}")
     constraint = None if constraint is None else CONSTRAINTS.resolve(constraint, Constraint)
     solver = _resolve_solver(solver, residuals is not None, constraint, where)
-    adjoint = ADJOINTS.resolve(
-        Implicit(linear_solver=CG()) if adjoint is None else adjoint, Adjoint
-    )
+    if adjoint is None:  # CG for the symmetric Hessian; the projected map's I - J is not
+        adjoint = Implicit(linear_solver=CG()) if constraint is None else Implicit()
+    adjoint = ADJOINTS.resolve(adjoint, Adjoint)
     spec, z0_t, args = guarded_inputs(z0, args, f"{where} (adjoint={adjoint.name})")
     objective = Objective(
         _scalar_loss(loss, spec, args, where),
