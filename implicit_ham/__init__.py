@@ -21,6 +21,7 @@ from .decompositions import (
     VQ,
     Decomposition,
     NormalizedNMF,
+    RidgeNMF,
     get_decomposition,
     register_decomposition,
 )
@@ -130,6 +131,7 @@ __all__ = [
     "NotPositiveDefiniteError",
     "OneStep",
     "Phantom",
+    "RidgeNMF",
     "RootSolver",
     "SDPAttention2d",
     "SecondOrderError",

@@ -48,6 +48,14 @@ class CDContext(HamContext):
 
 
 @dataclass
+class RidgeNMFContext(HamContext):
+    """The ridge-regularised NMF ham (an argmin under non-negativity), with its ridge weight."""
+
+    name: str = "nmf_ridge"
+    lam: float = 0.1
+
+
+@dataclass
 class AttentionContext:
     """Self-attention baselines: ``self_attention`` (N x N matrix) or ``sdpa_attention``."""
 
@@ -323,6 +331,7 @@ GROUPS: dict[str, dict[str, type]] = {
         "cd": CDContext,
         "svd": HamContext,
         "nmf_normalized": HamContext,
+        "nmf_ridge": RidgeNMFContext,
         "self_attention": AttentionContext,
         "sdpa_attention": AttentionContext,
         "none": NoContext,
