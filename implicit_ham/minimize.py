@@ -113,7 +113,7 @@ def _solve(
     )
     z, stats, log = differentiate(
         lambda grad_steps: solver.minimize(objective, z0_t, grad_steps),
-        solver.max_steps,
+        solver,
         adjoint,
         _condition(objective, solver),
         spec,
@@ -151,7 +151,11 @@ def _resolve_solver(
     return solver
 
 
-def _scalar_loss(loss: LossFn, spec: StateSpec, args: tuple[Any, ...], where: str):
+def _scalar_loss(
+    loss: LossFn, spec: StateSpec, args: tuple[Any, ...], where: str
+) -> Callable[[State], Tensor]:
+    """``loss`` on the internal tuple state, checked to return a scalar of the state's dtype."""
+
     def on_state(z: State) -> Tensor:
         value = loss(spec.restore(z), *args)
         if not isinstance(value, Tensor) or value.numel() != 1:
@@ -170,5 +174,7 @@ def _scalar_loss(loss: LossFn, spec: StateSpec, args: tuple[Any, ...], where: st
     return on_state
 
 
-def _state_fn(fn: Callable[..., Tensor], spec: StateSpec, args: tuple[Any, ...]):
+def _state_fn(
+    fn: Callable[..., Tensor], spec: StateSpec, args: tuple[Any, ...]
+) -> Callable[[State], Tensor]:
     return lambda z: fn(spec.restore(z), *args)

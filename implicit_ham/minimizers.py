@@ -397,7 +397,7 @@ class LevenbergMarquardt(Minimizer):
                 r_new = objective.residuals(objective.state(x + delta)).reshape(-1)  # type: ignore[misc]
             actual = 0.5 * float(r @ r - r_new @ r_new)
             predicted = 0.5 * float(delta @ (mu * delta - grad))
-            if predicted > 0 and actual > 0:
+            if predicted > 0 and actual >= 0:  # 0: no change to round-off, near the minimum
                 x = x + delta
                 r, jac = objective.residual_jacobian(x)
                 gram, grad = jac.T @ jac, jac.T @ r

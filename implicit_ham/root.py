@@ -269,7 +269,7 @@ def root(
         return solver.solve(residual, z0_t, spec, grad_steps)
 
     z, stats, log = differentiate(
-        run, solver.max_steps, adjoint, Condition(residual, root_of="g", label="dg/dz"), spec
+        run, solver, adjoint, Condition(residual, root_of="g", label="dg/dz"), spec
     )
     return Solution(spec.restore(z), stats, log)
 
@@ -326,16 +326,17 @@ class Condition:
 
 def differentiate(
     run: Callable[[int], tuple[State, SolverStats]],
-    max_steps: int,
+    solver: RootSolver | Solver | Any,
     adjoint: Adjoint,
     condition: Condition,
     spec: StateSpec,
 ) -> tuple[State, SolverStats, list[BackwardStats]]:
     """Run the solve (``run(grad_steps)``) under ``adjoint``: through-iteration modes get
-    their trailing steps with gradient; at-point modes solve without gradient and attach the
-    implicit gradient of ``condition`` at the solution."""
+    their trailing steps with gradient (how many: ``adjoint.grad_steps(solver)``, which reads
+    the solver's ``max_steps``); at-point modes solve without gradient and attach the implicit
+    gradient of ``condition`` at the solution."""
     if isinstance(adjoint, ThroughIterations):
-        z, stats = run(adjoint.grad_steps(_Budget(max_steps)))  # type: ignore[arg-type]
+        z, stats = run(adjoint.grad_steps(solver))  # type: ignore[arg-type]  # reads max_steps
         return z, stats, []
     if not isinstance(adjoint, AtFixedPoint):
         raise ValueError(
@@ -359,13 +360,6 @@ def differentiate(
     else:
         z = attach_root_gradient(condition.fn, z, spec, solve, log, check, condition.label)
     return z, stats, log
-
-
-@dataclass(frozen=True)
-class _Budget:
-    """What ``ThroughIterations.grad_steps`` reads from a solver: its ``max_steps``."""
-
-    max_steps: int
 
 
 def _minus(z: State, r: State) -> State:

@@ -307,3 +307,34 @@ def test_batched_independent_problems_are_solved_together() -> None:
     got = torch.autograd.grad(sum(validation(w) for w in sol.value), lams)[0]
     ref = torch.autograd.grad(sum(validation(w) for w in expected), lams)[0]
     assert torch.allclose(got, ref, rtol=1e-8)
+
+
+@pytest.mark.parametrize(
+    ("solver", "adjoint"),
+    [(ih.LBFGS(tol=1e-11), EXACT), ("gd", ih.Unroll()), ("gd", EXACT)],
+    ids=["lbfgs-implicit", "gd-unroll", "gd-implicit"],
+)
+def test_a_tuple_state_weights_and_bias(solver, adjoint) -> None:
+    """Ridge with an unpenalised bias, the state a tuple (w (1, 5), b (1, 1)); closed form from
+    the augmented normal equations."""
+    lam, X = ridge_inputs()
+
+    def loss(state: tuple[Tensor, Tensor], lam: Tensor, X: Tensor) -> Tensor:
+        w, b = state
+        return 0.5 * (X @ w[0] + b[0] - Y_TR).square().sum() + 0.5 * lam * w.square().sum()
+
+    ones = torch.ones(20, 1, dtype=DT)
+    aug = torch.cat([X, ones], dim=1)
+    penalty = torch.diag(torch.cat([lam.expand(5), torch.zeros(1, dtype=DT)]))
+    expected = torch.linalg.solve(aug.T @ aug + penalty, aug.T @ Y_TR)
+    if solver == "gd":
+        top = float(torch.linalg.eigvalsh(aug.T @ aug + penalty.detach())[-1])
+        solver = ih.GradientDescent(lr=1.0 / top, max_steps=3000, tol=1e-11)
+    z0 = (torch.zeros(1, 5, dtype=DT), torch.zeros(1, 1, dtype=DT))
+    sol = ih.minimize(loss, z0, lam, X, solver=solver, adjoint=adjoint)
+    w, b = sol.value
+    assert torch.allclose(torch.cat([w[0], b[0]]), expected.detach(), rtol=0, atol=1e-9)
+    got = torch.autograd.grad(validation(w) + b.sum(), (lam, X))
+    want = torch.autograd.grad(validation(expected[:5]) + expected[5], (lam, X))
+    for g, e in zip(got, want, strict=True):
+        assert torch.allclose(g, e, rtol=1e-7, atol=1e-9)
