@@ -328,7 +328,7 @@ def test_a_tuple_state_weights_and_bias(solver, adjoint) -> None:
     penalty = torch.diag(torch.cat([lam.expand(5), torch.zeros(1, dtype=DT)]))
     expected = torch.linalg.solve(aug.T @ aug + penalty, aug.T @ Y_TR)
     if solver == "gd":
-        top = float(torch.linalg.eigvalsh(aug.T @ aug + penalty.detach())[-1])
+        top = float(torch.linalg.eigvalsh((aug.T @ aug + penalty).detach())[-1])
         solver = ih.GradientDescent(lr=1.0 / top, max_steps=3000, tol=1e-11)
     z0 = (torch.zeros(1, 5, dtype=DT), torch.zeros(1, 1, dtype=DT))
     sol = ih.minimize(loss, z0, lam, X, solver=solver, adjoint=adjoint)
