@@ -21,6 +21,7 @@ from .decompositions import (
     VQ,
     Decomposition,
     NormalizedNMF,
+    RidgeNMF,
     get_decomposition,
     register_decomposition,
 )
@@ -32,10 +33,12 @@ from .errors import (
     NonFiniteError,
     NotFixedPointError,
     NotFixedPointWarning,
+    NotPositiveDefiniteError,
     SecondOrderError,
 )
 from .fixed_point import FixedPointProblem, Solution, fixed_point
 from .linear_solvers import (
+    CG,
     GMRES,
     LINEAR_SOLVERS,
     AdjointOperator,
@@ -46,6 +49,16 @@ from .linear_solvers import (
     LinearSolve,
     LinearSolver,
 )
+from .minimize import least_squares, minimize
+from .minimizers import (
+    LBFGS,
+    MINIMIZERS,
+    GaussNewton,
+    GradientDescent,
+    LevenbergMarquardt,
+    Minimizer,
+    NewtonCG,
+)
 from .modules import (
     Hamburger,
     IdentityContext,
@@ -54,6 +67,8 @@ from .modules import (
     context_names,
     make_context,
 )
+from .projections import CONSTRAINTS, Box, Constraint, NonNegative
+from .root import ROOT_SOLVERS, Newton, RootSolver, root
 from .solvers import (
     SOLVERS,
     Anderson,
@@ -71,14 +86,21 @@ register_linear_solver = LINEAR_SOLVERS.register
 make_solver = SOLVERS.make
 make_adjoint = ADJOINTS.make
 make_linear_solver = LINEAR_SOLVERS.make
+register_root_solver = ROOT_SOLVERS.register
+register_minimizer = MINIMIZERS.register
 
 __all__ = [
     "ADJOINTS",
     "CD",
+    "CG",
+    "CONSTRAINTS",
     "DECOMPOSITIONS",
     "GMRES",
+    "LBFGS",
     "LINEAR_SOLVERS",
+    "MINIMIZERS",
     "NMF",
+    "ROOT_SOLVERS",
     "SOLVERS",
     "SVD",
     "VQ",
@@ -89,9 +111,11 @@ __all__ = [
     "AtFixedPoint",
     "BackwardSolveError",
     "BackwardStats",
+    "Box",
     "Broyden",
     "BroydenLinear",
     "ConditioningWarning",
+    "Constraint",
     "ConvergenceWarning",
     "Decomposition",
     "Dense",
@@ -99,18 +123,28 @@ __all__ = [
     "FixedPointLinear",
     "FixedPointProblem",
     "ForwardSolveError",
+    "GaussNewton",
+    "GradientDescent",
     "Hamburger",
     "IdentityContext",
     "Implicit",
+    "LevenbergMarquardt",
     "LinearSolve",
     "LinearSolver",
+    "Minimizer",
     "Neumann",
+    "Newton",
+    "NewtonCG",
     "NonFiniteError",
+    "NonNegative",
     "NormalizedNMF",
     "NotFixedPointError",
     "NotFixedPointWarning",
+    "NotPositiveDefiniteError",
     "OneStep",
     "Phantom",
+    "RidgeNMF",
+    "RootSolver",
     "SDPAttention2d",
     "SecondOrderError",
     "SelfAttention2d",
@@ -126,13 +160,18 @@ __all__ = [
     "diagnostics",
     "fixed_point",
     "get_decomposition",
+    "least_squares",
     "make_adjoint",
     "make_context",
     "make_linear_solver",
     "make_solver",
+    "minimize",
     "register_adjoint",
     "register_decomposition",
     "register_linear_solver",
+    "register_minimizer",
+    "register_root_solver",
     "register_solver",
+    "root",
     "tracking",
 ]

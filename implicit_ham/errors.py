@@ -35,3 +35,8 @@ class SecondOrderError(RuntimeError):
 
 class ForwardSolveError(RuntimeError):
     """A forward solve missed its tolerance under the training policy ``on_failure="raise"``."""
+
+
+class NotPositiveDefiniteError(BackwardSolveError):
+    """A solver that needs a symmetric positive-definite system (CG) met a direction of
+    non-positive curvature: the Hessian is indefinite or singular (not a strict minimum)."""

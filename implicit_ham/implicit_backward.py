@@ -17,6 +17,11 @@ The gradient assumes z* is a fixed point. The evaluation ``fz = f(z*)`` gives it
 with ``FixedPointCheck.tol`` before solving and applies the ``on_divergence`` policy when z* is
 not a fixed point (warn ``NotFixedPointWarning``, raise ``NotFixedPointError``, or fall back
 to the one-step gradient ``g = v``), recording the residual in the ``BackwardStats``.
+
+The root and argmin layers (``ih.root``, ``ih.minimize``) use the same Function through
+``attach_root_gradient``: the graph is that of g at z* (``g = grad_z loss`` for a minimum), the
+backward solve is ``(dg/dz)^T w = v`` (posed through ``AdjointOperator.system``), ``-w`` is
+handed to g's graph, and the check compares ``||g(z*)||`` with the tolerance.
 """
 
 from __future__ import annotations
@@ -57,13 +62,17 @@ class FixedPointCheck:
     Attributes:
         adjoint: the backward mode's name (for messages and stats).
         tol: the largest accepted relative residual ``||f(z*) - z*|| / ||f(z*)||`` (worst
-            sample); None skips the check.
+            sample); None skips the check. For a root (``root_of`` given): the largest accepted
+            absolute residual ``||g(z*)||`` (worst sample).
         on_divergence: "warn", "raise" or "fallback" (see the module docstring).
+        root_of: None for a fixed point of f; for a root of g, the name of g in messages
+            (e.g. "g", "grad_z loss").
     """
 
     adjoint: str
     tol: float | None
     on_divergence: str
+    root_of: str | None = None
 
 
 def attach_fixed_point_gradient(
@@ -87,13 +96,7 @@ def attach_fixed_point_gradient(
     """
     if not torch.is_grad_enabled():
         return z_star
-    if active_transforms():
-        raise NotImplementedError(
-            f"{check.adjoint} under torch.func ({' > '.join(active_transforms())}): this mode "
-            "runs its own autograd graph in backward, which torch.func transforms cannot "
-            "trace. Use torch.autograd (loss.backward(), torch.autograd.grad), or Unroll, "
-            "Truncated, OneStep or Phantom under torch.func."
-        )
+    _refuse_transforms(check.adjoint)
     with torch.enable_grad():
         z_req = tuple(t.detach().requires_grad_() for t in z_star)
         fz = f(z_req)
@@ -106,9 +109,57 @@ def attach_fixed_point_gradient(
     return _FixedPointGradient.apply(backward, *fz)
 
 
+def attach_root_gradient(
+    g: StepFn,
+    z_star: State,
+    spec: StateSpec,
+    backward_solve: BackwardSolve,
+    log: list[BackwardStats],
+    check: FixedPointCheck,
+    label: str = "dg/dz",
+) -> State:
+    """Return z* (same values) carrying the implicit gradient of a root ``g(z*, θ) = 0``.
+
+    The same Function as ``attach_fixed_point_gradient``, posed on ``g``: the backward pass
+    solves ``A^T w = v`` with ``A = dg/dz`` at z* (``backward_solve`` sees ``A^T`` as
+    ``AdjointOperator.system``, and ``vjp = I - A^T``, the fixed-point form of ``z - g(z)``)
+    and hands ``-w`` to ``g``'s graph, giving ``-(dg/dθ)^T (dg/dz)^{-T} v``. The check
+    compares ``||g(z*)||`` (worst sample, absolute) with ``check.tol``.
+
+    Args:
+        g: the residual map (tuples in, tuples out, shaped like the state).
+        z_star: the root, without gradient.
+        label: the system's name in messages (e.g. "dg/dz", "Hessian").
+        spec, backward_solve, log, check: as for ``attach_fixed_point_gradient``.
+    """
+    if not torch.is_grad_enabled():
+        return z_star
+    _refuse_transforms(check.adjoint)
+    with torch.enable_grad():
+        z_req = tuple(t.detach().requires_grad_() for t in z_star)
+        gz = g(z_req)
+    if not _reaches_other_leaves(gz, z_req):
+        return z_star
+    with torch.no_grad():
+        residual = per_sample_norm(tuple(t.detach() for t in gz))
+    backward = _AdjointBackward(spec, z_req, gz, backward_solve, log, check, residual, label)
+    return _FixedPointGradient.apply(backward, *gz)
+
+
+def _refuse_transforms(adjoint: str) -> None:
+    if active_transforms():
+        raise NotImplementedError(
+            f"{adjoint} under torch.func ({' > '.join(active_transforms())}): this mode "
+            "runs its own autograd graph in backward, which torch.func transforms cannot "
+            "trace. Use torch.autograd (loss.backward(), torch.autograd.grad), or Unroll, "
+            "Truncated, OneStep or Phantom under torch.func."
+        )
+
+
 @dataclass
 class _AdjointBackward:
-    """What the backward pass needs: the graph of ``f`` at z* and the adjoint solve."""
+    """What the backward pass needs: the graph of ``f`` at z* (of ``g`` for a root, then
+    ``label`` names ``dg/dz``) and the adjoint solve."""
 
     spec: StateSpec
     z_req: State
@@ -117,6 +168,20 @@ class _AdjointBackward:
     log: list[BackwardStats]
     check: FixedPointCheck
     residual: Tensor
+    label: str = "I - J"
+
+    def operator(self, size: int) -> AdjointOperator:
+        """``J^T`` of f; for a root, ``A^T = (dg/dz)^T`` as the system (``vjp = I - A^T``)."""
+        if self.check.root_of is None:
+            return AdjointOperator(self.vjp, self.vjp_batched, size)
+        return AdjointOperator(
+            vjp=lambda x: x - self.vjp(x),
+            vjp_batched=lambda rows: rows - self.vjp_batched(rows),
+            size=size,
+            system=self.vjp,
+            system_batched=self.vjp_batched,
+            label=self.label,
+        )
 
     def vjp(self, g: Tensor) -> Tensor:
         """(M,) -> (M,): ``J^T g``, in g's dtype (f's graph runs in the state's dtype)."""
@@ -160,7 +225,7 @@ class _AdjointBackward:
     def __call__(self, grads: tuple[Tensor | None, ...]) -> State:
         v_parts = self.spec.zeros_like_missing(grads, self.z_req)
         v = self.spec.flatten(v_parts).reshape(-1).to(working_dtype(self.spec.dtype))
-        op = AdjointOperator(self.vjp, self.vjp_batched, v.numel())
+        op = self.operator(v.numel())
         worst = float(self.residual.max()) if self.residual.numel() else 0.0
         if _at_fixed_point(worst, self.check, self.spec.batch):
             g, stats = self.backward_solve(op, v)
@@ -174,6 +239,8 @@ class _AdjointBackward:
             at_fixed_point=None if self.check.tol is None else worst <= self.check.tol,
         )
         self.log.append(stats)
+        if self.check.root_of is not None:
+            g = -g  # the solution moves against g: dz/dθ = -(dg/dz)^-1 dg/dθ
         return self.spec.unflatten(g.reshape(self.spec.batch, -1).to(self.spec.dtype))
 
 
@@ -182,6 +249,17 @@ def _at_fixed_point(worst: float, check: FixedPointCheck, batch: int) -> bool:
     fall back to the one-step gradient; raises or warns per ``check.on_divergence``."""
     if check.tol is None or worst <= check.tol:
         return True
+    if check.root_of is not None:
+        return _apply_policy(
+            check,
+            f"{check.adjoint} backward: the point it differentiates at is not a root of "
+            f"{check.root_of}: ||{check.root_of}(z*)|| = {worst:.3e} (worst of {batch} samples) "
+            f"> fixed_point_tol={check.tol:g}. The implicit gradient assumes "
+            f"{check.root_of}(z*) = 0 and is wrong here.",
+            "Solve further (more steps, a smaller solver tol), differentiate the iterations "
+            "instead (Unroll, Truncated, OneStep), raise fixed_point_tol, or set "
+            "on_divergence='fallback'.",
+        )
     problem = (
         f"{check.adjoint} backward: the point it differentiates at is not a fixed point of f: "
         f"relative residual ||f(z*) - z*|| / ||f(z*)|| = {worst:.3e} (worst of {batch} samples) "
@@ -193,16 +271,20 @@ def _at_fixed_point(worst: float, check: FixedPointCheck, batch: int) -> bool:
         "instead (Unroll, Truncated, OneStep), raise fixed_point_tol, or set "
         "on_divergence='fallback'."
     )
+    return _apply_policy(check, problem, fix)
+
+
+def _apply_policy(check: FixedPointCheck, problem: str, fix: str) -> bool:
     if check.on_divergence == "raise":
         raise NotFixedPointError(f"{problem} {fix}")
     if check.on_divergence == "fallback":
         warnings.warn(
             f"{problem} Using the one-step gradient for this batch (fallback).",
             NotFixedPointWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
         return False
-    warnings.warn(f"{problem} {fix}", NotFixedPointWarning, stacklevel=3)
+    warnings.warn(f"{problem} {fix}", NotFixedPointWarning, stacklevel=4)
     return True
 
 
@@ -255,12 +337,12 @@ def finish_backward(
     if v_norm == 0.0 and finite and not bool(g.any()):
         abs_res = 0.0  # g = 0 solves the system exactly; J^T 0 may be NaN where J is not finite
     elif finite:
-        abs_res = float(torch.linalg.vector_norm(g - op.vjp(g) - v))
+        abs_res = float(torch.linalg.vector_norm(op.apply(g) - v))
     else:
         abs_res = float("inf")
     rel_res = abs_res / v_norm if v_norm > 0 else abs_res
     converged = None if tol is None and finite else finite and (tol is None or rel_res <= tol)
-    _warn_if_ill_conditioned(adjoint, linear_solver, cond, cond_threshold)
+    _warn_if_ill_conditioned(adjoint, linear_solver, cond, cond_threshold, op.label)
     stats = BackwardStats(adjoint, linear_solver, steps, abs_res, rel_res, converged, cond)
     if converged is not False:
         return g, stats
@@ -272,7 +354,7 @@ def finish_backward(
             else f"returned a non-finite adjoint after {steps} VJPs (incoming gradient "
             f"{'finite' if bool(torch.isfinite(v).all()) else 'already non-finite'}"
         )
-        + (f", cond(I - J) >= {cond:.3e}" if cond is not None else "")
+        + (f", cond({op.label}) >= {cond:.3e}" if cond is not None else "")
         + ")"
     )
     if on_divergence == "fallback":
@@ -286,7 +368,7 @@ def finish_backward(
         "Raise max_steps, use another linear solver or backward mode, or on_divergence='fallback'."
     )
     if not finite:
-        raise NonFiniteError(f"{problem}; I - J is likely singular here. {fix}")
+        raise NonFiniteError(f"{problem}; {op.label} is likely singular here. {fix}")
     if on_divergence == "raise":
         raise BackwardSolveError(f"{problem}. {fix}")
     warnings.warn(f"{problem}; the gradient is inaccurate. {fix}", ConvergenceWarning, stacklevel=2)
@@ -294,12 +376,16 @@ def finish_backward(
 
 
 def _warn_if_ill_conditioned(
-    adjoint: str, linear_solver: str, cond: float | None, threshold: float | None
+    adjoint: str,
+    linear_solver: str,
+    cond: float | None,
+    threshold: float | None,
+    label: str = "I - J",
 ) -> None:
     if cond is None or threshold is None or cond <= threshold:
         return
     warnings.warn(
-        f"{adjoint} backward: cond(I - J) >= {cond:.3e} exceeds {threshold:g} "
+        f"{adjoint} backward: cond({label}) >= {cond:.3e} exceeds {threshold:g} "
         f"({linear_solver}); the fixed point is (nearly) not isolated, e.g. NMF's scaling "
         "symmetry, and the implicit gradient (I - J)^-T v is unreliable there. Use OneStep, "
         "Phantom or Unroll, or regularise the map.",

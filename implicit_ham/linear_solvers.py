@@ -1,5 +1,11 @@
 """Linear solvers for the implicit backward pass: find g with ``g = J^T g + v``.
 
+The same solvers serve the root-finding and argmin layers (``ih.root``, ``ih.minimize``), whose
+systems are posed directly as ``A^T g = v`` (``A = dg/dz``, the Hessian for a minimum):
+``AdjointOperator.system`` then gives ``A^T x`` without forming ``I - (I - A^T)`` (no cancellation),
+and ``vjp`` is its Richardson form ``x - A^T x`` for the solvers that iterate on ``J^T``. ``CG``
+needs a symmetric positive-definite system and stops with an error on negative curvature.
+
 ``J = df/dz`` at the fixed point is never formed (except by ``Dense``); a solver sees it only as
 ``AdjointOperator.vjp``, one vector-Jacobian product per call, on the whole batch flattened to one
 vector of length M = B * N (so samples coupled inside ``f``, e.g. by batch statistics, are handled
@@ -16,14 +22,14 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor
 from torchdeq.solver import broyden_solver
 
-from .errors import NonFiniteError
+from .errors import NonFiniteError, NotPositiveDefiniteError
 from .registry import Registry
 from .solvers import guarded_anderson
 from .validation import check_positive_int
@@ -41,11 +47,27 @@ class AdjointOperator:
         vjp: (M,) -> (M,), ``g -> J^T g``.
         vjp_batched: (P, M) -> (P, M), row-wise ``J^T``; used by the dense solver.
         size: M.
+        system, system_batched: ``A^T`` directly, for a system not posed as ``I - J^T`` (the
+            root / argmin layers: ``A = dg/dz``); None: ``A^T = I - J^T``.
+        label: the system's name in messages ("I - J", "dg/dz", "Hessian").
     """
 
     vjp: Callable[[Tensor], Tensor]
     vjp_batched: Callable[[Tensor], Tensor]
     size: int
+    system: Callable[[Tensor], Tensor] | None = None
+    system_batched: Callable[[Tensor], Tensor] | None = None
+    label: str = "I - J"
+
+    def apply(self, x: Tensor) -> Tensor:
+        """(M,) -> (M,): the system matrix ``A^T x`` (``x - J^T x`` unless ``system`` is given)."""
+        return x - self.vjp(x) if self.system is None else self.system(x)
+
+    def system_matrix(self, eye: Tensor) -> Tensor:
+        """(M, M): ``A^T`` materialised from the batched products of the rows of ``eye``."""
+        if self.system_batched is None:
+            return eye - self.vjp_batched(eye).T
+        return self.system_batched(eye).T
 
 
 def discounted(op: AdjointOperator, factor: float) -> AdjointOperator:
@@ -73,7 +95,11 @@ class LinearSolve(NamedTuple):
 
 
 class LinearSolver(ABC):
-    """Solves ``(I - J^T) g = v`` given ``J^T`` as an operator."""
+    """Solves ``(I - J^T) g = v`` given ``J^T`` as an operator (``A^T g = v`` in general, see
+    ``AdjointOperator``). ``requires_spd``: the solver is only correct for a symmetric
+    positive-definite system (the conformance kit then checks it on such systems)."""
+
+    requires_spd: ClassVar[bool] = False
 
     @abstractmethod
     def solve(
@@ -141,8 +167,7 @@ class GMRES(LinearSolver):
     def solve(
         self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float
     ) -> LinearSolve:
-        def matvec(x: Tensor) -> Tensor:
-            return x - op.vjp(x)
+        matvec = op.apply
 
         dim = min(self.restart, max(max_steps, 1))
         basis = v.new_empty(dim + 1, v.numel())
@@ -243,6 +268,48 @@ class _ArnoldiCycle:
         return _hessenberg_cond(hess)
 
 
+@LINEAR_SOLVERS.register("cg")
+@dataclass(frozen=True)
+class CG(LinearSolver):
+    """Conjugate gradients on ``A^T g = v`` for a symmetric positive-definite system (a Hessian
+    at a strict minimum; ``I - J`` of a gradient-descent map). One product per step.
+
+    A direction p with curvature ``p^T A p <= curvature_tol * ||p||^2`` (an indefinite or
+    singular system, e.g. a saddle point) stops the solve with ``NotPositiveDefiniteError``
+    naming the curvature: CG's answer there would be silently wrong. Use GMRES or Dense
+    for a system that is not positive definite.
+    """
+
+    curvature_tol: float = 0.0
+    requires_spd: ClassVar[bool] = True
+
+    def solve(
+        self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float
+    ) -> LinearSolve:
+        x, r = torch.zeros_like(v), v
+        p, rr = r, torch.dot(r, r)
+        target = (tol * torch.linalg.vector_norm(v)) ** 2
+        for step in range(1, max_steps + 1):
+            ap = op.apply(p)
+            curvature, length = float(torch.dot(p, ap)), float(torch.dot(p, p))
+            if not math.isfinite(curvature):
+                return LinearSolve(torch.full_like(v, float("nan")), step, None)
+            if curvature <= self.curvature_tol * length:
+                raise NotPositiveDefiniteError(
+                    f"CG: the system {op.label} is not positive definite: direction {step} has "
+                    f"curvature p^T A p = {curvature:.3e} (||p||^2 = {length:.3e}). CG needs a "
+                    "symmetric positive-definite system (a strict minimum); use "
+                    "linear_solver='gmres' or 'dense', or check that the point is a minimum."
+                )
+            alpha = rr / curvature
+            x, r = x + alpha * p, r - alpha * ap
+            rr_next = torch.dot(r, r)
+            if bool(rr_next <= target):
+                return LinearSolve(x, step, None)
+            p, rr = r + (rr_next / rr) * p, rr_next
+        return LinearSolve(x, max_steps, None)
+
+
 @LINEAR_SOLVERS.register("anderson")
 @dataclass(frozen=True)
 class AndersonLinear(LinearSolver):
@@ -309,17 +376,17 @@ class Dense(LinearSolver):
                 f"max_size={self.max_size}; use linear_solver='gmres' or raise max_size"
             )
         eye = torch.eye(op.size, dtype=v.dtype, device=v.device)
-        jac_t = op.vjp_batched(eye).T
-        if not bool(torch.isfinite(jac_t).all()):
+        system = op.system_matrix(eye)
+        if not bool(torch.isfinite(system).all()):
             return LinearSolve(torch.full_like(v, float("nan")), op.size, None)
-        system = eye - jac_t
         cond = float(torch.linalg.cond(system))
         try:
             g = torch.linalg.solve(system, v)
         except torch.linalg.LinAlgError as err:
             raise NonFiniteError(
-                f"Dense: I - J^T is singular (condition number {cond:.3e}); the fixed point is "
-                "not isolated (e.g. NMF's scaling symmetry). Use a damped/regularised map."
+                f"Dense: the system {op.label} is singular (condition number {cond:.3e}); the "
+                "solution is not isolated (e.g. NMF's scaling symmetry). Use a damped / "
+                "regularised map or problem."
             ) from err
         return LinearSolve(g, op.size, cond)
 

@@ -1,14 +1,15 @@
 """Matrix decompositions as implicit layers: the base class, the registry and the built-ins.
 
 Built-ins: ``NMF``, ``VQ``, ``CD`` (Hamburger's three), ``SVD`` (subspace iteration) and
-``NormalizedNMF`` (NMF without its scaling symmetry), the last two added through the public
-plug-in API only.
+``NormalizedNMF`` (NMF without its scaling symmetry) and ``RidgeNMF`` (ridge-regularised NMF
+as an argmin, by projected gradient), the last three added through the public plug-in API only.
 """
 
 from .base import Decomposition
 from .cd import CD
 from .nmf import NMF
 from .nmf_normalized import NormalizedNMF
+from .nmf_ridge import RidgeNMF
 from .registry import (
     DECOMPOSITIONS,
     DecompositionRegistry,
@@ -27,6 +28,7 @@ __all__ = [
     "Decomposition",
     "DecompositionRegistry",
     "NormalizedNMF",
+    "RidgeNMF",
     "get_decomposition",
     "register_decomposition",
 ]

@@ -1,4 +1,5 @@
-"""The conformance kit: hold a plug-in (solver, backward mode, linear solver, decomposition) to
+"""The conformance kit: hold a plug-in (solver, backward mode, linear solver, decomposition,
+root solver, minimizer) to
 the library's contract on a panel of small problems. See docs/conformance.md.
 
 Usage (in a plug-in's own test suite; pytest is not required)::
@@ -15,6 +16,7 @@ Usage (in a plug-in's own test suite; pytest is not required)::
 from .adjoint_checks import check_adjoint
 from .decomposition_checks import check_decomposition
 from .linear_solver_checks import check_linear_solver
+from .optimization_checks import check_minimizer, check_root_solver
 from .problems import Problem, panel
 from .report import CheckResult, ConformanceError, ConformanceReport
 from .solver_checks import check_solver
@@ -27,6 +29,8 @@ __all__ = [
     "check_adjoint",
     "check_decomposition",
     "check_linear_solver",
+    "check_minimizer",
+    "check_root_solver",
     "check_solver",
     "panel",
 ]

@@ -12,7 +12,7 @@ from ..linear_solvers import AdjointOperator, LinearSolver
 from ..solvers import FixedPointIteration
 from .adjoint_checks import STEPS
 from .common import dtype_device_shape, no_dead_inputs, solve_and_differentiate
-from .problems import Problem, panel
+from .problems import Problem, panel, spd_panel
 from .references import gradient_from_adjoint, implicit_adjoint, jacobian, relative_error
 from .report import Checker, ConformanceReport, require
 
@@ -37,6 +37,11 @@ def check_linear_solver(
       through ``fixed_point`` gives the input gradient ``(df/dθ)^T g_dense`` (rel. <= 1e-7).
     * ``dtype_device_shape`` and ``no_dead_inputs`` of that run (float32 included, tol 1e-5).
 
+    A solver with ``requires_spd = True`` (CG) is run on ``spd_panel()`` instead (systems
+    ``I - J`` that are symmetric positive definite), and must also pass
+    ``refuses_indefinite``: on the indefinite system ``diag(2, -1, 1)`` it raises an error
+    (``NotPositiveDefiniteError`` for the built-in CG) instead of returning an answer.
+
     Args:
         linear_solver: the solver under test.
         fail_fast: raise ``ConformanceError`` at the first failure; else collect all.
@@ -46,7 +51,9 @@ def check_linear_solver(
             f"check_linear_solver expects an ih.LinearSolver, got {type(linear_solver).__name__}"
         )
     checker = Checker(repr(linear_solver), fail_fast)
-    for problem in panel():
+    if linear_solver.requires_spd:
+        checker.run("refuses_indefinite", "diag(2,-1,1)", partial(_indefinite, linear_solver))
+    for problem in spd_panel() if linear_solver.requires_spd else panel():
         if problem.batch == 0:
             continue  # the implicit backward never solves for an empty batch
         if problem.exact:
@@ -109,3 +116,23 @@ def _through_layer(problem: Problem, linear_solver: LinearSolver) -> dict[str, f
         tol=SOLVE_RTOL,
     )
     return {"rel_error": err, "tol": SOLVE_RTOL}
+
+
+def _indefinite(linear_solver: LinearSolver) -> dict[str, float]:
+    matrix = torch.diag(torch.tensor([2.0, -1.0, 1.0], dtype=torch.float64))
+    op = AdjointOperator(
+        vjp=lambda g: g - matrix @ g,
+        vjp_batched=lambda rows: rows - rows @ matrix,
+        size=3,
+        system=lambda g: matrix @ g,
+        system_batched=lambda rows: rows @ matrix,
+        label="test matrix",
+    )
+    v = torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64)
+    try:
+        g, _, _ = linear_solver.solve(op, v, SOLVE_BUDGET, SOLVE_TOL)
+    except (RuntimeError, ValueError) as err:
+        require(bool(str(err)), "the refusal has no message")
+        return {}
+    require(False, f"returned {g.tolist()} on an indefinite system instead of refusing")
+    return {}

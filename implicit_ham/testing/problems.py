@@ -14,6 +14,10 @@ The panel (``panel()``):
 * ``noncontig_f64``: ``tanh_f64`` with a transposed (non-contiguous) x and z0.
 * ``tanh_f32``: ``tanh_f64`` in float32 (no gradient references; dtype and value checks).
 * ``empty_f64``: ``tanh_f64`` with an empty batch (B = 0).
+
+``spd_panel()``: gradient-descent maps ``z' = z - a grad psi(z)`` of a strongly convex psi, whose
+``I - J = a Hessian`` is symmetric positive definite, for linear solvers that need such a
+system (``LinearSolver.requires_spd``, e.g. CG): ``gradstep_f64`` and ``gradstep_f32``.
 """
 
 from __future__ import annotations
@@ -196,3 +200,32 @@ def batch_coupled_problem(name: str, batch: int = 3, width: int = 4) -> Problem:
     weights = _weights([(batch, width)], gen, dt)
     names = ("args[0] (x)", "args[1] (A)", "W (closed over)")
     return Problem(name, f, z0, (x, A), (W,), weights, True, names)
+
+
+def spd_panel() -> list[Problem]:
+    """Problems whose ``I - J`` is symmetric positive definite (see the module docstring)."""
+    return [
+        gradient_step_problem("gradstep_f64", torch.float64),
+        gradient_step_problem("gradstep_f32", torch.float32),
+    ]
+
+
+def gradient_step_problem(name: str, dtype: torch.dtype, batch: int = 3, width: int = 4) -> Problem:
+    """``z' = z - a (tanh(z W^T + x U^T + b) W + mu z)``: one gradient step on
+    ``psi(z) = sum log cosh(z W^T + x U^T + b) + mu/2 ||z||^2`` (a = 0.6, mu = 1,
+    ``||W||_2 = CONTRACTION``), so ``I - J = a (W^T diag(sech^2) W + mu I)`` is symmetric
+    positive definite and J's eigenvalues lie in [0.3, 0.4]. x (B, 3) in args; W, U, b closed
+    over."""
+    gen, step, mu = _generator(4), 0.6, 1.0
+    W = _leaf(_contraction(width, gen, dtype, CONTRACTION))
+    U = _leaf(0.5 * torch.randn(width, 3, generator=gen, dtype=torch.float64).to(dtype))
+    b = _leaf(0.3 * torch.randn(width, generator=gen, dtype=torch.float64).to(dtype))
+    x = _leaf(torch.randn(batch, 3, generator=gen, dtype=torch.float64).to(dtype))
+
+    def f(z: Tensor, x: Tensor) -> Tensor:
+        return z - step * (torch.tanh(z @ W.T + x @ U.T + b) @ W + mu * z)
+
+    weights = _weights([(batch, width)], gen, dtype)
+    names = ("args[0] (x)", "W (closed over)", "U (closed over)", "b (closed over)")
+    z0 = torch.zeros(batch, width, dtype=dtype)
+    return Problem(name, f, z0, (x,), (W, U, b), weights, dtype == torch.float64, names)
