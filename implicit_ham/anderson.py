@@ -198,9 +198,11 @@ def broyden(
         us_k, vts_k = us[:, : step - 1], vts[:, : step - 1]
         vt = _rmatvec(us_k, vts_k, delta_x)
         denom = torch.bmm(vt[:, None], delta_g[:, :, None])[:, 0]
-        u = (delta_x - _matvec(us_k, vts_k, delta_g)) / denom
-        vts[:, step - 1] = vt.masked_fill_(vt.isnan(), 0)
-        us[:, step - 1] = u.masked_fill_(u.isnan(), 0)
+        # a sample that has converged (delta_g ~ 0) gets no update rather than an inf / NaN one
+        usable = denom.abs() > torch.finfo(denom.dtype).tiny
+        u = (delta_x - _matvec(us_k, vts_k, delta_g)) / torch.where(usable, denom, 1.0)
+        vts[:, step - 1] = vt.masked_fill_(~usable | vt.isnan(), 0)
+        us[:, step - 1] = u.masked_fill_(~usable | u.isnan(), 0)
         update = -_matvec(us[:, :step], vts[:, :step], gx)
     return tracker.result()
 

@@ -89,9 +89,10 @@ def test_the_sweep_arms_compose_and_build_the_ham() -> None:
     """``context=nmf_ridge`` and the arms ``nmf_ridge_{implicit,one_step,unroll}`` (e.g.
     ``+experiment=adjoint_ablation context=nmf_ridge``) build a shape-preserving block."""
     from hydra import compose, initialize_config_dir
-    from implicit_ham.experiment.build import build_context
-    from implicit_ham.experiment.schema import register_configs
     from omegaconf import OmegaConf
+
+    from experiments.build import build_context
+    from experiments.configs import register_configs
 
     register_configs()
     conf = str(Path(__file__).resolve().parents[1] / "conf")
