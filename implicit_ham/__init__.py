@@ -75,10 +75,9 @@ from .solvers import (
     Broyden,
     FixedPointIteration,
     Solver,
-    TorchDEQAnderson,
-    TorchDEQBroyden,
 )
 from .stats import BackwardStats, SolverStats
+from .torchdeq_solvers import TorchDEQAnderson, TorchDEQBroyden
 
 register_solver = SOLVERS.register
 register_adjoint = ADJOINTS.register

@@ -31,7 +31,7 @@ from torchdeq.solver import broyden_solver
 
 from .errors import NonFiniteError, NotPositiveDefiniteError
 from .registry import Registry
-from .solvers import guarded_anderson
+from .torchdeq_solvers import guarded_anderson
 from .validation import check_positive_int
 
 logger = logging.getLogger(__name__)

@@ -12,11 +12,9 @@ plain steps of ``f`` taken from its solution, without changing the value (``with
 synchronisation per step (Hamburger's K steps); its per-step residual trace is recorded only
 when asked for (``trace=True``) or when a tolerance needs it. ``Anderson`` and ``Broyden`` are
 native (``implicit_ham.anderson``): they return an evaluated iterate, so its residual is known
-without another evaluation of ``f``. ``TorchDEQAnderson`` and ``TorchDEQBroyden`` wrap
-torchdeq's solvers, guarded against its known pitfalls (see docs/solvers.md): plain keyword
-arguments only, no ``indexing``, the residual recomputed at the returned point, a singular Anderson
-system retried with stronger regularisation, and a non-finite result reported instead of
-returned; they are the references the native ones are tested and benchmarked against.
+without another evaluation of ``f``. torchdeq's solvers, guarded, are in ``torchdeq_solvers``
+(``TorchDEQAnderson``, ``TorchDEQBroyden``): the references the native ones are tested and
+benchmarked against.
 """
 
 from __future__ import annotations
@@ -29,10 +27,10 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
-from torchdeq.solver import anderson_solver, broyden_solver
 
 from .anderson import Iterate, anderson, broyden
 from .errors import ConvergenceWarning, NonFiniteError
@@ -140,7 +138,7 @@ class FixedPointIteration(Solver):
         if self.check_finite and host_checks():
             rec.check_finite(z0)
         stats = rec.build(spec.batch, z0[0].device, z0[0].dtype, self.tol, self.stop_mode)
-        _warn_if_not_converged(stats, self.tol)
+        warn_if_not_converged(stats, self.tol)
         return z, stats
 
     def _untraced(
@@ -206,140 +204,7 @@ class FixedPointIteration(Solver):
         if grad_steps == 0:
             return z
         start = history[0] if history[0] is z0 else detached(history[0])
-        return _apply_steps(step, start, len(history) - 1)
-
-
-class _TorchDEQSolver(Solver):
-    """Shared guard around a torchdeq solver working on flattened (B, N) states.
-
-    The solver spends ``max_steps - 1`` evaluations of ``f``, then evaluates ``f`` once more at
-    its solution z* to measure the residual. Under a through-iteration backward mode that
-    evaluation runs with gradient and is followed by ``grad_steps - 1`` more plain steps; the
-    result carries their gradient and z*'s value (``with_gradient_of``), so the value is the
-    same under every backward mode. ``Unroll`` (``grad_steps >= max_steps``) is refused: the
-    accelerated iterations are not differentiable steps.
-    """
-
-    max_steps: int
-    tol: float | None
-    stop_mode: str
-
-    @abstractmethod
-    def _run(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, max_iter: int) -> Tensor:
-        """Call the torchdeq solver with plain keyword arguments; return the (B, N) solution."""
-
-    def solve(
-        self,
-        f: StepFn,
-        z0: State,
-        spec: StateSpec,
-        grad_steps: int = 0,
-    ) -> tuple[State, SolverStats]:
-        _refuse_vmap(self)
-        _refuse_unroll(self, grad_steps)
-        budget = self.max_steps - 1
-        rec = TraceRecorder(self.name)
-
-        def flat_f(x: Tensor) -> Tensor:
-            z = spec.unflatten(x)
-            fz = f(z)
-            rec.record(z, fz)
-            return spec.flatten(fz)
-
-        with torch.no_grad():
-            x = self._run(flat_f, spec.flatten(z0), budget)
-        z = detached(spec.unflatten(x))
-        tail = grad_steps > 0 and torch.is_grad_enabled()
-        with torch.set_grad_enabled(tail):
-            fz = f(z)  # the residual check at z*, and the first gradient step when tail
-        rec.record(z, fz)
-        rec.check_finite(z0)
-        if tail:
-            z = with_gradient_of(z, _apply_steps(f, fz, grad_steps - 1))
-        stats = rec.build(spec.batch, x.device, x.dtype, self.tol, self.stop_mode)
-        _warn_if_not_converged(stats, self.tol)
-        return z, stats
-
-    def _torchdeq_tol(self) -> float:
-        return -math.inf if self.tol is None else float(self.tol)
-
-
-@SOLVERS.register("torchdeq_anderson")
-@dataclass(frozen=True)
-class TorchDEQAnderson(_TorchDEQSolver):
-    """Anderson acceleration (torchdeq's ``anderson_solver``), guarded: the reference the
-    native ``Anderson`` is tested and benchmarked against.
-
-    Args:
-        max_steps: budget of ``f`` evaluations. tol: stopping tolerance (None: use the budget).
-        m: history size (>= 2). lam: Tikhonov regularisation of the mixing system.
-        damping: mixing step size in (0, 1]. stop_mode: "rel" or "abs".
-
-    A singular mixing system (torchdeq has no fallback) or a non-finite result is retried once
-    with ``lam`` raised to ``retry_lam``; if that fails too, NonFiniteError is raised.
-    """
-
-    max_steps: int = 50
-    tol: float | None = 1e-5
-    m: int = 5
-    lam: float = 1e-4
-    damping: float = 1.0
-    stop_mode: str = "rel"
-    retry_lam: float = 1e-2
-
-    def __post_init__(self) -> None:
-        check_positive_int(type(self).__name__, "max_steps", self.max_steps, minimum=4)
-        _check_anderson(type(self).__name__, self)
-
-    def _run(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, max_iter: int) -> Tensor:
-        return guarded_anderson(
-            flat_f,
-            x0,
-            max_iter=max_iter,
-            tol=self._torchdeq_tol(),
-            stop_mode=self.stop_mode,
-            m=self.m,
-            lam=self.lam,
-            damping=self.damping,
-            retry_lam=self.retry_lam,
-        )
-
-
-@SOLVERS.register("torchdeq_broyden")
-@dataclass(frozen=True)
-class TorchDEQBroyden(_TorchDEQSolver):
-    """Broyden's method (torchdeq's ``broyden_solver``, no line search), guarded: the reference
-    the native ``Broyden`` is tested and benchmarked against.
-
-    Args:
-        max_steps: budget of ``f`` evaluations. tol: stopping tolerance (None: use the budget).
-        stop_mode: "rel" or "abs".
-    """
-
-    max_steps: int = 50
-    tol: float | None = 1e-5
-    stop_mode: str = "rel"
-
-    def __post_init__(self) -> None:
-        _check_broyden(type(self).__name__, self)
-
-    def _run(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, max_iter: int) -> Tensor:
-        # torchdeq evaluates f once at x0, then once per iteration: max_iter + 1 evaluations.
-        x, _, _ = broyden_solver(
-            flat_f,
-            x0,
-            max_iter=max_iter - 1,
-            tol=self._torchdeq_tol(),
-            stop_mode=self.stop_mode,
-            ls=False,
-        )
-        if not bool(torch.isfinite(x).all()):
-            raise NonFiniteError(
-                "Broyden: the solution is non-finite (a degenerate rank-one update); "
-                "use Anderson or FixedPointIteration, or a smaller max_steps."
-            )
-        return x.reshape_as(x0)
-
+        return apply_steps(step, start, len(history) - 1)
 
 
 class _NativeSolver(Solver):
@@ -371,8 +236,8 @@ class _NativeSolver(Solver):
         spec: StateSpec,
         grad_steps: int = 0,
     ) -> tuple[State, SolverStats]:
-        _refuse_vmap(self)
-        _refuse_unroll(self, grad_steps)
+        refuse_vmap(self)
+        refuse_unroll(self, grad_steps)
         flat = _Flat(spec)
 
         def flat_f(x: Tensor) -> Tensor:
@@ -384,7 +249,7 @@ class _NativeSolver(Solver):
             _raise_non_finite(self.name, z0, result.failed_at)
         z = detached(flat.unflatten(result.x))
         if grad_steps > 0 and torch.is_grad_enabled():
-            z = with_gradient_of(z, _apply_steps(f, f(z), grad_steps - 1))
+            z = with_gradient_of(z, apply_steps(f, f(z), grad_steps - 1))
         converged = None
         if self.tol is not None:
             metric = result.rel_residual if self.stop_mode == "rel" else result.abs_residual
@@ -397,7 +262,7 @@ class _NativeSolver(Solver):
             result.rel_residual,
             converged,
         )
-        _warn_if_not_converged(stats, self.tol)
+        warn_if_not_converged(stats, self.tol)
         return z, stats
 
 
@@ -426,7 +291,7 @@ class Anderson(_NativeSolver):
     retry_lam: float = 1e-2
 
     def __post_init__(self) -> None:
-        _check_anderson(type(self).__name__, self)
+        check_anderson_options(type(self).__name__, self)
 
     def _iterate(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, budget: int) -> Iterate:
         retry = max(self.retry_lam, self.lam)
@@ -470,7 +335,7 @@ class Broyden(_NativeSolver):
     stop_mode: str = "rel"
 
     def __post_init__(self) -> None:
-        _check_broyden(type(self).__name__, self)
+        check_broyden_options(type(self).__name__, self)
 
     def _iterate(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, budget: int) -> Iterate:
         return broyden(flat_f, x0, max_evals=budget, tol=self.tol, stop_mode=self.stop_mode)
@@ -491,7 +356,8 @@ class _Flat:
         return (x.reshape(self.spec.shapes[0]),) if self.single else self.spec.unflatten(x)
 
 
-def _check_anderson(owner: str, solver: Anderson | TorchDEQAnderson) -> None:
+def check_anderson_options(owner: str, solver: Any) -> None:
+    """Validate an Anderson-type solver's fields (shared by the native and torchdeq ones)."""
     check_positive_int(owner, "max_steps", solver.max_steps, minimum=4)
     check_tolerance(owner, "tol", solver.tol, optional=True)
     check_positive_int(owner, "m", solver.m, minimum=2)
@@ -501,13 +367,15 @@ def _check_anderson(owner: str, solver: Anderson | TorchDEQAnderson) -> None:
         raise ValueError(f"{owner}: lam must be >= 0, got {solver.lam!r}")
 
 
-def _check_broyden(owner: str, solver: Broyden | TorchDEQBroyden) -> None:
+def check_broyden_options(owner: str, solver: Any) -> None:
+    """Validate a Broyden-type solver's fields (shared by the native and torchdeq ones)."""
     check_positive_int(owner, "max_steps", solver.max_steps, minimum=3)
     check_tolerance(owner, "tol", solver.tol, optional=True)
     check_choice(owner, "stop_mode", solver.stop_mode, STOP_MODES)
 
 
-def _refuse_vmap(solver: Solver) -> None:
+def refuse_vmap(solver: Solver) -> None:
+    """NotImplementedError under vmap: an accelerated solver decides on values."""
     if under_vmap():
         raise NotImplementedError(
             f"{type(solver).__name__} under torch.func.vmap: its steps decide on values "
@@ -516,7 +384,8 @@ def _refuse_vmap(solver: Solver) -> None:
         )
 
 
-def _refuse_unroll(solver: Solver, grad_steps: int) -> None:
+def refuse_unroll(solver: Solver, grad_steps: int) -> None:
+    """ValueError when every step would need gradient (Unroll) through an accelerated solver."""
     if grad_steps >= solver.max_steps:
         raise ValueError(
             f"{type(solver).__name__} runs without gradient and cannot be unrolled through all "
@@ -534,52 +403,6 @@ def _raise_non_finite(solver: str, z0: State, evaluation: int) -> None:
     raise NonFiniteError(
         f"{solver}: non-finite value (NaN or inf, or a step whose size overflows) at {where}. "
         "Check f for overflow or division by zero, use FixedPointIteration, or float64."
-    )
-
-
-def guarded_anderson(
-    flat_f: Callable[[Tensor], Tensor],
-    x0: Tensor,
-    *,
-    max_iter: int,
-    tol: float,
-    stop_mode: str,
-    m: int,
-    lam: float,
-    damping: float,
-    retry_lam: float,
-) -> Tensor:
-    """torchdeq's Anderson on (B, N) vectors, retried once with ``retry_lam`` when it fails.
-
-    Failure means a singular mixing system (``torch.linalg.LinAlgError``) or a non-finite
-    result; both come from a (near) rank-deficient residual history, e.g. a start at the fixed
-    point with ``lam = 0``.
-    """
-    for attempt, reg in enumerate((lam, max(retry_lam, lam))):
-        try:
-            x, _, _ = anderson_solver(
-                flat_f,
-                x0,
-                max_iter=max_iter,
-                tol=tol,
-                stop_mode=stop_mode,
-                m=m,
-                lam=reg,
-                tau=damping,
-            )
-        except torch.linalg.LinAlgError as err:
-            failure = f"singular mixing system ({err})"
-        else:
-            if bool(torch.isfinite(x).all()):
-                return x.reshape_as(x0)
-            failure = "non-finite result"
-        if attempt == 0:
-            logger.warning(
-                "Anderson: %s with lam=%g; retrying with lam=%g", failure, reg, max(retry_lam, lam)
-            )
-    raise NonFiniteError(
-        f"Anderson failed twice ({failure}), last with lam={max(retry_lam, lam):g}; "
-        "raise lam/retry_lam or use FixedPointIteration."
     )
 
 
@@ -611,13 +434,15 @@ def _is_finite(health: Tensor, z0: State) -> bool:
     return bool(flags.all())
 
 
-def _apply_steps(step: StepFn, z: State, n: int) -> State:
+def apply_steps(step: StepFn, z: State, n: int) -> State:
+    """``n`` steps of ``step`` from ``z``."""
     for _ in range(n):
         z = step(z)
     return z
 
 
-def _warn_if_not_converged(stats: SolverStats, tol: float | None) -> None:
+def warn_if_not_converged(stats: SolverStats, tol: float | None) -> None:
+    """``ConvergenceWarning`` with the worst residual when a solve with a tolerance missed it."""
     if tol is None or stats.converged is None or not host_checks() or bool(stats.converged.all()):
         return
     warnings.warn(
