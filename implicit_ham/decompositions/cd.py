@@ -25,8 +25,8 @@ class CD(Decomposition):
         C <- C / (sum_n C + eps)
         D <- normalize_d(X C)                          (every basis has unit norm)
 
-    ``compute_coef`` is the ridge regression ``C = X^T D (D^T D + beta I_r)^{-1}``, computed as
-    ``X^T W`` with ``W`` from an r x r linear solve (no explicit inverse), ``beta = 0.1``; the
+    ``compute_coef`` is the ridge regression ``C = X^T D (D^T D + beta I_r)^{-1}``, ``beta = 0.1``,
+    with the r x r inverse formed explicitly as in the official code (well conditioned); the
     readout is ``D C^T``. See ``Decomposition`` for the gradient semantics. Like ``VQ``, the
     iteration scales ``X^T D`` by ``1 / max(||x_j||, norm_eps)`` (the ``loop_invariants``, once
     per solve) instead of normalising a copy of X per iteration.
@@ -55,15 +55,15 @@ class CD(Decomposition):
         return F.normalize(x @ coef, dim=1, eps=self.eps), coef
 
     def compute_coef(self, x: Tensor, state: State) -> Tensor:
-        """``C = X^T W`` with ``W^T = (D^T D + beta I)^-1 D^T`` (B*S, r, d): the r x r solve has
-        a d-column right-hand side, so backward keeps r x d, not the r x n solution; in float32
-        for half states."""
+        """``C^T = (D^T D + beta I)^-1 (D^T X)`` (B*S, n, r): the r x r inverse is well
+        conditioned (unit-norm bases, beta > 0), and backward keeps only it and D (which the
+        readout keeps anyway), as the official code; in float32 for half states."""
         bases = state[0]
         dtype = working_dtype(bases.dtype)
         eye = torch.eye(self.rank, device=bases.device, dtype=dtype)
         system = (bases.transpose(1, 2) @ bases).to(dtype) + self.beta * eye
-        weights_t = torch.linalg.solve(system, bases.transpose(1, 2).to(dtype)).to(bases.dtype)
-        return (weights_t @ x).transpose(1, 2)
+        inverse = torch.linalg.inv(system).to(bases.dtype)
+        return (inverse @ (bases.transpose(1, 2) @ x)).transpose(1, 2)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, beta={self.beta:g}"
