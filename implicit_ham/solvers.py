@@ -11,7 +11,7 @@ plain steps of ``f`` taken from its solution, without changing the value (``with
 ``FixedPointIteration`` with ``tol=None`` runs exactly ``max_steps`` steps with no host
 synchronisation per step (Hamburger's K steps); its per-step residual trace is recorded only
 when asked for (``trace=True``) or when a tolerance needs it. ``Anderson`` and ``Broyden`` are
-native (``implicit_ham.anderson``): they return an evaluated iterate, so its residual is known
+native (``implicit_ham.accelerated``): they return an evaluated iterate, so its residual is known
 without another evaluation of ``f``. torchdeq's solvers, guarded, are in ``torchdeq_solvers``
 (``TorchDEQAnderson``, ``TorchDEQBroyden``): the references the native ones are tested and
 benchmarked against.
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .anderson import Iterate, anderson, broyden
+from .accelerated import Iterate, anderson, broyden
 from .errors import ConvergenceWarning, NonFiniteError
 from .registry import Registry
 from .state import State, StateSpec, StepFn, detached, finite_flags, with_gradient_of
@@ -208,7 +208,7 @@ class FixedPointIteration(Solver):
 
 
 class _NativeSolver(Solver):
-    """Shared frame of the native accelerated solvers (``implicit_ham.anderson``).
+    """Shared frame of the native accelerated solvers (``implicit_ham.accelerated``).
 
     The solve spends at most ``max_steps - 1`` evaluations of ``f`` without gradient and
     returns, per sample, the evaluated iterate with the lowest residual; its residual is
@@ -269,7 +269,7 @@ class _NativeSolver(Solver):
 @SOLVERS.register("anderson")
 @dataclass(frozen=True)
 class Anderson(_NativeSolver):
-    """Anderson acceleration (native, ``implicit_ham.anderson.anderson``); the default
+    """Anderson acceleration (native, ``implicit_ham.accelerated.anderson``); the default
     accelerated solver. ``TorchDEQAnderson`` ("torchdeq_anderson") runs torchdeq's.
 
     Args:
@@ -322,7 +322,7 @@ class Anderson(_NativeSolver):
 @SOLVERS.register("broyden")
 @dataclass(frozen=True)
 class Broyden(_NativeSolver):
-    """Broyden's method (native, ``implicit_ham.anderson.broyden``, no line search).
+    """Broyden's method (native, ``implicit_ham.accelerated.broyden``, no line search).
     ``TorchDEQBroyden`` ("torchdeq_broyden") runs torchdeq's.
 
     Args:
