@@ -31,7 +31,6 @@ from .solvers import (
 )
 from .state import State, StateSpec, StepFn, detached, with_gradient_of
 from .stats import SolverStats, TraceRecorder
-from .validation import check_positive_int
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +114,6 @@ class TorchDEQAnderson(_TorchDEQSolver):
     retry_lam: float = 1e-2
 
     def __post_init__(self) -> None:
-        check_positive_int(type(self).__name__, "max_steps", self.max_steps, minimum=4)
         check_anderson_options(type(self).__name__, self)
 
     def _run(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, max_iter: int) -> Tensor:

@@ -29,6 +29,7 @@ from .common import (
     Run,
     clear_errors,
     dtype_device_shape,
+    matches_fd,
     no_dead_inputs,
     second_derivative,
     solve_and_differentiate,
@@ -39,7 +40,6 @@ from .references import (
     Gradient,
     damped_steps_from,
     detach_then_steps,
-    directional_errors,
     gradient_from_adjoint,
     implicit_adjoint,
     neumann_adjoint,
@@ -231,15 +231,13 @@ def _fixed_point_loss(problem: Problem) -> Callable[[], Tensor]:
 
 
 def _fd(problem: Problem, run: Run, loss: Callable[[], Tensor], tol: float) -> dict[str, float]:
-    err, norm = directional_errors(problem.inputs, run.gradient, loss)
-    require(
-        err <= tol,
+    return matches_fd(
+        problem.inputs,
+        run.gradient,
+        loss,
+        tol,
         "the gradient disagrees with central finite differences",
-        rel_error=err,
-        tol=tol,
-        fd_norm=norm,
     )
-    return {"rel_error": err, "tol": tol}
 
 
 def _one_step_at_solution(problem: Problem, run: Run) -> dict[str, float]:

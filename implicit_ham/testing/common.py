@@ -4,6 +4,7 @@ generic contract (same value, dtype / device / shape, no dead inputs, clear erro
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -101,6 +102,32 @@ def no_dead_inputs(problem: Problem, run: Run) -> dict[str, float]:
     return {"min_grad_norm": smallest}
 
 
+def expect_error(what: str, call: Callable[[], object], expected: type[Exception]) -> None:
+    """Require ``call()`` to raise ``expected`` (exactly that family, with a message)."""
+    try:
+        call()
+    except expected as err:
+        require(bool(str(err)), f"{what}: {expected.__name__} without a message")
+        return
+    except Exception as err:  # any other error breaks the contract
+        require(False, f"{what}: expected {expected.__name__}, got {type(err).__name__}: {err}")
+    require(False, f"{what}: no error raised (expected {expected.__name__})")
+
+
+def matches_fd(
+    inputs: tuple[Tensor, ...],
+    gradient: Gradient,
+    loss: Callable[[], Tensor],
+    tol: float,
+    what: str,
+) -> dict[str, float]:
+    """Require ``gradient`` of ``loss`` w.r.t. ``inputs`` to match central differences
+    (directional, relative error ``<= tol``); ``what`` names the disagreement."""
+    err, norm = directional_errors(inputs, gradient, loss)
+    require(err <= tol, what, rel_error=err, tol=tol, fd_norm=norm)
+    return {"rel_error": err, "tol": tol}
+
+
 def clear_errors(problem: Problem, solver: Solver, adjoint: Adjoint) -> dict[str, float]:
     """Require the documented errors, with a message, for a wrong-shaped return of f
     (ValueError), a dtype change (TypeError) and NaN in z0 (NonFiniteError)."""
@@ -111,15 +138,12 @@ def clear_errors(problem: Problem, solver: Solver, adjoint: Adjoint) -> dict[str
         ("z0 holds NaN", problem.f, torch.full_like(z0, math.nan), NonFiniteError),
     ]
     for what, f, start, expected in cases:
-        try:
+
+        def run(f: Callable[..., Tensor] = f, start: Tensor = start) -> None:
             sol = fixed_point(f, start, *problem.args, solver=solver, adjoint=adjoint)
             input_gradient(problem, sol.value)
-        except expected as err:
-            require(bool(str(err)), f"{what}: {expected.__name__} without a message")
-            continue
-        except Exception as err:
-            require(False, f"{what}: expected {expected.__name__}, got {type(err).__name__}: {err}")
-        require(False, f"{what}: no error raised (expected {expected.__name__})")
+
+        expect_error(what, run, expected)
     return {}
 
 

@@ -14,8 +14,8 @@ import torch
 from ..adjoints import Adjoint, Implicit, Neumann, OneStep, Phantom, Truncated, Unroll
 from ..decompositions import Decomposition
 from ..errors import NonFiniteError
+from .common import expect_error, matches_fd
 from .decomposition_inputs import build, feature_map, initial_bases, run_layer, x_gradient
-from .references import directional_errors
 from .report import Checker, ConformanceReport, NotApplicableError, require
 
 UNROLL_FD_RTOL = 1e-5
@@ -179,17 +179,13 @@ def _unroll_fd(layer: Decomposition) -> dict[str, float]:
     weights = torch.randn(x.shape, generator=torch.Generator().manual_seed(2), dtype=x.dtype)
     y = run_layer(layer, x, Unroll(), bases)
     gradient = (x_gradient((weights * y).sum(), x),)
-    err, norm = directional_errors(
-        (x,), gradient, lambda: (weights * run_layer(layer, x, Unroll(), bases)).sum()
-    )
-    require(
-        err <= UNROLL_FD_RTOL,
+    return matches_fd(
+        (x,),
+        gradient,
+        lambda: (weights * run_layer(layer, x, Unroll(), bases)).sum(),
+        UNROLL_FD_RTOL,
         "the Unroll gradient disagrees with finite differences of the layer's output",
-        rel_error=err,
-        tol=UNROLL_FD_RTOL,
-        fd_norm=norm,
     )
-    return {"rel_error": err, "tol": UNROLL_FD_RTOL}
 
 
 def _empty_batch(layer: Decomposition) -> dict[str, float]:
@@ -229,14 +225,7 @@ def _clear_errors(layer: Decomposition) -> dict[str, float]:
     if layer.nonnegative:
         cases.append(("x is negative", -x, ValueError))
     for what, bad, expected in cases:
-        try:
-            layer(bad)
-        except expected as err:
-            require(bool(str(err)), f"{what}: {expected.__name__} without a message")
-            continue
-        except Exception as err:
-            require(False, f"{what}: expected {expected.__name__}, got {type(err).__name__}: {err}")
-        require(False, f"{what}: no error raised (expected {expected.__name__})")
+        expect_error(what, partial(layer, bad), expected)
     return {}
 
 

@@ -16,6 +16,7 @@ from .common import (
     Run,
     clear_errors,
     dtype_device_shape,
+    matches_fd,
     no_dead_inputs,
     solve_and_differentiate,
     solve_or_skip,
@@ -132,15 +133,13 @@ def _unroll_vs_fd(problem: Problem, solver: Solver) -> dict[str, float]:
         sol = fixed_point(problem.f, problem.z0, *problem.args, solver=solver, adjoint=OneStep())
         return problem.loss(sol.value)
 
-    err, norm = directional_errors(problem.inputs, run.gradient, loss)
-    require(
-        err <= UNROLL_FD_RTOL,
+    return matches_fd(
+        problem.inputs,
+        run.gradient,
+        loss,
+        UNROLL_FD_RTOL,
         "the Unroll gradient disagrees with finite differences of the solver's value",
-        rel_error=err,
-        tol=UNROLL_FD_RTOL,
-        fd_norm=norm,
     )
-    return {"rel_error": err, "tol": UNROLL_FD_RTOL}
 
 
 def tightened(solver: Solver) -> Solver:
