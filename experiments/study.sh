@@ -7,7 +7,7 @@ PY=${PY:-.venv/bin/python}
 OUT=${OUT:-multirun/study}
 STUDY=("study.ks=[1,3,6,12,24]" study.reference_steps=500 study.max_steps=60)
 run() { "$@" || echo "study.sh: FAILED (exit $?): $*" >&2; }
-# Q1: decomposition x backward mode x K (1, 6) x 3 seeds (72 jobs); Q3: baselines; Q2: remedies.
+# Q1: decomposition x backward mode at K = 6 x 3 seeds (36 jobs); Q3: baselines; Q2: remedies.
 run $PY -m experiments.train -m +experiment=adjoint_ablation hydra.sweep.dir=$OUT/adjoints
 run $PY -m experiments.train -m +experiment=attention_vs_md hydra.sweep.dir=$OUT/context
 run $PY -m experiments.train -m +experiment=study_remedy hydra.sweep.dir=$OUT/remedy
