@@ -34,6 +34,7 @@ from .registry import Registry
 from .solvers import Solver, damped
 from .state import State, StateSpec, StepFn, detached, with_gradient_of
 from .stats import BackwardStats, SolverStats
+from .transforms import host_checks
 from .validation import (
     check_choice,
     check_nonnegative,
@@ -224,13 +225,16 @@ class Implicit(AtFixedPoint):
         """The adjoint vector is differentiated implicitly: its own gradient solves the
         transposed system with the same linear solver (``ridge`` is already in the system)."""
         transposed = dataclasses.replace(self, ridge=0.0, cond_threshold=None)
-        return SecondOrder("solve", transposed.backward_solve, 1.0 / (1.0 + self.ridge))
+        vmappable = not self.linear_solver.iterative  # type: ignore[union-attr]
+        return SecondOrder(
+            "solve", transposed.backward_solve, 1.0 / (1.0 + self.ridge), vmappable
+        )
 
     def backward_solve(self, op: AdjointOperator, v: Tensor) -> tuple[Tensor, BackwardStats]:
         solver: LinearSolver = self.linear_solver  # type: ignore[assignment]
         if self.ridge:
             op = discounted(op, 1.0 / (1.0 + self.ridge))
-        if not bool(v.any()):
+        if host_checks() and not bool(v.any()):
             g, steps, cond = torch.zeros_like(v), 0, None
         else:
             g, steps, cond = solver.solve(op, v, self.max_steps, self.tol)
@@ -272,7 +276,7 @@ class Neumann(AtFixedPoint):
 
     def second_order(self) -> SecondOrder:
         """The k-term series is differentiated as computed (its products carry a graph)."""
-        return SecondOrder("series")
+        return SecondOrder("series", vmappable=True)
 
     def backward_solve(self, op: AdjointOperator, v: Tensor) -> tuple[Tensor, BackwardStats]:
         term, total = v, v

@@ -47,6 +47,7 @@ from .errors import (
     NotFixedPointWarning,
     SecondOrderError,
 )
+from .func_gradient import TransformedSolve, attach_under_transforms
 from .linear_solvers import AdjointOperator
 from .precision import working_dtype
 from .second_order import (
@@ -61,7 +62,7 @@ from .second_order import (
 )
 from .state import BoundStep, State, StateSpec, StepFn, per_sample_norm
 from .stats import BackwardStats
-from .transforms import active_transforms
+from .transforms import active_transforms, host_checks
 
 __all__ = ["BackwardSolve", "FixedPointCheck", "SecondOrder", "attach_fixed_point_gradient"]
 ON_DIVERGENCE = ("warn", "raise", "fallback")
@@ -112,8 +113,9 @@ def attach_fixed_point_gradient(
     """
     if not torch.is_grad_enabled():
         return z_star
-    _refuse_transforms(check.adjoint)
     bound = as_bound(f)
+    if active_transforms():
+        return _under_transforms(bound, z_star, spec, backward_solve, log, check, second_order)
     with torch.enable_grad():
         z_req = tuple(t.detach().requires_grad_() for t in z_star)
         fz = bound(z_req)
@@ -155,8 +157,9 @@ def attach_root_gradient(
     """
     if not torch.is_grad_enabled():
         return z_star
-    _refuse_transforms(check.adjoint)
     bound = as_bound(g)
+    if active_transforms():
+        return _under_transforms(bound, z_star, spec, backward_solve, log, check, second_order)
     with torch.enable_grad():
         z_req = tuple(t.detach().requires_grad_() for t in z_star)
         gz = bound(z_req)
@@ -170,14 +173,28 @@ def attach_root_gradient(
     return _FixedPointGradient.apply(backward, *gz, *backward.sources())
 
 
-def _refuse_transforms(adjoint: str) -> None:
-    if active_transforms():
-        raise NotImplementedError(
-            f"{adjoint} under torch.func ({' > '.join(active_transforms())}): this mode "
-            "runs its own autograd graph in backward, which torch.func transforms cannot "
-            "trace. Use torch.autograd (loss.backward(), torch.autograd.grad), or Unroll, "
-            "Truncated, OneStep or Phantom under torch.func."
-        )
+def _under_transforms(
+    bound: BoundStep,
+    z_star: State,
+    spec: StateSpec,
+    backward_solve: BackwardSolve,
+    log: list[BackwardStats],
+    check: FixedPointCheck,
+    rule: SecondOrder | None,
+) -> State:
+    """The same gradient under torch.func transforms (see ``func_gradient``)."""
+    solve = TransformedSolve(
+        bound,
+        tuple(t.detach() for t in z_star),
+        spec,
+        backward_solve,
+        lambda worst: _at_fixed_point(worst, check, spec.batch),
+        check.root_of is not None,
+        rule is not None and rule.vmappable,
+        check.adjoint,
+        log,
+    )
+    return attach_under_transforms(solve)
 
 
 @dataclass
@@ -461,6 +478,9 @@ def finish_backward(
     "fallback" (warn and return the one-step gradient g = v instead, flagged in the stats).
     When the solver reported ``cond`` above ``cond_threshold``, warns ``ConditioningWarning``.
     """
+    if not host_checks():  # under vmap / while compiling values cannot be read: no checks
+        stats = BackwardStats(adjoint, linear_solver, steps, math.nan, math.nan, None, cond)
+        return g, stats
     finite = bool(torch.isfinite(g).all())
     v_norm = float(torch.linalg.vector_norm(v.detach()))
     if v_norm == 0.0 and finite and not bool(g.any()):

@@ -32,7 +32,7 @@ from .registry import Registry
 from .solvers import SOLVERS, Solver
 from .state import BoundStep, State, StateSpec, StepFn, per_sample_norm
 from .stats import BackwardStats, SolverStats
-from .transforms import host_checks
+from .transforms import active_transforms, host_checks
 from .validation import check_positive_int, check_tolerance, check_unit_interval
 
 logger = logging.getLogger(__name__)
@@ -344,6 +344,14 @@ def differentiate(
         raise ValueError(
             f"{adjoint.name} is not available for root / argmin layers; use Implicit, Neumann "
             "(at the solution) or Unroll, Truncated, OneStep (through the iterations)"
+        )
+    if active_transforms():
+        raise NotImplementedError(
+            f"{adjoint.name} in a root / argmin layer under torch.func "
+            f"({' > '.join(active_transforms())}): these solvers differentiate the problem with "
+            "torch.autograd inside (Newton's Jacobian, the minimizers' gradients), which "
+            "torch.func transforms cannot trace. Use torch.autograd (loss.backward(), "
+            "torch.autograd.grad; create_graph=True for second derivatives)."
         )
     ridge: float = getattr(adjoint, "ridge", 0.0)
     if condition.root_of is not None and ridge:

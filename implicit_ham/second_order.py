@@ -54,11 +54,15 @@ class SecondOrder:
             vector's own implicit gradient), e.g. the same linear solver.
         discount: for "solve" on a fixed point, the factor of ``J^T`` in the system
             ``I - discount * J^T`` (``Implicit(ridge=λ)``: ``1 / (1 + λ)``).
+        vmappable: whether ``backward_solve`` has no value-dependent control flow, so that it
+            runs under ``torch.func.vmap`` (and jacrev / jacfwd): an exact dense solve or a
+            fixed series, not an iteration that stops on a tolerance.
     """
 
     kind: str
     solve: BackwardSolve | None = None
     discount: float = 1.0
+    vmappable: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in SECOND_ORDER_KINDS:
