@@ -19,6 +19,12 @@ What is checked and what is not:
   run. Under ``grad`` / ``vjp`` alone every check runs as in eager mode.
 * A second derivative by nested transforms (``jacrev(grad(...))``, ``hessian``) is refused
   (``SecondOrderError``): z* is detached here. Use ``torch.autograd`` with ``create_graph=True``.
+* ``torch.compile`` traces the same construction (without the jvp, which it does not trace) for
+  a solve without value-dependent control flow (dense, Neumann) unless ``on_divergence`` is
+  "fallback": zero graph breaks with ``fixed_point_tol=None``; with a tolerance, the fixed-point
+  check runs eagerly in the forward pass (a graph break) and warns or raises as in eager mode.
+  The compiled backward pass skips the solve's host checks (finiteness, condition number), as
+  every compiled graph does.
 """
 
 from __future__ import annotations
@@ -51,9 +57,11 @@ class TransformedSolve:
         bound: f (or g for a root) with its inputs. z_star: the detached solution.
         spec: the state's structure. backward_solve: the mode's solve of ``A^T g = v``.
         go_on: applies the fixed-point check to the worst residual (False: fall back to g = v).
-        residual: (B,) forward residual per sample. root: whether ``bound`` is a root's g.
+        root: whether ``bound`` is a root's g.
         vmappable: whether ``backward_solve`` runs under vmap (no value-dependent control
             flow). adjoint: the mode's name. log: each solve's ``BackwardStats``.
+        checks_point: whether the mode checks the fixed point (``fixed_point_tol`` given).
+        residual: (B,) forward residual per sample (set when the gradient is attached).
     """
 
     bound: BoundStep
@@ -65,6 +73,7 @@ class TransformedSolve:
     vmappable: bool
     adjoint: str
     log: list[BackwardStats]
+    checks_point: bool = True
     residual: Tensor | None = None
 
     def solve(self, vectors: tuple[Tensor | None, ...], transpose: bool) -> State:
@@ -145,6 +154,22 @@ class _Solve(torch.autograd.Function):
         return ctx.solve.solve(tangents[1:], transpose=False)
 
 
+class _SolveReverse(torch.autograd.Function):
+    """``S`` without forward mode, for ``torch.compile`` (which does not trace a custom jvp)."""
+
+    @staticmethod
+    def forward(solve: TransformedSolve, *delta: Tensor) -> tuple[Tensor, ...]:
+        return tuple(d.clone() for d in delta)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.solve = inputs[0]
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+        return (None, *ctx.solve.solve(grads, transpose=True))
+
+
 def attach_under_transforms(solve: TransformedSolve) -> State:
     """z* (same values) carrying the mode's derivative in every torch.func transform.
 
@@ -162,7 +187,8 @@ def attach_under_transforms(solve: TransformedSolve) -> State:
     with torch.enable_grad():
         out = solve.bound(solve.z_star)
         delta = tuple(t - t.detach() for t in out)
-        moved = _Solve.apply(solve, *delta)
+        function = _SolveReverse if torch.compiler.is_compiling() else _Solve
+        moved = function.apply(solve, *delta)
     with torch.no_grad():
         values = tuple(t.detach() for t in out)
         if solve.root:
@@ -171,4 +197,13 @@ def attach_under_transforms(solve: TransformedSolve) -> State:
             steps = tuple(a - b for a, b in zip(values, solve.z_star, strict=True))
             change = per_sample_norm(steps)
             solve.residual = change / (per_sample_norm(values) + torch.finfo(change.dtype).tiny)
+    if torch.compiler.is_compiling() and solve.checks_point:
+        _check_outside_the_graph(solve, solve.residual)
     return tuple(z + m for z, m in zip(solve.z_star, moved, strict=True))
+
+
+@torch.compiler.disable
+def _check_outside_the_graph(solve: TransformedSolve, residual: Tensor) -> None:
+    """The fixed-point check of a compiled forward pass, run eagerly (one graph break): it
+    warns or raises per ``on_divergence`` (the compiled backward cannot branch on it)."""
+    solve.go_on(float(residual.max()) if residual.numel() else 0.0)

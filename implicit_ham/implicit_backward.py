@@ -114,7 +114,7 @@ def attach_fixed_point_gradient(
     if not torch.is_grad_enabled():
         return z_star
     bound = as_bound(f)
-    if active_transforms():
+    if active_transforms() or _compiled_whole(second_order, check):
         return _under_transforms(bound, z_star, spec, backward_solve, log, check, second_order)
     with torch.enable_grad():
         z_req = tuple(t.detach().requires_grad_() for t in z_star)
@@ -158,7 +158,7 @@ def attach_root_gradient(
     if not torch.is_grad_enabled():
         return z_star
     bound = as_bound(g)
-    if active_transforms():
+    if active_transforms() or _compiled_whole(second_order, check):
         return _under_transforms(bound, z_star, spec, backward_solve, log, check, second_order)
     with torch.enable_grad():
         z_req = tuple(t.detach().requires_grad_() for t in z_star)
@@ -171,6 +171,15 @@ def attach_root_gradient(
         spec, z_req, gz, backward_solve, log, check, residual, label, bound, second_order
     )
     return _FixedPointGradient.apply(backward, *gz, *backward.sources())
+
+
+def _compiled_whole(rule: SecondOrder | None, check: FixedPointCheck) -> bool:
+    """Whether ``torch.compile`` traces the gradient into its graph (the ``func_gradient``
+    path): for a backward solve without value-dependent control flow (dense, Neumann) and a
+    policy that does not change the backward on a failed check (not "fallback"); otherwise the
+    Function below runs eagerly between graphs."""
+    vmappable = rule is not None and rule.vmappable
+    return torch.compiler.is_compiling() and vmappable and check.on_divergence != "fallback"
 
 
 def _under_transforms(
@@ -193,6 +202,7 @@ def _under_transforms(
         rule is not None and rule.vmappable,
         check.adjoint,
         log,
+        checks_point=check.tol is not None,
     )
     return attach_under_transforms(solve)
 
