@@ -64,7 +64,6 @@ from .state import BoundStep, State, StateSpec, StepFn, per_sample_norm
 from .stats import BackwardStats
 from .transforms import active_transforms, host_checks
 
-__all__ = ["BackwardSolve", "FixedPointCheck", "SecondOrder", "attach_fixed_point_gradient"]
 ON_DIVERGENCE = ("warn", "raise", "fallback")
 
 
