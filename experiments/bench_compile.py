@@ -20,7 +20,6 @@ an ``autograd.Function`` that walks the autograd graph).
 from __future__ import annotations
 
 import argparse
-import logging
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -33,13 +32,16 @@ import implicit_ham as ih
 from experiments.measure import CLOCKS, clock_seconds, configure_threads, interleaved_medians
 from implicit_ham.diagnostics import Rows
 
-logger = logging.getLogger(__name__)
-
 HAMS: dict[str, type[ih.Decomposition]] = {"nmf": ih.NMF, "vq": ih.VQ, "cd": ih.CD}
 TRAIN_MODES: dict[str, ih.Adjoint] = {"one_step": ih.OneStep(), "unroll": ih.Unroll()}
 AT_POINT: dict[str, ih.Adjoint] = {
-    "implicit": ih.Implicit(linear_solver="gmres", max_steps=20),
-    "neumann": ih.Neumann(5, 0.5),
+    "implicit(gmres)": ih.Implicit(linear_solver="gmres", max_steps=20),
+    "implicit(dense)": ih.Implicit(linear_solver="dense"),
+    "implicit(dense, fixed_point_tol=None)": ih.Implicit(
+        linear_solver="dense", fixed_point_tol=None
+    ),
+    "neumann(5, 0.5)": ih.Neumann(5, 0.5),
+    "neumann(5, 0.5, fixed_point_tol=None)": ih.Neumann(5, 0.5, fixed_point_tol=None),
 }
 
 
@@ -128,8 +130,9 @@ def _tanh_factory(
     return make
 
 
-def run(args: argparse.Namespace) -> Rows:
-    """Time every case eager and compiled; the rows of the table."""
+def run(args: argparse.Namespace, progress: bool = False) -> Rows:
+    """Time every case eager and compiled; the rows of the table (each printed as it is
+    measured when ``progress``)."""
     inductor_config.fallback_random = True
     now = clock_seconds(args.clock)
     rows = Rows()
@@ -162,7 +165,8 @@ def run(args: argparse.Namespace) -> Rows:
                 "max_abs_diff": float((first - reference).abs().max()),
             }
         )
-        logger.info("%s: %s", name, rows[-1])
+        if progress:
+            print(Rows(rows[-1:]), flush=True)
     return rows
 
 
@@ -186,7 +190,7 @@ def graph_breaks(args: argparse.Namespace) -> Rows:
                     "mode": mode,
                     "graphs": explanation.graph_count,
                     "graph_breaks": explanation.graph_break_count,
-                    "reasons": "; ".join(reasons)[:160],
+                    "reasons": "; ".join(reasons)[:90],
                 }
             )
     return rows
@@ -219,8 +223,9 @@ def main(argv: Sequence[str] | None = None) -> tuple[Rows, Rows]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ih.ConvergenceWarning)
         warnings.simplefilter("ignore", ih.NotFixedPointWarning)
-        rows = run(args)
         breaks = graph_breaks(args)
+        print(breaks, flush=True)
+        rows = run(args, progress=True)
     print(
         f"torch {torch.__version__}, backend={args.backend}, threads={threads}, "
         f"clock={args.clock}, median of {args.repeats} interleaved rounds; blocks: "
