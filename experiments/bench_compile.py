@@ -10,11 +10,12 @@ every round). ``inductor.config.fallback_random`` is set so that the random init
 same in both, and the first outputs are compared (``max_abs_diff``). ``compile_s`` is the first
 compiled call (tracing, code generation, the C++ build) minus an eager call.
 
-Then ``torch._dynamo.explain`` counts the graph breaks of the same block and of ``fixed_point``
-under ``Implicit`` and ``Neumann``, which are not compiled whole (their gradient is attached by
-an ``autograd.Function`` that walks the autograd graph).
+Then ``torch._dynamo.explain`` counts the graph breaks of an NMF block (on a (1, C, 8, 8)
+input, so that Dense's matrix fits its ``max_size``) and of ``fixed_point`` under every mode:
+the through-iteration ones, and Implicit / Neumann with and without a fixed-point tolerance.
 
-    python -m experiments.bench_compile --threads 1   # the table in docs/composability.md
+    python -m experiments.bench_compile --threads 1 --repeats 10 --warmup 2   # both tables
+    python -m experiments.bench_compile --breaks-only                        # graph breaks
 """
 
 from __future__ import annotations
@@ -173,7 +174,8 @@ def run(args: argparse.Namespace, progress: bool = False) -> Rows:
 def graph_breaks(args: argparse.Namespace) -> Rows:
     """``torch._dynamo.explain`` of a block and of ``fixed_point`` under the at-point modes."""
     gen = torch.Generator().manual_seed(0)
-    image = torch.rand(2, args.channels, args.size, args.size, generator=gen)
+    size = min(args.size, 8)  # a state small enough for Dense's max_size (its backward is traced)
+    image = torch.rand(1, args.channels, size, size, generator=gen)
     vectors = torch.randn(4, args.width, generator=gen)
     rows = Rows()
     for mode, adjoint in {**TRAIN_MODES, **AT_POINT}.items():
@@ -214,6 +216,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3, help="untimed rounds first")
     parser.add_argument("--clock", default="wall", choices=CLOCKS, help="wall or process CPU")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--breaks-only", action="store_true", help="only count graph breaks")
     return parser.parse_args(argv)
 
 
@@ -225,7 +228,9 @@ def main(argv: Sequence[str] | None = None) -> tuple[Rows, Rows]:
         warnings.simplefilter("ignore", ih.NotFixedPointWarning)
         breaks = graph_breaks(args)
         print(breaks, flush=True)
-        rows = run(args, progress=True)
+        rows = Rows() if args.breaks_only else run(args, progress=True)
+    if args.breaks_only:
+        return rows, breaks
     print(
         f"torch {torch.__version__}, backend={args.backend}, threads={threads}, "
         f"clock={args.clock}, median of {args.repeats} interleaved rounds; blocks: "
