@@ -100,6 +100,7 @@ def tanh_layer(adjoint: ih.Adjoint, W: torch.Tensor):
     return layer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("adjoint", AT_POINT, ids=lambda a: a.name)
 def test_at_point_modes_with_a_solve_free_of_host_checks_compile_whole(adjoint) -> None:
     """Implicit(dense) and Neumann without a fixed-point tolerance: zero graph breaks, and
@@ -126,6 +127,7 @@ def test_a_block_under_implicit_dense_compiles_without_graph_breaks() -> None:
     assert explanation.graph_break_count == 0, explanation.break_reasons
 
 
+@pytest.mark.slow
 def test_a_compiled_at_point_mode_still_checks_the_fixed_point() -> None:
     """With fixed_point_tol, the check runs eagerly in the compiled forward (a graph break)
     and warns as in eager mode."""
