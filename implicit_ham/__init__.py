@@ -69,6 +69,7 @@ from .modules import (
 )
 from .projections import CONSTRAINTS, Box, Constraint, NonNegative
 from .root import ROOT_SOLVERS, Newton, RootSolver, root
+from .second_order import SecondOrder
 from .solvers import (
     SOLVERS,
     Anderson,
@@ -145,6 +146,7 @@ __all__ = [
     "RidgeNMF",
     "RootSolver",
     "SDPAttention2d",
+    "SecondOrder",
     "SecondOrderError",
     "SelfAttention2d",
     "Solution",

@@ -15,6 +15,7 @@ A backward mode never changes the forward value, only the gradient. Two families
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ from torch import Tensor
 from .implicit_backward import (
     ON_DIVERGENCE,
     FixedPointCheck,
+    SecondOrder,
     attach_fixed_point_gradient,
     finish_backward,
 )
@@ -32,6 +34,7 @@ from .registry import Registry
 from .solvers import Solver, damped
 from .state import State, StateSpec, StepFn, detached, with_gradient_of
 from .stats import BackwardStats, SolverStats
+from .transforms import host_checks
 from .validation import (
     check_choice,
     check_nonnegative,
@@ -151,6 +154,11 @@ class AtFixedPoint(Adjoint):
     def backward_solve(self, op: AdjointOperator, v: Tensor) -> tuple[Tensor, BackwardStats]:
         """Map the incoming gradient v (M,) to the adjoint vector g (M,) fed to ``f``'s graph."""
 
+    def second_order(self) -> SecondOrder | None:
+        """How ``create_graph=True`` differentiates ``backward_solve`` (see
+        ``implicit_ham.second_order``); None (the default) refuses with ``SecondOrderError``."""
+        return None
+
     def run(
         self, f: StepFn, z0: State, spec: StateSpec, solver: Solver
     ) -> tuple[State, SolverStats, list[BackwardStats]]:
@@ -158,7 +166,10 @@ class AtFixedPoint(Adjoint):
             z, stats = solver.solve(f, z0, spec, 0)
         log: list[BackwardStats] = []
         check = FixedPointCheck(self.name, self.fixed_point_tol, self.on_divergence)
-        return attach_fixed_point_gradient(f, z, spec, self.backward_solve, log, check), stats, log
+        value = attach_fixed_point_gradient(
+            f, z, spec, self.backward_solve, log, check, self.second_order()
+        )
+        return value, stats, log
 
 
 @ADJOINTS.register("implicit")
@@ -210,11 +221,20 @@ class Implicit(AtFixedPoint):
         check_tolerance("Implicit", "cond_threshold", self.cond_threshold, optional=True)
         check_nonnegative("Implicit", "ridge", self.ridge, "the exact implicit gradient")
 
+    def second_order(self) -> SecondOrder:
+        """The adjoint vector is differentiated implicitly: its own gradient solves the
+        transposed system with the same linear solver (``ridge`` is already in the system)."""
+        transposed = dataclasses.replace(self, ridge=0.0, cond_threshold=None)
+        vmappable = not self.linear_solver.iterative  # type: ignore[union-attr]
+        return SecondOrder(
+            "solve", transposed.backward_solve, 1.0 / (1.0 + self.ridge), vmappable
+        )
+
     def backward_solve(self, op: AdjointOperator, v: Tensor) -> tuple[Tensor, BackwardStats]:
         solver: LinearSolver = self.linear_solver  # type: ignore[assignment]
         if self.ridge:
             op = discounted(op, 1.0 / (1.0 + self.ridge))
-        if not bool(v.any()):
+        if host_checks() and not bool(v.any()):
             g, steps, cond = torch.zeros_like(v), 0, None
         else:
             g, steps, cond = solver.solve(op, v, self.max_steps, self.tol)
@@ -253,6 +273,10 @@ class Neumann(AtFixedPoint):
         check_unit_interval("Neumann", "tau", self.tau)
         check_tolerance("Neumann", "fixed_point_tol", self.fixed_point_tol, optional=True)
         check_choice("Neumann", "on_divergence", self.on_divergence, ON_DIVERGENCE)
+
+    def second_order(self) -> SecondOrder:
+        """The k-term series is differentiated as computed (its products carry a graph)."""
+        return SecondOrder("series", vmappable=True)
 
     def backward_solve(self, op: AdjointOperator, v: Tensor) -> tuple[Tensor, BackwardStats]:
         term, total = v, v

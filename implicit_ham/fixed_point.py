@@ -11,7 +11,7 @@ from torch import Tensor
 from .adjoints import ADJOINTS, Adjoint, OneStep
 from .grad_guard import guard_gradient
 from .solvers import SOLVERS, FixedPointIteration, Solver
-from .state import State, StateSpec
+from .state import BoundStep, State, StateSpec
 from .stats import BackwardStats, SolverStats
 
 
@@ -94,8 +94,10 @@ def fixed_point(
         tuple(guard_gradient(t, f"{where}, z0[{i}]") for i, t in enumerate(spec.as_tuple(z0)))
     )
 
-    def step(z: State) -> State:
-        return spec.check(f(spec.restore(z), *args), where="fixed_point")
+    def call(z: State, inputs: tuple[Any, ...]) -> State:
+        return spec.check(f(spec.restore(z), *inputs), where="fixed_point")
+
+    step = BoundStep(call, args)
 
     if spec.batch == 0:
         return _empty_batch(step, spec.as_tuple(z0), spec, solver)

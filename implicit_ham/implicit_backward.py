@@ -9,8 +9,10 @@ receives the incoming gradient v, turns it into an adjoint vector g with a ``Bac
 float32 (``precision.working_dtype``): the VJPs of f run in the state's dtype, the Krylov /
 dense algebra in float32, and g is cast back. No tensor hooks: a second backward with
 ``retain_graph=True`` repeats the solve and returns the same gradient. A backward with
-``create_graph=True`` is refused (``SecondOrderError``): the second derivative would hold z*
-and g constant and be wrong.
+``create_graph=True`` makes the solve itself differentiable when the mode gives a
+``SecondOrder`` rule (``Implicit``, ``Neumann``; see ``second_order``) and raises
+``SecondOrderError`` otherwise (and for a third derivative), never a second derivative that
+holds z* and g constant.
 
 The gradient assumes z* is a fixed point. The evaluation ``fz = f(z*)`` gives its residual
 ``||f(z*) - z*|| / ||f(z*)||`` per sample for free; the backward pass compares the worst one
@@ -45,13 +47,23 @@ from .errors import (
     NotFixedPointWarning,
     SecondOrderError,
 )
+from .func_gradient import TransformedSolve, attach_under_transforms
 from .linear_solvers import AdjointOperator
 from .precision import working_dtype
-from .state import State, StateSpec, StepFn, per_sample_norm
+from .second_order import (
+    BackwardSolve,
+    SecondOrder,
+    as_bound,
+    closure_leaves,
+    cross_term,
+    differentiable_inputs,
+    graph_operator,
+    vjp,
+)
+from .state import BoundStep, State, StateSpec, StepFn, per_sample_norm
 from .stats import BackwardStats
-from .transforms import active_transforms
+from .transforms import active_transforms, host_checks
 
-BackwardSolve = Callable[[AdjointOperator, Tensor], tuple[Tensor, BackwardStats]]
 ON_DIVERGENCE = ("warn", "raise", "fallback")
 
 
@@ -82,31 +94,39 @@ def attach_fixed_point_gradient(
     backward_solve: BackwardSolve,
     log: list[BackwardStats],
     check: FixedPointCheck,
+    second_order: SecondOrder | None = None,
 ) -> State:
     """Return z* (same values) carrying the gradient that ``backward_solve`` defines.
 
     Args:
-        f: the map (tuples in, tuples out), closing over the tensors to differentiate.
+        f: the map (tuples in, tuples out), closing over the tensors to differentiate; a
+            ``BoundStep`` also names its explicit inputs (needed by second derivatives).
         z_star: the solution, without gradient.
         spec: the state's structure.
         backward_solve: maps (J^T operator, flat incoming gradient v of size M) to the adjoint
             vector g (M,) and its statistics.
         log: each backward's ``BackwardStats`` is appended here.
         check: what to do in backward when z* is not a fixed point of ``f``.
+        second_order: how ``create_graph=True`` differentiates the backward pass; None refuses
+            it (``SecondOrderError``).
     """
     if not torch.is_grad_enabled():
         return z_star
-    _refuse_transforms(check.adjoint)
+    bound = as_bound(f)
+    if active_transforms() or _compiled_whole(second_order, check):
+        return _under_transforms(bound, z_star, spec, backward_solve, log, check, second_order)
     with torch.enable_grad():
         z_req = tuple(t.detach().requires_grad_() for t in z_star)
-        fz = f(z_req)
+        fz = bound(z_req)
     if not _reaches_other_leaves(fz, z_req):
         return z_star
     with torch.no_grad():
         change = per_sample_norm(tuple(a - b for a, b in zip(fz, z_req, strict=True)))
         residual = change / (per_sample_norm(fz) + torch.finfo(change.dtype).tiny)
-    backward = _AdjointBackward(spec, z_req, fz, backward_solve, log, check, residual)
-    return _FixedPointGradient.apply(backward, *fz)
+    backward = _AdjointBackward(
+        spec, z_req, fz, backward_solve, log, check, residual, bound=bound, rule=second_order
+    )
+    return _FixedPointGradient.apply(backward, *fz, *backward.sources())
 
 
 def attach_root_gradient(
@@ -117,6 +137,7 @@ def attach_root_gradient(
     log: list[BackwardStats],
     check: FixedPointCheck,
     label: str = "dg/dz",
+    second_order: SecondOrder | None = None,
 ) -> State:
     """Return z* (same values) carrying the implicit gradient of a root ``g(z*, θ) = 0``.
 
@@ -130,36 +151,67 @@ def attach_root_gradient(
         g: the residual map (tuples in, tuples out, shaped like the state).
         z_star: the root, without gradient.
         label: the system's name in messages (e.g. "dg/dz", "Hessian").
-        spec, backward_solve, log, check: as for ``attach_fixed_point_gradient``.
+        spec, backward_solve, log, check, second_order: as for
+            ``attach_fixed_point_gradient``.
     """
     if not torch.is_grad_enabled():
         return z_star
-    _refuse_transforms(check.adjoint)
+    bound = as_bound(g)
+    if active_transforms() or _compiled_whole(second_order, check):
+        return _under_transforms(bound, z_star, spec, backward_solve, log, check, second_order)
     with torch.enable_grad():
         z_req = tuple(t.detach().requires_grad_() for t in z_star)
-        gz = g(z_req)
+        gz = bound(z_req)
     if not _reaches_other_leaves(gz, z_req):
         return z_star
     with torch.no_grad():
         residual = per_sample_norm(tuple(t.detach() for t in gz))
-    backward = _AdjointBackward(spec, z_req, gz, backward_solve, log, check, residual, label)
-    return _FixedPointGradient.apply(backward, *gz)
+    backward = _AdjointBackward(
+        spec, z_req, gz, backward_solve, log, check, residual, label, bound, second_order
+    )
+    return _FixedPointGradient.apply(backward, *gz, *backward.sources())
 
 
-def _refuse_transforms(adjoint: str) -> None:
-    if active_transforms():
-        raise NotImplementedError(
-            f"{adjoint} under torch.func ({' > '.join(active_transforms())}): this mode "
-            "runs its own autograd graph in backward, which torch.func transforms cannot "
-            "trace. Use torch.autograd (loss.backward(), torch.autograd.grad), or Unroll, "
-            "Truncated, OneStep or Phantom under torch.func."
-        )
+def _compiled_whole(rule: SecondOrder | None, check: FixedPointCheck) -> bool:
+    """Whether ``torch.compile`` traces the gradient into its graph (the ``func_gradient``
+    path): for a backward solve without value-dependent control flow (dense, Neumann) and a
+    policy that does not change the backward on a failed check (not "fallback"); otherwise the
+    Function below runs eagerly between graphs."""
+    vmappable = rule is not None and rule.vmappable
+    return torch.compiler.is_compiling() and vmappable and check.on_divergence != "fallback"
+
+
+def _under_transforms(
+    bound: BoundStep,
+    z_star: State,
+    spec: StateSpec,
+    backward_solve: BackwardSolve,
+    log: list[BackwardStats],
+    check: FixedPointCheck,
+    rule: SecondOrder | None,
+) -> State:
+    """The same gradient under torch.func transforms (see ``func_gradient``)."""
+    solve = TransformedSolve(
+        bound,
+        tuple(t.detach() for t in z_star),
+        spec,
+        backward_solve,
+        lambda worst: _at_fixed_point(worst, check, spec.batch),
+        check.root_of is not None,
+        rule is not None and rule.vmappable,
+        check.adjoint,
+        log,
+        checks_point=check.tol is not None,
+    )
+    return attach_under_transforms(solve)
 
 
 @dataclass
 class _AdjointBackward:
     """What the backward pass needs: the graph of ``f`` at z* (of ``g`` for a root, then
-    ``label`` names ``dg/dz``) and the adjoint solve."""
+    ``label`` names ``dg/dz``), the adjoint solve, and for ``create_graph=True`` the map with
+    its explicit inputs (``bound``) and the ``SecondOrder`` rule. ``partials_only`` is set
+    while a cross term is taken (the Function then passes no gradient on)."""
 
     spec: StateSpec
     z_req: State
@@ -169,6 +221,22 @@ class _AdjointBackward:
     check: FixedPointCheck
     residual: Tensor
     label: str = "I - J"
+    bound: BoundStep | None = None
+    rule: SecondOrder | None = None
+    partials_only: bool = False
+    leaves: list[Tensor] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.rule is not None and self.bound is not None:
+            self.leaves = closure_leaves(self.fz, self.z_req, self.bound.inputs)
+
+    def sources(self) -> tuple[Tensor, ...]:
+        """The extra inputs of the Function that receive the cross term of a second
+        derivative: the explicit inputs requiring grad, then the leaves f closes over."""
+        if self.rule is None or self.bound is None:
+            return ()
+        explicit = differentiable_inputs(self.bound).values()
+        return tuple(explicit) + tuple(self.leaves)
 
     def operator(self, size: int) -> AdjointOperator:
         """``J^T`` of f; for a root, ``A^T = (dg/dz)^T`` as the system (``vjp = I - A^T``)."""
@@ -185,15 +253,7 @@ class _AdjointBackward:
 
     def vjp(self, g: Tensor) -> Tensor:
         """(M,) -> (M,): ``J^T g``, in g's dtype (f's graph runs in the state's dtype)."""
-        grads = torch.autograd.grad(
-            self.fz,
-            self.z_req,
-            self.spec.unflatten(g.to(self.spec.dtype)),
-            retain_graph=True,
-            allow_unused=True,
-        )
-        flat = self.spec.flatten(self.spec.zeros_like_missing(grads, self.z_req))
-        return flat.reshape(-1).to(g.dtype)
+        return vjp(self.spec, self.fz, self.z_req, g, create_graph=False)
 
     def vjp_batched(self, rows: Tensor) -> Tensor:
         """(P, M) -> (P, M): ``J^T`` applied to each row (vmapped; a loop if vmap fails)."""
@@ -223,12 +283,95 @@ class _AdjointBackward:
         return torch.cat(parts, dim=2).reshape(count, -1)
 
     def __call__(self, grads: tuple[Tensor | None, ...]) -> State:
-        v_parts = self.spec.zeros_like_missing(grads, self.z_req)
-        v = self.spec.flatten(v_parts).reshape(-1).to(working_dtype(self.spec.dtype))
-        op = self.operator(v.numel())
+        v = self._incoming(grads, self.z_req)
+        g = self._checked_solve(v, lambda: self.backward_solve(self.operator(v.numel()), v))
+        return self._feed(g)
+
+    def differentiable(
+        self, grads: tuple[Tensor | None, ...], z_out: State
+    ) -> tuple[State, tuple[Tensor | None, ...]]:
+        """The backward pass under ``create_graph=True`` (see ``second_order``): the adjoint
+        vector with its graph, fed to f's graph, and the cross term for ``sources()``.
+
+        Args:
+            grads: the incoming gradient (with its graph). z_out: the Function's outputs.
+        """
+        if self.rule is None or self.bound is None:
+            raise SecondOrderError(
+                f"{self.check.adjoint} backward: create_graph=True asks for a derivative of "
+                "this backward pass, which it cannot give (a third derivative through an "
+                "implicit mode, or a mode without a second-order rule); the result would "
+                "silently miss terms. Use Unroll for higher-order gradients."
+            )
+        v = self._incoming(grads, z_out)
+        z_at = tuple(t.view_as(t) for t in z_out)
+        with torch.enable_grad():
+            out = self.bound(z_at)
+        op = graph_operator(
+            self.spec, out, z_at, v.numel(), self.check.root_of is not None, self.label
+        )
+        g = self._checked_solve(v, lambda: self._solve_with_graph(op, v))
+        adj = -g if self.check.root_of is not None else g
+        cross = cross_term(
+            self.bound, self.spec, z_out, adj.detach(), self.leaves, self._partials
+        )
+        return self._feed(g), cross
+
+    def _solve_with_graph(self, op: AdjointOperator, v: Tensor) -> tuple[Tensor, BackwardStats]:
+        rule = self.rule
+        assert rule is not None
+        if rule.kind == "series":
+            return self.backward_solve(op, v)
+        g, stats = self.backward_solve(self.operator(v.numel()), v.detach())
+        if stats.fallback:
+            return v, stats
+        return self._adjoint_with_gradient(g, v, op, rule), stats
+
+    def _adjoint_with_gradient(
+        self, g: Tensor, v: Tensor, op: AdjointOperator, rule: SecondOrder
+    ) -> Tensor:
+        """g (M,) carrying the implicit gradient of the root of ``r(g) = A^T g - v``."""
+        system = op.system or (lambda x: x - rule.discount * op.vjp(x))
+        rows = g.detach().reshape(self.spec.batch, -1)
+
+        def residual(state: State) -> State:
+            return ((system(state[0].reshape(-1)) - v).reshape_as(state[0]),)
+
+        assert rule.solve is not None
+        check = FixedPointCheck(
+            f"{self.check.adjoint} (adjoint)", None, self.check.on_divergence, "A^T g - v"
+        )
+        (attached,) = attach_root_gradient(
+            residual,
+            (rows,),
+            StateSpec.of(rows),
+            rule.solve,
+            self.log,
+            check,
+            f"({self.label})^T",
+        )
+        return attached.reshape(-1)
+
+    def _partials(
+        self, run: Callable[[], tuple[Tensor | None, ...]]
+    ) -> tuple[Tensor | None, ...]:
+        self.partials_only = True
+        try:
+            return run()
+        finally:
+            self.partials_only = False
+
+    def _incoming(self, grads: tuple[Tensor | None, ...], like: State) -> Tensor:
+        v_parts = self.spec.zeros_like_missing(grads, like)
+        return self.spec.flatten(v_parts).reshape(-1).to(working_dtype(self.spec.dtype))
+
+    def _checked_solve(
+        self, v: Tensor, solve: Callable[[], tuple[Tensor, BackwardStats]]
+    ) -> Tensor:
+        """The fixed-point check, then ``solve()`` (or the one-step fallback g = v); logs."""
         worst = float(self.residual.max()) if self.residual.numel() else 0.0
         if _at_fixed_point(worst, self.check, self.spec.batch):
-            g, stats = self.backward_solve(op, v)
+            g, stats = solve()
         else:
             g = v.clone()
             stats = BackwardStats(self.check.adjoint, "none", 0, math.nan, math.nan, None)
@@ -239,8 +382,13 @@ class _AdjointBackward:
             at_fixed_point=None if self.check.tol is None else worst <= self.check.tol,
         )
         self.log.append(stats)
+        return g
+
+    def _feed(self, g: Tensor) -> State:
+        """The adjoint vector in the state's structure, negated for a root: the solution moves
+        against g, ``dz/dθ = -(dg/dz)^-1 dg/dθ``."""
         if self.check.root_of is not None:
-            g = -g  # the solution moves against g: dz/dθ = -(dg/dz)^-1 dg/dθ
+            g = -g
         return self.spec.unflatten(g.reshape(self.spec.batch, -1).to(self.spec.dtype))
 
 
@@ -289,25 +437,32 @@ def _apply_policy(check: FixedPointCheck, problem: str, fix: str) -> bool:
 
 
 class _FixedPointGradient(torch.autograd.Function):
-    """Identity on z* in forward; the adjoint solve in backward (see module docstring)."""
+    """Identity on z* in forward; the adjoint solve in backward (see module docstring).
+
+    Inputs: the graph of f at z* (``fz``), then ``backward.sources()`` (which only receive the
+    cross term of a second derivative). The outputs are saved: under ``create_graph=True`` the
+    backward pass is built on them, so a later backward pass reaches z*'s own derivative.
+    """
 
     @staticmethod
-    def forward(ctx: Any, backward: _AdjointBackward, *fz: Tensor) -> tuple[Tensor, ...]:
+    def forward(ctx: Any, backward: _AdjointBackward, *inputs: Tensor) -> tuple[Tensor, ...]:
         ctx.backward_solve = backward
-        return tuple(t.detach() for t in backward.z_req)
+        outputs = tuple(t.detach() for t in backward.z_req)
+        if backward.rule is not None:
+            ctx.save_for_backward(*outputs)
+        return outputs
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+        backward: _AdjointBackward = ctx.backward_solve
+        sources = (None,) * len(backward.sources())
+        if backward.partials_only:  # a cross term is being taken: a partial derivative
+            return (None,) * (1 + len(backward.fz)) + sources
         if torch.is_grad_enabled():  # backward(create_graph=True): a second derivative is wanted
-            raise SecondOrderError(
-                f"{ctx.backward_solve.check.adjoint} backward: create_graph=True asks for a "
-                "second derivative, which this at-fixed-point mode cannot give (its adjoint "
-                "solve is not differentiated; the result would silently miss the second-order "
-                "terms of the implicit-function theorem). Use Unroll, Truncated, OneStep or "
-                "Phantom for higher-order gradients."
-            )
+            fed, cross = backward.differentiable(grads, ctx.saved_tensors)
+            return (None, *fed, *(cross or sources))
         with torch.no_grad():
-            return (None, *ctx.backward_solve(grads))
+            return (None, *backward(grads), *sources)
 
 
 
@@ -332,12 +487,15 @@ def finish_backward(
     "fallback" (warn and return the one-step gradient g = v instead, flagged in the stats).
     When the solver reported ``cond`` above ``cond_threshold``, warns ``ConditioningWarning``.
     """
+    if not host_checks():  # under vmap / while compiling values cannot be read: no checks
+        stats = BackwardStats(adjoint, linear_solver, steps, math.nan, math.nan, None, cond)
+        return g, stats
     finite = bool(torch.isfinite(g).all())
-    v_norm = float(torch.linalg.vector_norm(v))
+    v_norm = float(torch.linalg.vector_norm(v.detach()))
     if v_norm == 0.0 and finite and not bool(g.any()):
         abs_res = 0.0  # g = 0 solves the system exactly; J^T 0 may be NaN where J is not finite
     elif finite:
-        abs_res = float(torch.linalg.vector_norm(op.apply(g) - v))
+        abs_res = float(torch.linalg.vector_norm(op.apply(g).detach() - v.detach()))
     else:
         abs_res = float("inf")
     rel_res = abs_res / v_norm if v_norm > 0 else abs_res

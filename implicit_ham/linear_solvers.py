@@ -32,6 +32,7 @@ from torchdeq.solver import broyden_solver
 from .errors import NonFiniteError, NotPositiveDefiniteError
 from .registry import Registry
 from .torchdeq_solvers import guarded_anderson
+from .transforms import host_checks
 from .validation import check_positive_int
 
 logger = logging.getLogger(__name__)
@@ -97,9 +98,12 @@ class LinearSolve(NamedTuple):
 class LinearSolver(ABC):
     """Solves ``(I - J^T) g = v`` given ``J^T`` as an operator (``A^T g = v`` in general, see
     ``AdjointOperator``). ``requires_spd``: the solver is only correct for a symmetric
-    positive-definite system (the conformance kit then checks it on such systems)."""
+    positive-definite system (the conformance kit then checks it on such systems).
+    ``iterative``: it stops on a tolerance (value-dependent control flow), so it cannot run
+    under ``torch.func.vmap``."""
 
     requires_spd: ClassVar[bool] = False
+    iterative: ClassVar[bool] = True
 
     @abstractmethod
     def solve(
@@ -366,6 +370,7 @@ class Dense(LinearSolver):
     """
 
     max_size: int = 4096
+    iterative: ClassVar[bool] = False
 
     def solve(
         self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float
@@ -377,9 +382,11 @@ class Dense(LinearSolver):
             )
         eye = torch.eye(op.size, dtype=v.dtype, device=v.device)
         system = op.system_matrix(eye)
+        if not host_checks():  # under vmap / while compiling: no value-dependent branches
+            return LinearSolve(torch.linalg.solve(system, v), op.size, None)
         if not bool(torch.isfinite(system).all()):
             return LinearSolve(torch.full_like(v, float("nan")), op.size, None)
-        cond = float(torch.linalg.cond(system))
+        cond = float(torch.linalg.cond(system.detach()))
         try:
             g = torch.linalg.solve(system, v)
         except torch.linalg.LinAlgError as err:

@@ -25,7 +25,7 @@ from .linear_solvers import CG
 from .minimizers import LBFGS, MINIMIZERS, GaussNewton, GradientDescent, Minimizer, Objective
 from .projections import CONSTRAINTS, Constraint
 from .root import Condition, differentiate, guarded_inputs
-from .state import State, StateSpec
+from .state import BoundStep, State, StateSpec
 
 LossFn = Callable[..., Tensor]
 
@@ -105,27 +105,45 @@ def _solve(
         adjoint = Implicit(linear_solver=CG()) if constraint is None else Implicit()
     adjoint = ADJOINTS.resolve(adjoint, Adjoint)
     spec, z0_t, args = guarded_inputs(z0, args, f"{where} (adjoint={adjoint.name})")
-    objective = Objective(
-        _scalar_loss(loss, spec, args, where),
-        spec,
-        None if residuals is None else _state_fn(residuals, spec, args),
-        constraint,
-    )
+
+    def objective_at(inputs: tuple[Any, ...]) -> Objective:
+        return Objective(
+            _scalar_loss(loss, spec, inputs, where),
+            spec,
+            None if residuals is None else _state_fn(residuals, spec, inputs),
+            constraint,
+        )
+
+    objective = objective_at(args)
     z, stats, log = differentiate(
         lambda grad_steps: solver.minimize(objective, z0_t, grad_steps),
         solver,
         adjoint,
-        _condition(objective, solver),
+        _condition(objective_at, args, solver),
         spec,
     )
     return Solution(spec.restore(z), stats, log)
 
 
-def _condition(objective: Objective, solver: Minimizer) -> Condition:
-    """``grad_z loss = 0``, or the projected-gradient fixed point under a constraint."""
-    if objective.constraint is not None and isinstance(solver, GradientDescent):
-        return Condition(solver.step_map(objective), root_of=None, label="I - J")
-    return Condition(objective.gradient, root_of="grad_z loss", label="Hessian")
+def _condition(
+    objective_at: Callable[[tuple[Any, ...]], Objective],
+    args: tuple[Any, ...],
+    solver: Minimizer,
+) -> Condition:
+    """``grad_z loss = 0``, or the projected-gradient fixed point under a constraint; a
+    ``BoundStep`` over ``args`` (second derivatives re-evaluate it at other inputs)."""
+    if objective_at(args).constraint is not None and isinstance(solver, GradientDescent):
+        step = solver
+
+        def projected(z: State, inputs: tuple[Any, ...]) -> State:
+            return step.step_map(objective_at(inputs))(z)
+
+        return Condition(BoundStep(projected, args), root_of=None, label="I - J")
+
+    def gradient(z: State, inputs: tuple[Any, ...]) -> State:
+        return objective_at(inputs).gradient(z)
+
+    return Condition(BoundStep(gradient, args), root_of="grad_z loss", label="Hessian")
 
 
 def _resolve_solver(

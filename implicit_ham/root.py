@@ -30,9 +30,9 @@ from .implicit_backward import FixedPointCheck, attach_fixed_point_gradient, att
 from .linear_solvers import LINEAR_SOLVERS, AdjointOperator, LinearSolver
 from .registry import Registry
 from .solvers import SOLVERS, Solver
-from .state import State, StateSpec, StepFn, per_sample_norm
+from .state import BoundStep, State, StateSpec, StepFn, per_sample_norm
 from .stats import BackwardStats, SolverStats
-from .transforms import host_checks
+from .transforms import active_transforms, host_checks
 from .validation import check_positive_int, check_tolerance, check_unit_interval
 
 logger = logging.getLogger(__name__)
@@ -260,8 +260,10 @@ def root(
     adjoint = ADJOINTS.resolve(Implicit() if adjoint is None else adjoint, Adjoint)
     spec, z0_t, args = guarded_inputs(z0, args, f"root (adjoint={adjoint.name})")
 
-    def residual(z: State) -> State:
-        return spec.check(g(spec.restore(z), *args), where="root")
+    def residual_at(z: State, inputs: tuple[Any, ...]) -> State:
+        return spec.check(g(spec.restore(z), *inputs), where="root")
+
+    residual = BoundStep(residual_at, args)
 
     def run(grad_steps: int) -> tuple[State, SolverStats]:
         if isinstance(solver, Solver):
@@ -343,6 +345,14 @@ def differentiate(
             f"{adjoint.name} is not available for root / argmin layers; use Implicit, Neumann "
             "(at the solution) or Unroll, Truncated, OneStep (through the iterations)"
         )
+    if active_transforms():
+        raise NotImplementedError(
+            f"{adjoint.name} in a root / argmin layer under torch.func "
+            f"({' > '.join(active_transforms())}): these solvers differentiate the problem with "
+            "torch.autograd inside (Newton's Jacobian, the minimizers' gradients), which "
+            "torch.func transforms cannot trace. Use torch.autograd (loss.backward(), "
+            "torch.autograd.grad; create_graph=True for second derivatives)."
+        )
     ridge: float = getattr(adjoint, "ridge", 0.0)
     if condition.root_of is not None and ridge:
         raise ValueError(
@@ -355,11 +365,13 @@ def differentiate(
     check = FixedPointCheck(
         adjoint.name, adjoint.fixed_point_tol, adjoint.on_divergence, condition.root_of
     )
-    solve = adjoint.backward_solve
+    solve, rule = adjoint.backward_solve, adjoint.second_order()
     if condition.root_of is None:
-        z = attach_fixed_point_gradient(condition.fn, z, spec, solve, log, check)
+        z = attach_fixed_point_gradient(condition.fn, z, spec, solve, log, check, rule)
     else:
-        z = attach_root_gradient(condition.fn, z, spec, solve, log, check, condition.label)
+        z = attach_root_gradient(
+            condition.fn, z, spec, solve, log, check, condition.label, rule
+        )
     return z, stats, log
 
 

@@ -17,6 +17,28 @@ State = tuple[Tensor, ...]
 StepFn = Callable[[State], State]
 
 
+class BoundStep:
+    """``z -> fn(z, inputs)``: a ``StepFn`` that keeps its explicit inputs (``fixed_point``'s
+    args), so that a backward pass can re-evaluate the map at other values of them (the partial
+    derivatives of a second derivative, see ``second_order``).
+
+    Attributes:
+        fn: ``(state, inputs) -> state``. inputs: the tensors passed to the map, in order.
+    """
+
+    def __init__(
+        self, fn: Callable[[State, tuple[object, ...]], State], inputs: tuple[object, ...]
+    ) -> None:
+        self.fn, self.inputs = fn, inputs
+
+    def __call__(self, z: State) -> State:
+        return self.fn(z, self.inputs)
+
+    def at(self, z: State, inputs: tuple[object, ...]) -> State:
+        """The map at ``z`` with ``inputs`` in place of its own."""
+        return self.fn(z, inputs)
+
+
 @dataclass(frozen=True)
 class StateSpec:
     """Shapes and dtypes of a state; ``is_tuple`` says whether the user passed a tuple."""

@@ -4,9 +4,8 @@ checks adapt to them.
 Under ``vmap``, and while ``torch.compile`` traces, a tensor's values cannot steer Python control
 flow (vmap cannot, and the compiler would break the graph there), so the checks that read a value
 on the host (finiteness, convergence warnings) are skipped; under ``grad`` / ``vjp`` /
-``jacrev`` alone, and in eager mode, they run. The modes that run their own autograd graph in
-backward (Implicit, Neumann) refuse every torch.func transform with a clear error.
-"""
+``jacrev`` alone, and in eager mode, they run. The at-fixed-point modes (Implicit, Neumann)
+attach their gradient differently under a transform (``func_gradient``)."""
 
 from __future__ import annotations
 

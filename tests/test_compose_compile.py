@@ -82,3 +82,57 @@ def test_make_context_takes_a_compile_key_for_the_whole_block() -> None:
     plain = ih.make_context("cd", 8, rank=2)
     assert block._compiled_call_impl is not None and plain._compiled_call_impl is None
     assert block.state_dict().keys() == plain.state_dict().keys()
+
+
+AT_POINT = [
+    ih.Implicit(linear_solver="dense", fixed_point_tol=None),
+    ih.Neumann(5, 0.5, fixed_point_tol=None),
+]
+
+
+def tanh_layer(adjoint: ih.Adjoint, W: torch.Tensor):
+    def layer(x: torch.Tensor) -> torch.Tensor:
+        return ih.fixed_point(
+            lambda z, x: torch.tanh(z @ W + x), torch.zeros_like(x), x,
+            solver=ih.FixedPointIteration(max_steps=8), adjoint=adjoint,
+        ).value  # fmt: skip
+
+    return layer
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("adjoint", AT_POINT, ids=lambda a: a.name)
+def test_at_point_modes_with_a_solve_free_of_host_checks_compile_whole(adjoint) -> None:
+    """Implicit(dense) and Neumann without a fixed-point tolerance: zero graph breaks, and
+    compiled gradients equal to eager mode."""
+    W = torch.nn.Parameter(torch.randn(8, 8, dtype=torch.float64) * 0.1)
+    layer = tanh_layer(adjoint, W)
+    x = torch.randn(4, 8, dtype=torch.float64)
+    explanation = dynamo.explain(layer)(x)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    dynamo.reset()
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    grads = []
+    for fn in (layer, compiled):
+        xg = x.clone().requires_grad_()
+        grads.append(torch.autograd.grad(fn(xg).sin().sum(), [xg, W]))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.slow
+def test_a_block_under_implicit_dense_compiles_without_graph_breaks() -> None:
+    adjoint = ih.Implicit(linear_solver="dense", fixed_point_tol=None)
+    explanation = dynamo.explain(block(ih.CD, adjoint, True))(torch.rand(2, 16, 6, 6).double())
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+@pytest.mark.slow
+def test_a_compiled_at_point_mode_still_checks_the_fixed_point() -> None:
+    """With fixed_point_tol, the check runs eagerly in the compiled forward (a graph break)
+    and warns as in eager mode."""
+    W = torch.randn(8, 8, dtype=torch.float64) * 0.4
+    x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
+    compiled = torch.compile(tanh_layer(ih.Neumann(5, 0.5), W), backend="eager")
+    with pytest.warns(ih.NotFixedPointWarning, match="not a fixed point"):
+        torch.autograd.grad(compiled(x).sum(), x)

@@ -177,8 +177,14 @@ def test_value_dependent_solvers_are_refused_inside_vmap(solver) -> None:
         vmap(layer(ih.OneStep(), W, solver))(x[:, None])
 
 
+AT_POINT = [
+    ih.Implicit(linear_solver="dense", fixed_point_tol=None),
+    ih.Neumann(k=4, fixed_point_tol=None),
+]
+
+
 @pytest.mark.parametrize("ham", [ih.NMF, ih.VQ, ih.CD, ih.SVD])
-@pytest.mark.parametrize("adjoint", [ih.OneStep(), ih.Unroll()], ids=lambda a: a.name)
+@pytest.mark.parametrize("adjoint", [ih.OneStep(), ih.Unroll(), *AT_POINT], ids=lambda a: a.name)
 def test_hams_compose_with_torch_func(ham, adjoint) -> None:
     """jacrev = jacfwd = the autograd Jacobian (the paper's one-step included: the no-grad
     steps carry no forward-mode tangent), and vmap over samples = the batched call."""
@@ -201,3 +207,84 @@ def test_hams_compose_with_torch_func(ham, adjoint) -> None:
         batched = ham(rank=2, steps=3)(pair, init=bases.repeat(2, 1, 1))
         mapped = vmap(lambda t: layer(t[None], init=bases)[0])(pair)
     torch.testing.assert_close(mapped, batched, rtol=1e-10, atol=1e-12)
+
+
+def at_point_jacobian(W: torch.Tensor, x: torch.Tensor, k: int | None, tau: float = 1.0):
+    """dz/dx (3, 4, 3, 4) at z_K (STEPS plain steps of z <- tanh(z W + x)) by the dense
+    formula: per sample, with s = 1 - z_{K+1}^2, J = diag(s) W^T and f_x = diag(s),
+    ``(I - J)^-1 f_x`` (Implicit, k None) or ``tau sum_{i<k} B^i f_x``, B = tau J + (1-tau) I
+    (Neumann)."""
+    eye = torch.eye(4, dtype=DT)
+    full = torch.zeros(3, 4, 3, 4, dtype=DT)
+    for i, xi in enumerate(x):
+        z = torch.zeros(4, dtype=DT)
+        for _ in range(STEPS):
+            z = torch.tanh(z @ W + xi)
+        s = 1 - torch.tanh(z @ W + xi) ** 2
+        J, fx = torch.diag(s) @ W.T, torch.diag(s)
+        if k is None:
+            block = torch.linalg.solve(eye - J, fx)
+        else:
+            B, term, block = tau * J + (1 - tau) * eye, fx, torch.zeros_like(fx)
+            for _ in range(k):
+                block, term = block + term, B @ term
+            block = tau * block
+        full[i, :, i, :] = block
+    return full
+
+
+@pytest.mark.parametrize("transform", [jacrev, jacfwd])
+def test_at_point_jacobians_under_torch_func_are_the_dense_formulas(transform) -> None:
+    """Implicit (dense) and Neumann under jacrev (reverse) and jacfwd (forward mode, the
+    Function's jvp: the forward system (I - J) t' = t) against the dense float64 formulas."""
+    W, x = weights()
+    implicit = transform(layer(MODES["implicit"], W))(x)
+    torch.testing.assert_close(implicit, at_point_jacobian(W, x, None), rtol=1e-10, atol=1e-12)
+    neumann = transform(layer(ih.Neumann(k=4, tau=0.7, fixed_point_tol=None), W))(x)
+    expected = at_point_jacobian(W, x, 4, 0.7)
+    torch.testing.assert_close(neumann, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("linear_solver", ["gmres", "cg", "fixed_point", "anderson", "broyden"])
+def test_iterative_linear_solvers_work_under_grad_and_are_refused_under_vmap(linear_solver) -> None:
+    """Under torch.func.grad / vjp the iterative solvers run with their checks (values can be
+    read); under vmap (and jacrev, which vmaps the backward pass) a solver that stops on a
+    tolerance is refused with a clear error."""
+    W, x = weights()
+    if linear_solver == "cg":  # CG needs a symmetric positive-definite I - J
+        W = (W + W.T) / 2
+    adjoint = ih.Implicit(
+        linear_solver=linear_solver, tol=1e-12, max_steps=200, fixed_point_tol=None
+    )
+    fn = layer(adjoint, W)
+    weight = torch.arange(12, dtype=DT).reshape(3, 4)
+    got = grad(lambda t: (fn(t) * weight).sum())(x)
+    expected = torch.einsum("ij,ijkl->kl", weight, at_point_jacobian(W, x, None))
+    torch.testing.assert_close(got, expected, rtol=1e-8, atol=1e-10)
+    with pytest.raises(NotImplementedError, match="vmap"):
+        jacrev(fn)(x)
+
+
+def test_nested_torch_func_differentiation_through_implicit_is_refused() -> None:
+    """A second derivative by nested transforms would hold z* fixed: refused (torch.autograd
+    with create_graph=True gives it, see test_core_second_order.py)."""
+    W, x = weights()
+    fn = layer(MODES["implicit"], W)
+    with pytest.raises(ih.SecondOrderError, match=r"nested torch\.func"):
+        jacrev(grad(lambda t: fn(t).pow(2).sum()))(x)
+
+
+@pytest.mark.parametrize("kind", ["root", "minimize"])
+def test_root_and_argmin_layers_under_torch_func_are_refused_clearly(kind: str) -> None:
+    """Their solvers call torch.autograd inside (Newton's Jacobian, the minimizers'
+    gradients); under torch.func they refuse with an error naming the transform."""
+    A = torch.eye(3, dtype=DT) * 2
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        if kind == "root":
+            return ih.root(lambda z, x_: z @ A + torch.sinh(z) - x_, torch.zeros_like(x), x).value
+        loss = lambda z, x_: (z @ A * z).sum() - (z * x_).sum()  # noqa: E731
+        return ih.minimize(loss, torch.zeros_like(x), x).value
+
+    with pytest.raises(NotImplementedError, match=r"torch\.func \(Grad\)"):
+        grad(lambda t: fn(t).sum())(torch.ones(2, 3, dtype=DT))

@@ -26,6 +26,7 @@ from ..adjoints import (
 )
 from ..solvers import FixedPointIteration
 from .common import (
+    SECOND_ORDER_RTOL,
     Run,
     clear_errors,
     dtype_device_shape,
@@ -219,7 +220,22 @@ def _second_order(problem: Problem, adjoint: Adjoint, reference: Adjoint) -> dic
             "a truncated / phantom gradient's second derivative is its surrogate's (the "
             "detached state held fixed), by design; not checked"
         )
-    return second_derivative(problem, FixedPointIteration(max_steps=STEPS), adjoint)
+    if isinstance(reference, Implicit) and reference.ridge:
+        raise NotApplicableError(
+            "Implicit(ridge > 0)'s second derivative is the derivative of its regularised "
+            "gradient in which z*'s own derivative is again the regularised one (a surrogate, "
+            "by design); not checked"
+        )
+    if isinstance(reference, Neumann):
+        raise NotApplicableError(
+            "Neumann's second derivative is the derivative of its k-term series in which z*'s "
+            "own derivative is again the k-term series (a surrogate, by design), not the "
+            "derivative of its gradient along the exact solution map; not checked"
+        )
+    rtol = SECOND_ORDER_RTOL
+    if isinstance(reference, Implicit):  # its linear solves stop at tol (first and second order)
+        rtol = max(rtol, 10 * reference.tol)
+    return second_derivative(problem, FixedPointIteration(max_steps=STEPS), adjoint, rtol)
 
 
 def _k_step_loss(problem: Problem) -> Callable[[], Tensor]:
