@@ -24,12 +24,18 @@ INV_T = 100.0
 
 
 def psi(x: Tensor, bases: Tensor, lam: float, inv_t: float = INV_T) -> Tensor:
-    """The objective from its formula, for X (d, n) and D (d, r): ``-(r / inv_t) sum_j w_j
-    logsumexp_k(inv_t xh_j^T d_k) + lam / 2 ||D||^2``, ``w_j = ||x_j|| / sum_i ||x_i||``."""
+    """The objective from its formula, for X (d, n) and D (d, r): ``-(1 / inv_t) sum_j w_j
+    logsumexp_k(inv_t (xh_j^T d_k - lam / 2 ||d_k||^2))``, ``w_j = ||x_j|| / sum_i ||x_i||``."""
     norms = x.norm(dim=0)
-    weights = norms / norms.sum()
-    lse = torch.logsumexp(inv_t * F.normalize(x, dim=0).T @ bases, dim=1)
-    return -(bases.shape[1] / inv_t) * (weights * lse).sum() + 0.5 * lam * bases.square().sum()
+    logits = inv_t * (F.normalize(x, dim=0).T @ bases - 0.5 * lam * bases.square().sum(dim=0))
+    return -(norms / norms.sum() * torch.logsumexp(logits, dim=1)).sum() / inv_t
+
+
+def masses(x: Tensor, bases: Tensor, lam: float, inv_t: float = INV_T) -> Tensor:
+    """(r,): ``pi_k = sum_j c_jk ||x_j|| / sum_i ||x_i||`` with C from the logits of ``psi``."""
+    norms = x.norm(dim=0)
+    logits = inv_t * (F.normalize(x, dim=0).T @ bases - 0.5 * lam * bases.square().sum(dim=0))
+    return (torch.softmax(logits, dim=1) * norms[:, None]).sum(dim=0) / norms.sum()
 
 
 def clustered_input(d: int = 6, n: int = 12, r: int = 2, seed: int = 0) -> tuple[Tensor, Tensor]:
@@ -48,25 +54,27 @@ def converged(layer: ih.RidgeCD, x: Tensor, bases: Tensor, adjoint: ih.Adjoint) 
     return problem.solve(ih.FixedPointIteration(max_steps=300), adjoint)
 
 
-def test_one_iteration_is_a_gradient_step_of_size_one_over_lam_on_the_objective() -> None:
+def test_one_iteration_is_a_mass_preconditioned_gradient_step_on_the_objective() -> None:
+    """``d_k <- d_k - grad_k Psi / (lam pi_k)`` (with ``eps`` -> 0)."""
     x, _ = clustered_input()
-    layer = ih.RidgeCD(rank=2, lam=0.7)
+    layer = ih.RidgeCD(rank=2, lam=0.7, eps=1e-300)
     flat = layer.flatten(x)
     bases = torch.randn(1, 6, 2, generator=torch.Generator().manual_seed(1), dtype=F64)
     bases.requires_grad_()
     (grad,) = torch.autograd.grad(psi(flat[0], bases[0], lam=0.7), bases)
+    scale = 0.7 * masses(flat[0], bases[0].detach(), lam=0.7)
     new_bases, coef = layer.step(flat, (bases.detach(), torch.zeros(1, 12, 2, dtype=F64)))
-    torch.testing.assert_close(new_bases, bases.detach() - grad / 0.7, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(
-        coef[0], torch.softmax(INV_T * F.normalize(flat[0], dim=0).T @ bases[0].detach(), dim=1)
-    )
+    torch.testing.assert_close(new_bases, bases.detach() - grad / scale, rtol=1e-12, atol=1e-12)
+    logits = F.normalize(flat[0], dim=0).T @ bases[0].detach()
+    logits = INV_T * (logits - 0.35 * bases[0].detach().square().sum(dim=0))
+    torch.testing.assert_close(coef[0], torch.softmax(logits, dim=1))
     objective = float(layer.objective(flat, (bases.detach(), coef))[0])
     assert objective == pytest.approx(float(psi(flat[0], bases[0].detach(), lam=0.7)), rel=1e-12)
 
 
 def test_the_fixed_point_is_a_minimum_of_the_objective() -> None:
     x, bases = clustered_input()
-    layer = ih.RidgeCD(rank=2, lam=1.0)
+    layer = ih.RidgeCD(rank=2, lam=1.0, eps=1e-300)
     sol = converged(layer, x, bases, ih.OneStep())
     assert float(sol.stats.rel_residual.max()) < 1e-14
     d_star = sol.value[0][0].detach().requires_grad_()
@@ -86,16 +94,18 @@ def test_the_fixed_point_is_a_minimum_of_the_objective() -> None:
     torch.testing.assert_close(lbfgs.value.reshape(6, 2), d_star.detach(), rtol=0, atol=1e-9)
 
 
-def test_i_minus_j_of_the_concept_block_is_the_hessian_over_lam() -> None:
+def test_i_minus_j_of_the_concept_block_is_the_preconditioned_hessian() -> None:
+    """At the fixed point ``I - dD'/dD = P^-1 H``, ``P = lam diag(pi_k)`` per concept."""
     x, bases = clustered_input()
-    layer = ih.RidgeCD(rank=2, lam=1.5)
+    layer = ih.RidgeCD(rank=2, lam=1.5, eps=1e-300)
     sol = converged(layer, x, bases, ih.OneStep())
     flat = layer.flatten(x)
     d_star = sol.value[0].detach()
     jac = torch.func.jacrev(lambda d: layer.step(flat, (d, sol.value[1]))[0])(d_star)
-    hessian = torch.func.hessian(lambda d: psi(flat[0], d, lam=1.5))(d_star[0])
+    hessian = torch.func.hessian(lambda d: psi(flat[0], d, lam=1.5))(d_star[0]).reshape(12, 12)
+    precondition = (1.5 * masses(flat[0], d_star[0], lam=1.5)).repeat(6)  # (d, r) row-major
     i_minus_a = torch.eye(12, dtype=F64) - jac.reshape(12, 12)
-    torch.testing.assert_close(i_minus_a, hessian.reshape(12, 12) / 1.5, rtol=0, atol=1e-12)
+    torch.testing.assert_close(i_minus_a, hessian / precondition[:, None], rtol=0, atol=1e-10)
 
 
 def test_cd_fixed_points_are_stationary_points_of_the_objective_on_the_unit_spheres() -> None:
@@ -116,7 +126,7 @@ def test_cd_fixed_points_are_stationary_points_of_the_objective_on_the_unit_sphe
 def test_the_implicit_gradient_matches_central_differences_of_the_minimum() -> None:
     x, bases = clustered_input()
     x = x.requires_grad_()
-    layer = ih.RidgeCD(rank=2, lam=1.0)
+    layer = ih.RidgeCD(rank=2, lam=1.0, eps=1e-300)
     weights = torch.randn(6, 12, generator=torch.Generator().manual_seed(3), dtype=F64)
 
     def output(xx: Tensor, adjoint: ih.Adjoint) -> Tensor:
