@@ -14,6 +14,7 @@ import logging
 from pathlib import Path
 
 from experiments.study_report import write_study_report
+from experiments.study_ridge_report import append_ridge_section
 from experiments.sweep_report import write_report
 
 logger = logging.getLogger("experiments.report")
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.study:
         commands = Path(args.commands).read_text()
         path = write_study_report(args.sweep_dir or "multirun/study", args.out or "docs", commands)
+        append_ridge_section(path, args.sweep_dir or "multirun/study")
         logger.info("study report: %s", path)
         return
     if args.sweep_dir is None:

@@ -11,6 +11,8 @@ run() { "$@" || echo "study.sh: FAILED (exit $?): $*" >&2; }
 run $PY -m experiments.train -m +experiment=adjoint_ablation hydra.sweep.dir=$OUT/adjoints
 run $PY -m experiments.train -m +experiment=attention_vs_md hydra.sweep.dir=$OUT/context
 run $PY -m experiments.train -m +experiment=study_remedy hydra.sweep.dir=$OUT/remedy
+# Argmin hams (docs/optimization_layers.md): nmf_ridge, cd_ridge x implicit / one_step / unroll.
+run $PY -m experiments.train -m +experiment=study_ridge hydra.sweep.dir=$OUT/ridge
 # Q2 and Q4 at initialisation, then on the BPTT-trained K=6 seed-0 model of each ham.
 for ham in nmf vq cd nmf_normalized; do
   run $PY -m experiments.grad_study context=$ham "${STUDY[@]}" hydra.run.dir=$OUT/grad/init_$ham

@@ -114,7 +114,7 @@ def test_optimiser_config_is_a_partial_over_parameters() -> None:
 
 
 @pytest.mark.parametrize("preset", ["demo", "adjoint_ablation", "attention_vs_md",
-                                    "optuna_search", "study_remedy"])
+                                    "optuna_search", "study_remedy", "study_ridge"])
 def test_experiment_presets_compose(preset: str) -> None:
     assert _compose(f"+experiment={preset}").epochs > 0
 
@@ -127,6 +127,8 @@ def test_experiment_presets_compose(preset: str) -> None:
         ["+experiment=attention_vs_md", "+arm=self_attention_matched"],
         ["+experiment=attention_vs_md", "+arm=none"],
         ["+experiment=study_remedy", "context=nmf_normalized", "adjoint.ridge=0.1"],
+        ["+experiment=study_ridge", "context=nmf_ridge", "adjoint=implicit"],
+        ["+experiment=study_ridge", "context=cd_ridge", "adjoint=unroll"],
     ],
 )
 def test_every_study_job_composes_at_the_study_scale(overrides: list[str]) -> None:

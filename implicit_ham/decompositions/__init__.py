@@ -1,12 +1,15 @@
 """Matrix decompositions as implicit layers: the base class, the registry and the built-ins.
 
 Built-ins: ``NMF``, ``VQ``, ``CD`` (Hamburger's three), ``SVD`` (subspace iteration) and
-``NormalizedNMF`` (NMF without its scaling symmetry) and ``RidgeNMF`` (ridge-regularised NMF
-as an argmin, by projected gradient), the last three added through the public plug-in API only.
+``NormalizedNMF`` (NMF without its scaling symmetry), ``RidgeNMF`` (ridge-regularised NMF
+as an argmin, by projected gradient) and ``RidgeCD`` (CD's soft spherical k-means with the
+sphere replaced by a ridge, by gradient steps), the last four added through the public plug-in
+API only.
 """
 
 from .base import Decomposition
 from .cd import CD
+from .cd_ridge import RidgeCD
 from .nmf import NMF
 from .nmf_normalized import NormalizedNMF
 from .nmf_ridge import RidgeNMF
@@ -28,6 +31,7 @@ __all__ = [
     "Decomposition",
     "DecompositionRegistry",
     "NormalizedNMF",
+    "RidgeCD",
     "RidgeNMF",
     "get_decomposition",
     "register_decomposition",
