@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from scipy import stats as scipy_stats
 
-from .study_data import StudyRuns, fmt, mean_std, select, table
-from .sweep_report import Job, Row, collect_jobs, group_jobs
+from .study_data import PAPER_SWEEPS, StudyRuns, fmt, mean_std, select, table
+from .study_task_grad import task_grad_lines
+from .sweep_report import Job, Row, group_jobs
 
-PAPER_SWEEPS = ("paper_finetune", "paper_frozen", "paper_adamw")
 REGIMES = {
     "paper_finetune": "fine-tuned backbone, SGD + poly LR",
     "paper_frozen": "frozen backbone, SGD + poly LR",
@@ -102,15 +103,15 @@ def _by_seed(row: Row, metric: str) -> dict[str, float]:
     return out
 
 
-def load_paper_sweeps(root: Path) -> dict[str, list[Job]]:
-    """{sweep: jobs} of the paper-regime sweeps under ``root`` (empty where not run)."""
-    out: dict[str, list[Job]] = {}
-    for name in PAPER_SWEEPS:
-        try:
-            out[name] = collect_jobs(root / name)
-        except FileNotFoundError:
-            out[name] = []
-    return out
+def planned_jobs(folder: Path) -> int | None:
+    """The number of jobs the sweep in ``folder`` launches: the product of the sizes of its
+    ``hydra.sweeper.params`` (comma-separated lists) in ``multirun.yaml``; None without it."""
+    path = folder / "multirun.yaml"
+    if not path.exists():
+        return None
+    hydra = (yaml.safe_load(path.read_text()) or {}).get("hydra") or {}
+    params = (hydra.get("sweeper") or {}).get("params") or {}
+    return math.prod(len(str(v).split(",")) for v in params.values())
 
 
 class PaperRegimeSection:
@@ -118,17 +119,26 @@ class PaperRegimeSection:
 
     def __init__(self, runs: StudyRuns) -> None:
         self.runs = runs
-        self.jobs = load_paper_sweeps(runs.root)
+        self.jobs = {name: runs.sweeps.get(name, []) for name in PAPER_SWEEPS}
         self.rows = {name: group_jobs(jobs) for name, jobs in self.jobs.items()}
         self.summary: list[str] = []
 
     def missing(self) -> list[str]:
-        """Sweeps without jobs, and jobs that failed or did not finish."""
-        out = [f"sweep `{name}`" for name, jobs in self.jobs.items() if not jobs]
+        """Jobs of the paper-regime sweeps that failed or did not finish (an empty sweep is
+        listed by ``StudyRuns.missing``)."""
+        out = []
         for name, jobs in self.jobs.items():
-            bad = [job for job in jobs if job.status != "ok"]
-            if bad:
-                out.append(f"{len(bad)}/{len(jobs)} jobs of `{name}` ({_arms(bad)})")
+            if not jobs:
+                continue
+            ok = sum(job.status == "ok" for job in jobs)
+            expected = max(planned_jobs(self.runs.root / name) or len(jobs), len(jobs))
+            if ok < expected:
+                bad = [job for job in jobs if job.status != "ok"]
+                detail = f"; failed or unfinished: {_arms(bad)}" if bad else ""
+                out.append(
+                    f"{expected - ok}/{expected} jobs of `{name}` "
+                    f"({expected - len(jobs)} not started{detail})"
+                )
         return out
 
     def arm(self, sweep: str, arm: str) -> Row | None:
@@ -144,6 +154,11 @@ class PaperRegimeSection:
         for sweep in PAPER_SWEEPS:
             lines += self.arms_table(sweep)
         lines += self.verdicts()
+        grad = self.runs.studies.get("grad_paper", {})
+        lines += task_grad_lines(
+            {f"{c} ({p})": grad.get(f"{p}_{c}") for c in HAMS for p in ("init", "trained")},
+            "digit_seg (init and BPTT-trained seed 0, fine-tuned regime)",
+        )
         return lines
 
     def setup(self) -> list[str]:
