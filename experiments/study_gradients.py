@@ -3,6 +3,7 @@ the remedies for NMF's singular I - J (sections of the study document, from ``st
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -264,7 +265,7 @@ def _swings(norms: Sequence[Sequence[Any]], ks: Sequence[int]) -> str:
     swinging, steady = [], []
     for context, point, by_k in norms:
         values = [by_k[k] for k in ks if by_k.get(k) is not None]
-        steps = [b - a for a, b in zip(values, values[1:], strict=False)]
+        steps = [b - a for a, b in itertools.pairwise(values)]
         monotone = all(d >= 0 for d in steps) or all(d <= 0 for d in steps)
         (steady if monotone else swinging).append(f"{context} ({point})")
     return (
