@@ -229,7 +229,8 @@ def test_study_document_puts_the_paper_regime_verdict_first(tmp_path: Path) -> N
             for seed, miou in enumerate(values):
                 job = tmp_path / "study" / "paper_finetune" / str(num)
                 (job / ".hydra").mkdir(parents=True)
-                (job / ".hydra" / "overrides.yaml").write_text(f"- +arm={ham}_{arm}\n- seed={seed}\n")
+                overrides = f"- +arm={ham}_{arm}\n- seed={seed}\n"
+                (job / ".hydra" / "overrides.yaml").write_text(overrides)
                 (job / "results.json").write_text(json.dumps(
                     {"status": "ok", "config": config, "metrics": {"val/miou": miou}}))  # fmt: skip
                 num += 1
