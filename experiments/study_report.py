@@ -73,6 +73,7 @@ def write_study_report(
         *doc.question2(),
         *doc.question3(),
         *doc.question4(),
+        *paper.closing(),
     ]
     parts = [
         "# Results: Hamburger's gradient claims at laptop scale",
