@@ -13,7 +13,7 @@ run $PY -m experiments.train -m +experiment=attention_vs_md hydra.sweep.dir=$OUT
 run $PY -m experiments.train -m +experiment=study_remedy hydra.sweep.dir=$OUT/remedy
 # The dD/dX probe on legend_seg: the one-step through the last step's bases (9 jobs).
 run $PY -m experiments.train -m +experiment=legend_probe hydra.sweep.dir=$OUT/legend_probe
-# The paper's regime on real digits (pretraining, 145 jobs, the task-loss gradient studies).
+# The paper's regime on real digits (pretraining, 155 jobs, the task-loss gradient studies).
 run env PY="$PY" OUT="$OUT" bash experiments/study_paper.sh
 # Q2 and Q4 at initialisation, then on the BPTT-trained K=6 seed-0 model of each ham.
 for ham in nmf vq cd nmf_normalized; do
