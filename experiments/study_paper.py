@@ -197,6 +197,8 @@ class PaperRegimeSection:
             "a 17-pixel receptive field -> context module on its 16x16 map -> per-pixel head), "
             f"the backbone pretrained on clean digits ({pretrain}).",
             f"- Training: `{optim.get('_target_')}` lr {optim.get('lr')}"
+            + (f", momentum {optim['momentum']}" if "momentum" in optim else "")
+            + (f", weight decay {optim['weight_decay']}" if "weight_decay" in optim else "")
             + (
                 f", poly schedule (power {config.get('lr_poly_power')})"
                 if config.get("lr_poly_power")
@@ -208,7 +210,9 @@ class PaperRegimeSection:
             "initialisation and batch order; the data are fixed).",
             "- Regimes: "
             + "; ".join(
-                f"`{name}` ({REGIMES[name]}, {len(self.jobs[name])} jobs)"
+                f"`{name}` ({REGIMES[name]}, "
+                f"{sum(j.status == 'ok' for j in self.jobs[name])} of "
+                f"{planned_jobs(self.runs.root / name) or len(self.jobs[name])} jobs done)"
                 for name in PAPER_SWEEPS
                 if self.jobs[name]
             )
