@@ -33,10 +33,11 @@ def task_grad_lines(studies: Mapping[str, Mapping[str, Any] | None], task: str) 
                 ]
             )
         at_k = {r["mode"]: r for r in rows if r["K"] == REFERENCE_K}
-        if PAPER_ONE_STEP in at_k and THROUGH_BASES in at_k:
+        if PAPER_ONE_STEP in at_k and THROUGH_BASES in at_k and "unroll" in at_k:
             pairs.append(
                 (name, at_k[PAPER_ONE_STEP].get("cosine_same_k"),
-                 at_k[THROUGH_BASES].get("cosine_same_k"))
+                 at_k[THROUGH_BASES].get("cosine_same_k"),
+                 _ratio(at_k["unroll"], at_k[PAPER_ONE_STEP]))
             )  # fmt: skip
     if not body:
         return [f"The task-loss gradient studies on {task} are missing.", ""]
@@ -51,14 +52,22 @@ def task_grad_lines(studies: Mapping[str, Mapping[str, Any] | None], task: str) 
         "",
     ]
     if pairs:
-        text = "; ".join(f"{n}: {_f3(a)} vs {_f3(b)}" for n, a, b in pairs)
+        text = "; ".join(f"{n}: {_f3(a)} vs {_f3(b)}" for n, a, b, _ in pairs)
+        norms = "; ".join(f"{n}: {_f3(r)}" for n, _, _, r in pairs)
         lines += [
             f"At K = {REFERENCE_K}, cosine to BPTT of the paper's one-step (bases detached) vs "
             f"the one-step through the last step's bases: {text}. The two differ only by "
-            "∂D/∂X, the bases' dependence on the input.",
+            "∂D/∂X, the bases' dependence on the input. Gradient norm of BPTT over the paper's "
+            f"one-step at K = {REFERENCE_K}: {norms}.",
             "",
         ]
     return lines
+
+
+def _ratio(a: Mapping[str, Any], b: Mapping[str, Any]) -> float | None:
+    """``a["grad_norm"] / b["grad_norm"]`` (None when either is missing or b's is 0)."""
+    num, den = a.get("grad_norm"), b.get("grad_norm")
+    return num / den if num is not None and den else None
 
 
 def _f3(value: float | None) -> str:
