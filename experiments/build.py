@@ -27,6 +27,7 @@ from .configs import ModelConf
 from .data.factory import TaskInfo
 from .models import ContextClassifier, ContextSegmenter, TwoStreamSegmenter
 from .models import context_channels as two_stream_channels
+from .pretraining import load_backbone
 from .splits import Splits
 
 
@@ -101,7 +102,17 @@ def build_model(task: TaskInfo, context: nn.Module, model: Mapping[str, Any]) ->
     if task.kind != "segmentation":
         return ContextClassifier(task.in_channels, task.num_classes, context, width=conf.width)
     if conf.arch == "serial":
-        return ContextSegmenter(task.in_channels, task.num_classes, context, width=conf.width)
+        segmenter = ContextSegmenter(task.in_channels, task.num_classes, context, width=conf.width)
+        if conf.pretrained is not None:
+            load_backbone(segmenter.backbone, conf.pretrained)
+        if conf.freeze_backbone:
+            segmenter.freeze_backbone()
+        return segmenter
+    if (conf.pretrained, conf.freeze_backbone, conf.backbone_lr_scale) != (None, None, None):
+        raise ValueError(
+            f"model.pretrained / freeze_backbone / backbone_lr_scale apply to arch=serial only, "
+            f"not arch={conf.arch!r}; set model.arch=serial or leave them unset"
+        )
     return TwoStreamSegmenter(
         task.in_channels,
         task.num_classes,
@@ -113,9 +124,30 @@ def build_model(task: TaskInfo, context: nn.Module, model: Mapping[str, Any]) ->
     )
 
 
-def build_optimizer(optim: Mapping[str, Any], model: nn.Module) -> torch.optim.Optimizer:
-    """Instantiate the partial optimiser config on ``model``'s parameters."""
-    return instantiate(dict(optim))(model.parameters())
+def build_optimizer(
+    optim: Mapping[str, Any], model: nn.Module, backbone_lr_scale: float | None = None
+) -> torch.optim.Optimizer:
+    """Instantiate the partial optimiser config on ``model``'s trainable parameters; with
+    ``backbone_lr_scale``, ``model.backbone``'s parameters form a second group whose learning
+    rate is the optimiser's times that factor (fine-tuning a pretrained backbone)."""
+    factory = instantiate(dict(optim))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if backbone_lr_scale is None:
+        return factory(trainable)
+    backbone = getattr(model, "backbone", None)
+    if not isinstance(backbone, nn.Module):
+        raise ValueError(
+            f"model.backbone_lr_scale={backbone_lr_scale} needs a model with a backbone; "
+            f"{type(model).__name__} has none (use model.arch=serial)"
+        )
+    if not backbone_lr_scale > 0:
+        raise ValueError(f"model.backbone_lr_scale must be > 0, got {backbone_lr_scale!r}")
+    own = {id(p) for p in backbone.parameters()}
+    groups = [
+        {"params": [p for p in trainable if id(p) not in own]},
+        {"params": [p for p in trainable if id(p) in own], "lr": optim["lr"] * backbone_lr_scale},
+    ]
+    return factory([g for g in groups if g["params"]])
 
 
 def build_sinks(

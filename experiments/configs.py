@@ -74,7 +74,8 @@ def context_configs() -> dict[str, type]:
 
 LOGGER_TARGETS = {"files": sinks.file_sinks, "wandb": sinks.wandb_sinks, "none": sinks.no_sinks}
 DATA_TARGETS = {
-    name: getattr(splits, name) for name in ("legend_seg", "digits", "cifar10", "voc2012")
+    name: getattr(splits, name)
+    for name in ("legend_seg", "digits", "digit_seg", "cifar10", "voc2012")
 }
 
 
@@ -91,6 +92,12 @@ class ModelConf:
     ``width`` features go to the head beside it) or ``serial`` (``ContextSegmenter``: backbone ->
     context on ``width`` channels -> head). On legend_seg only ``two_stream`` learns the legend
     in a short run (why: ``experiments/models/two_stream.py``).
+
+    Pretrained backbone (``serial`` only; all three default to None, i.e. off, so configs
+    written before these options existed compare equal on resume): ``pretrained``, the path of
+    an ``experiments.pretrain`` artefact loaded into the backbone; ``freeze_backbone``: its
+    parameters get no gradient and its BatchNorm statistics stay fixed; ``backbone_lr_scale``:
+    the backbone's learning rate is the optimiser's times this factor (fine-tuning).
     """
 
     width: int = 32
@@ -98,6 +105,9 @@ class ModelConf:
     colour_bins: int = 3
     position_grid: int = 8
     colour_scale: float = 3.0
+    pretrained: str | None = None
+    freeze_backbone: bool | None = None
+    backbone_lr_scale: float | None = None
 
 
 @dataclass
@@ -168,6 +178,9 @@ class TrainConfig:
     ``dtype``: "float32" (default) or "float64", the precision of the model's parameters and
     input images; float64 gives reference runs free of float32 rounding (e.g. to check that
     data-parallel training equals one process, see ``tests/test_rel_distributed.py``).
+    ``lr_poly_power``: when set, the paper's poly schedule: before step t (of T in the run) every
+    parameter group's learning rate is its initial one times ``(1 - t / T) ** lr_poly_power``
+    (None, the default: constant learning rate).
     """
 
     context: Any = MISSING
@@ -187,6 +200,7 @@ class TrainConfig:
     log_every: int = 10
     progress: bool = True
     checkpoint: str | None = None
+    lr_poly_power: float | None = None
     study: StudyConf = field(default_factory=StudyConf)
     reliability: ReliabilityConf = field(default_factory=ReliabilityConf)
 

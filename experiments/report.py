@@ -19,6 +19,7 @@ from experiments.sweep_report import write_report
 
 logger = logging.getLogger("experiments.report")
 STUDY_SCRIPT = Path(__file__).with_name("study.sh")
+PAPER_SCRIPT = Path(__file__).with_name("study_paper.sh")  # called by study.sh
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -34,6 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.study:
         commands = Path(args.commands).read_text()
+        if Path(args.commands) == STUDY_SCRIPT:
+            commands += f"\n# ---- experiments/study_paper.sh ----\n{PAPER_SCRIPT.read_text()}"
         path = write_study_report(args.sweep_dir or "multirun/study", args.out or "docs", commands)
         append_ridge_section(path, args.sweep_dir or "multirun/study")
         logger.info("study report: %s", path)

@@ -45,6 +45,7 @@ from .build import (
 from .configs import ReliabilityConf, check_train_config
 from .results import write_results
 from .resume import JobCheckpoints
+from .schedule import poly_lr_hooks
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +113,7 @@ def _train(cfg: dict[str, Any], output_dir: Path, dist: DistributedContext) -> d
     context = build_context(cfg["context"], context_channels(info, cfg["model"]), solver, adjoint)
     dtype = DTYPES[cfg.get("dtype", "float32")]
     model = build_model(info, context, cfg["model"]).to(device=device, dtype=dtype)
-    optimizer = build_optimizer(cfg["optim"], model)
+    optimizer = build_optimizer(cfg["optim"], model, cfg["model"].get("backbone_lr_scale"))
     model = dist.wrap(model)
     sinks = build_sinks(cfg["logger"], output_dir, cfg) if dist.is_main else []
     monitor = FailureMonitor(
@@ -135,6 +136,9 @@ def _train(cfg: dict[str, Any], output_dir: Path, dist: DistributedContext) -> d
         return finished
     state = checkpoints.restore()
     hooks, callback = _diagnostics(cfg["diagnostics"], unwrap(model), sinks, optimizer)
+    if cfg.get("lr_poly_power") is not None:
+        total = int(cfg["epochs"]) * len(train_loader)
+        hooks = poly_lr_hooks(hooks, optimizer, total, float(cfg["lr_poly_power"]))
     if callback is not None and state is not None:
         callback.close()
         callback.prepare(state.step)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from torch.utils.data import Dataset, TensorDataset
 
 from .data import LegendSegDataset, make_dataset, task_of
+from .data.digit_canvas import SEG_CLASSES, CanvasStyle, digit_canvases
 from .data.factory import TaskInfo
 
 
@@ -49,6 +50,27 @@ def digits(val_fraction: float = 0.2, seed: int = 0) -> Splits:
         make_dataset("digits", split="train", **options),
         make_dataset("digits", split="val", **options),
         task_of("digits", **options),
+    )
+
+
+def digit_seg(
+    train_size: int = 512,
+    val_size: int = 128,
+    digits_per_image: int = 5,
+    max_classes: int = 2,
+    occlusion_min: int = 4,
+    occlusion_max: int = 8,
+    noise: float = 0.2,
+    seed: int = 0,
+) -> Splits:
+    """The paper-regime task (``experiments.data.digit_canvas``): 64x64 canvases of occluded,
+    noisy real digits from 1..``max_classes`` classes per image, every pixel labelled
+    (background 0, digit d as 1 + d); images (N, 1, 64, 64), masks (N, 64, 64)."""
+    style = CanvasStyle(digits_per_image, max_classes, (occlusion_min, occlusion_max), noise)
+    return Splits(
+        TensorDataset(*digit_canvases(train_size, "train", style, seed)),
+        TensorDataset(*digit_canvases(val_size, "val", style, seed)),
+        TaskInfo("segmentation", SEG_CLASSES, 1, None, (64, 64)),
     )
 
 

@@ -42,6 +42,7 @@ from implicit_ham.training.loop import Task, evaluate
 from .build import build_context, build_datasets, build_loaders, build_model, context_channels
 from .results import write_results
 from .run import seed_everything
+from .task_gradients import task_gradient_rows
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +61,16 @@ def run_grad_study(cfg: Mapping[str, Any], output_dir: str | Path) -> dict[str, 
     """Gradient fidelity of every backward mode (against Unroll through the layer's K steps);
     gradient norm vs K with its cosine to the reference gradient (Unroll through
     ``study.reference_steps`` iterations) and to the exact gradient of the K-step map (Unroll at
-    the same K); conditioning of I - J at the K-step and at a converged solution. Writes a PNG
-    and results.json."""
+    the same K), on the layer's raw fixed-point problem (there "one_step" differentiates the
+    last iteration, bases included); the same on the task loss over labelled pixels with the
+    training arms' modes (``task_grad``: the paper's one-step with detached bases, the one-step
+    through the bases, ...; see ``experiments.task_gradients``); conditioning of I - J at the
+    K-step and at a converged solution. Writes a PNG and results.json."""
     output_dir = Path(output_dir)
     start = time.perf_counter()
     ham, x_ham = _layer_and_input(cfg)
     study = cfg["study"]
+    task_grad = _task_gradients(cfg)
     weight = torch.randn_like(x_ham)  # the layer's output has its input's shape
 
     def layer_output(adjoint: Any, x: Tensor) -> Tensor:
@@ -103,6 +108,7 @@ def run_grad_study(cfg: Mapping[str, Any], output_dir: str | Path) -> dict[str, 
         "fidelity": list(fidelity),
         "grad_vs_k": list(by_k),
         "conditioning": conditioning,
+        "task_grad": task_grad,
         "elapsed_s": time.perf_counter() - start,
     }
     logger.info("gradient fidelity\n%s", fidelity)
@@ -215,6 +221,24 @@ def _layer_and_input(cfg: Mapping[str, Any]) -> tuple[Decomposition, Tensor]:
         model(batch.double())
     handle.remove()
     return ham, captured[0]
+
+
+def _task_gradients(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``task_gradients.task_gradient_rows`` on the model of ``cfg`` (float64) and the first
+    ``study.samples`` validation images with their labels."""
+    seed_everything(int(cfg["seed"]))
+    _, val_set, info = build_datasets(cfg["data"])
+    model = _build(cfg, info).double()
+    ham = next(m for m in model.modules() if isinstance(m, Decomposition))
+    items = [val_set[i] for i in range(int(cfg["study"]["samples"]))]
+    inputs = torch.stack([image for image, _ in items]).double()
+    target = torch.stack([torch.as_tensor(label) for _, label in items])
+    ignore = info.ignore_index if info.ignore_index is not None else -100
+    task = Task(info.kind, info.num_classes, ignore)
+    study = cfg["study"]
+    return task_gradient_rows(
+        model, ham, inputs, target, task, list(study["ks"]), int(study["reference_steps"])
+    )
 
 
 def _build(cfg: Mapping[str, Any], info: Any) -> nn.Module:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The study behind docs/results.md (`make study`; about an hour on 2 CPU cores). Sweeps run 2
+# The study behind docs/results.md (`make study`; about 90 minutes on 2 CPU cores). Sweeps run 2
 # jobs x 1 thread (joblib); the no-training studies and the benchmark run one at a time. A
 # failed step is reported and the study goes on: the document lists what is missing.
 set -uo pipefail
@@ -13,6 +13,10 @@ run $PY -m experiments.train -m +experiment=attention_vs_md hydra.sweep.dir=$OUT
 run $PY -m experiments.train -m +experiment=study_remedy hydra.sweep.dir=$OUT/remedy
 # Argmin hams (docs/optimization_layers.md): nmf_ridge, cd_ridge x implicit / one_step / unroll.
 run $PY -m experiments.train -m +experiment=study_ridge hydra.sweep.dir=$OUT/ridge
+# The dD/dX probe on legend_seg: the one-step through the last step's bases (9 jobs).
+run $PY -m experiments.train -m +experiment=legend_probe hydra.sweep.dir=$OUT/legend_probe
+# The paper's regime on real digits (pretraining, 155 jobs, the task-loss gradient studies).
+run env PY="$PY" OUT="$OUT" bash experiments/study_paper.sh
 # Q2 and Q4 at initialisation, then on the BPTT-trained K=6 seed-0 model of each ham.
 for ham in nmf vq cd nmf_normalized; do
   run $PY -m experiments.grad_study context=$ham "${STUDY[@]}" hydra.run.dir=$OUT/grad/init_$ham

@@ -15,7 +15,7 @@ class ConvergenceSections(DocBase):
 
     # ------------------------------------------------------------------ question 4
     def question4(self) -> list[str]:
-        lines = ["## 4. Convergence", ""]
+        lines = ["## 5. Convergence (legend_seg)", ""]
         conv = self.runs.studies.get("convergence", {})
         if not conv:
             return [*lines, "Not run: the `convergence` studies are missing.", ""]

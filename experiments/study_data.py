@@ -5,6 +5,10 @@ Layout (what ``experiments/study.sh`` writes under ``multirun/study``)::
     adjoints/<n>/       experiments.train, +experiment=adjoint_ablation (question 1)
     context/<n>/        experiments.train, +experiment=attention_vs_md (question 3)
     remedy/<n>/         experiments.train, +experiment=study_remedy (question 2)
+    legend_probe/<n>/   experiments.train, +experiment=legend_probe (the dD/dX probe)
+    paper_<finetune|frozen|adamw>/<n>/   experiments.train, +experiment=paper_* (paper regime)
+    pretrain/backbone.pt                 experiments.pretrain (the paper regime's backbone)
+    grad_paper/<init|trained>_<context>/ experiments.grad_study on the paper regime
     grad/<init|trained>_<context>/         experiments.grad_study (question 2)
     convergence/<init|trained>_<context>/  experiments.convergence (question 4)
     bench.json          experiments.bench --json (question 3's compute table)
@@ -34,12 +38,15 @@ ADJOINTS = ("unroll", "one_step", "implicit", "phantom")
 KS = (1, 3, 6, 12)
 METRICS = ("val/blob_acc", "val/miou")
 REFERENCE_K = 6  # the paper's K, where the document compares modes
-SWEEPS = ("adjoints", "context", "remedy")
-STUDIES = ("grad", "convergence")
+PAPER_SWEEPS = ("paper_finetune", "paper_frozen", "paper_adamw")  # experiments/study_paper.sh
+LEGEND_SWEEPS = ("adjoints", "context", "remedy", "legend_probe")
+SWEEPS = (*LEGEND_SWEEPS, *PAPER_SWEEPS)
+STUDIES = ("grad", "convergence", "grad_paper")
 EXPECTED_STUDIES = {  # what experiments/study.sh runs
     "grad": (*(f"init_{c}" for c in ("nmf", "vq", "cd", "nmf_normalized")),
              *(f"trained_{c}" for c in ("nmf", "vq", "cd"))),
     "convergence": tuple(f"{p}_{c}" for p in ("init", "trained") for c in ("nmf", "vq", "cd")),
+    "grad_paper": tuple(f"{p}_{c}" for p in ("init", "trained") for c in ("nmf", "vq", "cd")),
 }  # fmt: skip
 
 

@@ -3,6 +3,7 @@ the remedies for NMF's singular I - J (sections of the study document, from ``st
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ from .study_data import (
     table,
 )
 from .study_plots import plot_grad_study
+from .study_task_grad import task_grad_lines
 
 REMEDY_MODES = ("implicit", "implicit(ridge=0.1)")
 
@@ -29,7 +31,7 @@ class GradientSections(DocBase):
 
     # ------------------------------------------------------------------ question 2
     def question2(self) -> list[str]:
-        lines = ["## 2. Gradient conditioning", ""]
+        lines = ["## 3. Gradient conditioning (legend_seg)", ""]
         grad = self.runs.studies.get("grad", {})
         if not grad:
             return [*lines, "Not run: the `grad` studies are missing.", "", *self.remedy()]
@@ -38,7 +40,11 @@ class GradientSections(DocBase):
             "float64), at initialisation and after training (BPTT, K = 6, seed 0). The loss is "
             "a fixed random weighting of the layer's readout D C^T, which NMF's scaling "
             "symmetry leaves unchanged, so all gradients compared are well defined. Reference "
-            "gradient: BPTT through `study.reference_steps` iterations.",
+            "gradient: BPTT through `study.reference_steps` iterations. In these raw-problem "
+            "tables `one_step` differentiates the layer's last iteration, bases included (hence "
+            "cosine 1.000 to BPTT at K = 1): it is the one-step *through the last step's "
+            "bases*, not the paper's detached-bases gradient that section 2 trains with; the "
+            "task-loss table after them measures both.",
             "",
             "**Conditioning of I - J** (J: the iteration's Jacobian; Arnoldi / Lanczos / inverse "
             "iteration on Jacobian-vector products, so κ is a lower bound), at the K-step state "
@@ -122,9 +128,11 @@ class GradientSections(DocBase):
             )
         return [
             f"**BPTT gradient norm vs K** (K = {ks_text}; last column: the largest norm over "
-            "the smallest; above 10 the gradient explodes or vanishes somewhere in that range):",
+            "the smallest):",
             "",
             table(["ham", "model", *(f"K={k}" for k in ks), "ratio"], norm_rows),
+            "",
+            _swings(norms, ks),
             "",
             f"**Cosine of each backward mode's gradient** to the exact gradient of the K-step "
             f"map (BPTT at the same K) and to the reference gradient, at K = {ks_text}:",
@@ -135,6 +143,14 @@ class GradientSections(DocBase):
             "",
             *lines,
             "",
+            *task_grad_lines(
+                {
+                    f"{c} ({p})": self.runs.study("grad", p, c)
+                    for c in CONTEXTS
+                    for p in ("init", "trained")
+                },
+                "legend_seg (init and BPTT-trained seed 0)",
+            ),
         ]
 
     def remedy(self) -> list[str]:
@@ -148,7 +164,8 @@ class GradientSections(DocBase):
             "eigenvalues for NMF and r² − r with unit-norm bases). Remedies measured: "
             "`nmf_normalized` (unit-norm bases after every step: same output, removes the r "
             "scalings) and `Implicit(ridge=λ)` (solve g = J^T g / (1 + λ) + v, a discounted "
-            "Neumann series between the implicit (λ = 0) and one-step (λ → ∞) gradients).",
+            "Neumann series between the implicit gradient (λ = 0) and, as λ → ∞, the one-step "
+            "gradient through the last step's bases, not the paper's detached-bases one).",
             "",
         ]
         lines += self.remedy_conditioning()
@@ -240,6 +257,23 @@ class GradientSections(DocBase):
             f"reference gradient in {len(closer)} of {pairs} studies"
             + (f": {', '.join(closer)}." if closer else ".")
         )
+
+
+def _swings(norms: Sequence[Sequence[Any]], ks: Sequence[int]) -> str:
+    """Sentence: which (ham, model) rows have a BPTT gradient norm that is not monotone in K
+    (it swings up and down) and which grow or shrink steadily."""
+    swinging, steady = [], []
+    for context, point, by_k in norms:
+        values = [by_k[k] for k in ks if by_k.get(k) is not None]
+        steps = [b - a for a, b in itertools.pairwise(values)]
+        monotone = all(d >= 0 for d in steps) or all(d <= 0 for d in steps)
+        (steady if monotone else swinging).append(f"{context} ({point})")
+    return (
+        f"The norm is not monotone in K (it swings rather than steadily exploding or vanishing) "
+        f"in {len(swinging)} of {len(norms)} rows"
+        + (f": {', '.join(swinging)}" if swinging else "")
+        + (f"; monotone in {', '.join(steady)}." if steady else ".")
+    )
 
 
 def _f3(value: float | None) -> str:

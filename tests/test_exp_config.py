@@ -114,7 +114,8 @@ def test_optimiser_config_is_a_partial_over_parameters() -> None:
 
 
 @pytest.mark.parametrize("preset", ["demo", "adjoint_ablation", "attention_vs_md",
-                                    "optuna_search", "study_remedy", "study_ridge"])
+                                    "optuna_search", "study_remedy", "study_ridge", "legend_probe",
+                                    "paper_finetune", "paper_frozen", "paper_adamw"])
 def test_experiment_presets_compose(preset: str) -> None:
     assert _compose(f"+experiment={preset}").epochs > 0
 
@@ -162,6 +163,18 @@ def test_matched_attention_arms_have_the_hamburger_parameter_count() -> None:
         counts[arm] = sum(p.numel() for p in module.parameters())
     assert counts["sdpa_matched"] == counts["self_attention_matched"]
     assert counts["sdpa_matched"] == pytest.approx(counts["nmf_unroll"], rel=0.01)
+
+
+def test_matched32_attention_arms_have_the_serial_hamburger_parameter_count() -> None:
+    """The claim of conf/arm/*_matched32.yaml: within 1 % of the Hamburger block on the
+    serial segmenter's 32 context channels."""
+    counts = {}
+    for arm in ("sdpa_matched32", "self_attention_matched32", "nmf_unroll"):
+        cfg = _compose("+experiment=paper_finetune", f"+arm={arm}")
+        module = build_context(cfg.context, 32, ih.FixedPointIteration(), ih.OneStep())
+        counts[arm] = sum(p.numel() for p in module.parameters())
+    for arm in ("sdpa_matched32", "self_attention_matched32"):
+        assert abs(counts[arm] - counts["nmf_unroll"]) <= 0.01 * counts["nmf_unroll"]
 
 
 def test_arms_override_context_and_adjoint() -> None:

@@ -6,6 +6,8 @@ The images ship inside scikit-learn, so nothing is downloaded. Pixel values 0..1
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -18,8 +20,10 @@ NUM_CLASSES = 10
 MAX_PIXEL = 16.0
 
 
+@functools.cache
 def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
-    """All digits: float32 images ``(1797, 8, 8)`` in [0, 1] and int64 labels ``(1797,)``."""
+    """All digits: float32 images ``(1797, 8, 8)`` in [0, 1] and int64 labels ``(1797,)``,
+    read once per process and returned read-only (index them to get writable copies)."""
     try:
         from sklearn.datasets import load_digits
     except ImportError as error:
@@ -29,7 +33,10 @@ def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
         ) from error
     bunch = load_digits()
     images = (np.asarray(bunch.images, dtype=np.float32) / MAX_PIXEL).astype(np.float32)
-    return images, np.asarray(bunch.target, dtype=np.int64)
+    labels = np.asarray(bunch.target, dtype=np.int64)
+    images.setflags(write=False)
+    labels.setflags(write=False)
+    return images, labels
 
 
 def split_indices(labels: np.ndarray, val_fraction: float, seed: int) -> dict[str, np.ndarray]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Self
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -25,6 +27,7 @@ class ContextSegmenter(nn.Module):
     ) -> None:
         super().__init__()
         self.backbone = LocalBackbone(in_channels, width)
+        self.backbone_frozen = False
         self.context = context
         self.classifier = nn.Sequential(
             nn.Conv2d(width, width, 1, bias=False),
@@ -38,3 +41,18 @@ class ContextSegmenter(nn.Module):
         features = self.context(self.backbone(x))
         logits = self.classifier(features)
         return F.interpolate(logits, size=x.shape[-2:], mode="bilinear", align_corners=False)
+
+    def freeze_backbone(self) -> None:
+        """Train only the context module and the classifier: the backbone's parameters stop
+        requiring gradient and its BatchNorm layers stay in eval mode (fixed statistics), as a
+        frozen pretrained backbone."""
+        self.backbone.requires_grad_(False)
+        self.backbone_frozen = True
+        self.backbone.eval()
+
+    def train(self, mode: bool = True) -> Self:
+        """``nn.Module.train``, except that a frozen backbone stays in eval mode."""
+        super().train(mode)
+        if self.backbone_frozen:
+            self.backbone.eval()
+        return self
