@@ -114,10 +114,34 @@ def load_or_train_classifier(
             logger.warning("%s; retraining the classifier", err)
         else:
             if payload["settings"] == settings:
-                model = HalfDigitClassifier()
+                with torch.random.fork_rng(devices=[]):  # its random init is overwritten
+                    model = HalfDigitClassifier()
                 model.load_state_dict(payload["model"])
                 return model.eval(), float(payload["accuracy"])
     model, acc = train_classifier(epochs, val_fraction, seed)
     logger.info("digit classifier: held-out accuracy %.4f", acc)
     write_checkpoint(path, {"model": model.state_dict(), "accuracy": acc, "settings": settings})
     return model, acc
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m experiments.generation.classifier CACHE``: train the classifier with the
+    generate config's defaults into CACHE once, before a sweep's jobs start (they load it)."""
+    import argparse
+
+    from .config import CanvasConf, GenMetricsConf
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("cache", help="the file, e.g. multirun/generate/classifier.pt")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    torch.set_num_threads(1)
+    canvas, metrics = CanvasConf(), GenMetricsConf()
+    _, acc = load_or_train_classifier(
+        args.cache, metrics.classifier_epochs, canvas.val_fraction, canvas.seed
+    )
+    logger.info("classifier in %s: held-out accuracy %.4f", args.cache, acc)
+
+
+if __name__ == "__main__":
+    main()
