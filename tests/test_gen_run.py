@@ -18,12 +18,14 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from experiments.generation import trainer
+from experiments.generation import classifier, trainer
+from experiments.generation.classifier import CLASSIFIER_VERSION
 from experiments.generation.config import check_generate_config, register_generate_configs
 from experiments.generation.guard import GanDivergedError
 from experiments.generation.run import run_generation
 from experiments.generation.trainer import GanTraining
-from implicit_ham.training.checkpoint import read_checkpoint
+from experiments.models.digit_classifier import HalfDigitClassifier
+from implicit_ham.training.checkpoint import read_checkpoint, write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -56,7 +58,32 @@ def _rows(job: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("classifier") / "classifier.pt"
+    """An untrained classifier in the cache, saved with the tiny config's settings (training
+    one to 98 % takes a minute; the metrics' maths is tested in test_gen_metrics.py)."""
+    path = tmp_path_factory.mktemp("classifier") / "classifier.pt"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = HalfDigitClassifier().eval()
+    settings = {"version": CLASSIFIER_VERSION, "epochs": 1, "val_fraction": 0.2, "seed": 0}
+    write_checkpoint(path, {"model": model.state_dict(), "accuracy": 0.1, "settings": settings})
+    return path
+
+
+def test_the_classifier_cache_is_reused_only_with_the_same_settings(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trained = []
+
+    def fake_training(epochs: int, val_fraction: float, seed: int):
+        trained.append(epochs)
+        return HalfDigitClassifier().eval(), 0.5
+
+    monkeypatch.setattr(classifier, "train_classifier", fake_training)
+    assert classifier.load_or_train_classifier(cache, 1, 0.2, 0)[1] == 0.1 and not trained
+    copy = tmp_path / "classifier.pt"
+    copy.write_bytes(cache.read_bytes())
+    assert classifier.load_or_train_classifier(copy, 2, 0.2, 0)[1] == 0.5 and trained == [2]
+    assert classifier.load_or_train_classifier(copy, 2, 0.2, 0)[1] == 0.5 and trained == [2]
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +96,8 @@ def reference(cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_tiny_run_writes_results_curves_and_a_sample_grid(reference: Path) -> None:
     results = json.loads((reference / "results.json").read_text())
     assert results["status"] == "ok" and results["steps"] == 4
-    assert set(results["metrics"]) == {"fid", "kid", "kid_std", "precision", "recall", "consistency"}
+    names = {"fid", "kid", "kid_std", "precision", "recall", "consistency"}
+    assert set(results["metrics"]) == names
     assert all(math.isfinite(v) for v in results["metrics"].values())
     assert results["failures"]["total"] == 0 and results["parameters"]["G_context"] > 0
     rows = _rows(reference)

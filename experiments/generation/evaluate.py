@@ -68,7 +68,7 @@ def score(
     )
 
 
-def save_grid(canvases: Tensor, path: str | Path, columns: int = 8) -> Path:
+def save_grid(canvases: Tensor | np.ndarray, path: str | Path, columns: int = 8) -> Path:
     """The first ``columns**2`` canvases (N, 1, 32, 32) in [0, 1] as a PNG grid (2-pixel gaps)."""
     from PIL import Image
 
@@ -79,7 +79,7 @@ def save_grid(canvases: Tensor, path: str | Path, columns: int = 8) -> Path:
     for i in range(count):
         r, c = divmod(i, columns)
         top, left = gap + r * (size + gap), gap + c * (size + gap)
-        grid[top : top + size, left : left + size] = canvases[i, 0].numpy()
+        grid[top : top + size, left : left + size] = np.asarray(canvases[i, 0])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray((grid * 255).round().astype(np.uint8), mode="L").save(path)
