@@ -58,6 +58,7 @@ def test_verdict_is_computed_from_means_and_stds(sweep: Path) -> None:
     assert "better than no context (ΔFID +21.0, std sum 3.0)" in sentence
     assert "better than self-attention (SAGAN-style) (ΔFID +10.0, std sum 2.0)" in sentence
     assert "no resolvable difference from Hamburger NMF, BPTT (ΔFID +1.0" in sentence
+    assert "Most consistent halves: no context (0.300; real data 0.300)" in sentence
 
 
 def test_the_page_has_the_table_grids_curves_and_failures(sweep: Path, tmp_path: Path) -> None:
@@ -69,3 +70,10 @@ def test_the_page_has_the_table_grids_curves_and_failures(sweep: Path, tmp_path:
     for name in ("none", "self_attention", "nmf_one_step", "nmf_unroll", "real", "curves"):
         assert (tmp_path / "docs" / "generation" / f"{name}.png").stat().st_size > 0
         assert f"generation/{name}.png" in text
+
+
+def test_one_seed_is_not_enough_for_a_claim(tmp_path: Path) -> None:
+    _job(tmp_path / "s" / "0", "nmf_one_step", 0, 10.0)
+    _job(tmp_path / "s" / "1", "none", 0, 50.0)
+    sentence = verdict(ordered_rows(collect_jobs(tmp_path / "s")))
+    assert "not yet comparable (fewer than 2 seeds) with no context (ΔFID +40.0" in sentence

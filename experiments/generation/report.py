@@ -121,7 +121,8 @@ def cost_table(rows: Sequence[Row]) -> str:
 def verdict(rows: Sequence[Row]) -> str:
     """One sentence from the numbers: the arm with the lowest mean FID, and whether HamGAN's
     one-step arm beats each other arm by more than the sum of the two standard deviations
-    (otherwise the difference is called unresolved at this number of seeds)."""
+    (otherwise the difference is called unresolved at this number of seeds; with fewer than
+    two seeds on either side no comparison is claimed)."""
     stats = {arm_of(r): r.mean_std("fid") for r in rows}
     stats = {k: v for k, v in stats.items() if v is not None}
     if not stats:
@@ -133,6 +134,7 @@ def verdict(rows: Sequence[Row]) -> str:
         f"{stats[best][1]:.1f}, {seeds}+ seeds per arm)"
     ]
     one = stats.get("nmf_one_step")
+    counts = {arm_of(r): len(r.values("fid")) for r in rows}
     if one is not None:
         comparisons = []
         for arm, other in stats.items():
@@ -140,7 +142,9 @@ def verdict(rows: Sequence[Row]) -> str:
                 continue
             gap = other[0] - one[0]
             margin = one[1] + other[1]
-            if abs(gap) <= margin:
+            if min(counts[arm], counts["nmf_one_step"]) < 2:
+                word = "not yet comparable (fewer than 2 seeds) with"
+            elif abs(gap) <= margin:
                 word = "no resolvable difference from"
             else:
                 word = "better than" if gap > 0 else "worse than"
@@ -148,6 +152,15 @@ def verdict(rows: Sequence[Row]) -> str:
                 f"{word} {ARM_TITLES.get(arm, arm)} (ΔFID {gap:+.1f}, std sum {margin:.1f})"
             )
         parts.append("HamGAN's one-step arm is " + "; ".join(comparisons))
+    agreement = {arm_of(r): r.mean_std("consistency") for r in rows}
+    agreement = {k: v for k, v in agreement.items() if v is not None}
+    references = [float(r["reference"]["consistency"]) for row in rows for r in _results(row)]
+    if agreement and references:
+        top = max(agreement, key=lambda k: agreement[k][0])  # type: ignore[index]
+        parts.append(
+            f"Most consistent halves: {ARM_TITLES.get(top, top)} ({agreement[top][0]:.3f}; real "
+            f"data {statistics.fmean(references):.3f})"
+        )
     return ". ".join(parts) + "."
 
 
