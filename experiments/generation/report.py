@@ -79,10 +79,14 @@ def metrics_table(rows: Sequence[Row]) -> str:
         cells += [_fmt(row.mean_std(key), digits) for key, _, digits in METRICS]
         lines.append("| " + " | ".join(cells) + " |")
         references += [r["reference"] for r in _results(row)]
-    if references:
+    if references:  # the same real sets in every job: one value
         cells = ["real data (reference)", "–"]
         for key, _, digits in METRICS:
-            cells.append(_fmt(_mean_std([float(r[key]) for r in references]), digits))
+            stats = _mean_std([float(r[key]) for r in references])
+            if stats is not None and stats[1] == 0:
+                cells.append(f"{stats[0]:.{digits}f}")
+            else:
+                cells.append(_fmt(stats, digits))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
