@@ -55,9 +55,9 @@ def sweep(tmp_path: Path) -> Path:
 def test_verdict_is_computed_from_means_and_stds(sweep: Path) -> None:
     sentence = verdict(ordered_rows(collect_jobs(sweep)))
     assert "Lowest mean FID: Hamburger NMF, one-step (HamGAN) (21.0 ± 1.0" in sentence
-    assert "better than no context (ΔFID +21.0, std sum 3.0)" in sentence
-    assert "better than self-attention (SAGAN-style) (ΔFID +10.0, std sum 2.0)" in sentence
-    assert "no resolvable difference from Hamburger NMF, BPTT (ΔFID +1.0" in sentence
+    assert "vs no context: one-step better (FID 21.0 ± 1.0 vs 42.0 ± 2.0)" in sentence
+    assert "vs self-attention (SAGAN-style): one-step better (FID 21.0 ± 1.0 vs 31.0" in sentence
+    assert "vs Hamburger NMF, BPTT: no resolvable difference (FID 21.0 ± 1.0 vs 22.0" in sentence
     assert "Most consistent halves: no context (0.300; real data 0.300)" in sentence
 
 
@@ -76,4 +76,4 @@ def test_one_seed_is_not_enough_for_a_claim(tmp_path: Path) -> None:
     _job(tmp_path / "s" / "0", "nmf_one_step", 0, 10.0)
     _job(tmp_path / "s" / "1", "none", 0, 50.0)
     sentence = verdict(ordered_rows(collect_jobs(tmp_path / "s")))
-    assert "not yet comparable (fewer than 2 seeds) with no context (ΔFID +40.0" in sentence
+    assert "vs no context: not comparable yet (fewer than 2 seeds) (FID 10.0" in sentence

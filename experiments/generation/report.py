@@ -147,15 +147,16 @@ def verdict(rows: Sequence[Row]) -> str:
             gap = other[0] - one[0]
             margin = one[1] + other[1]
             if min(counts[arm], counts["nmf_one_step"]) < 2:
-                word = "not yet comparable (fewer than 2 seeds) with"
+                word = "not comparable yet (fewer than 2 seeds)"
             elif abs(gap) <= margin:
-                word = "no resolvable difference from"
+                word = "no resolvable difference"
             else:
-                word = "better than" if gap > 0 else "worse than"
+                word = "one-step better" if gap > 0 else "one-step worse"
             comparisons.append(
-                f"{word} {ARM_TITLES.get(arm, arm)} (ΔFID {gap:+.1f}, std sum {margin:.1f})"
+                f"vs {ARM_TITLES.get(arm, arm)}: {word} (FID {one[0]:.1f} ± {one[1]:.1f} vs "
+                f"{other[0]:.1f} ± {other[1]:.1f})"
             )
-        parts.append("HamGAN's one-step arm is " + "; ".join(comparisons))
+        parts.append("HamGAN's one-step arm " + "; ".join(comparisons))
     agreement = {arm_of(r): r.mean_std("consistency") for r in rows}
     agreement = {k: v for k, v in agreement.items() if v is not None}
     references = [float(r["reference"]["consistency"]) for row in rows for r in _results(row)]
@@ -242,6 +243,18 @@ def real_grid(path: Path, columns: int = 8) -> Path:
     return save_grid(TwinDigitsDataset("val", columns * columns).canvases, path, columns)
 
 
+def planned_jobs(sweep_dir: Path) -> int | None:
+    """Jobs the sweep launches (the product of its sweeper's value lists, from Hydra's
+    ``multirun.yaml``); None when the file is absent."""
+    path = sweep_dir / "multirun.yaml"
+    if not path.exists():
+        return None
+    import yaml
+
+    params = (yaml.safe_load(path.read_text()) or {}).get("hydra", {}).get("sweeper", {})
+    return math.prod(len(str(v).split(",")) for v in (params.get("params") or {}).values())
+
+
 def _settings(rows: Sequence[Row]) -> Mapping[str, Any]:
     for row in rows:
         results = _results(row)
@@ -263,7 +276,8 @@ def write_generation_report(
     real = real_grid(figures / "real.png")
     curves = plot_curves(rows, figures / "curves.png")
     first = _settings(rows)
-    text = render(rows, jobs, first, grids, real, curves, output.parent, command)
+    planned = planned_jobs(Path(sweep_dir))
+    text = render(rows, jobs, first, grids, real, curves, output.parent, command, planned)
     output.write_text(text, encoding="utf-8")
     logger.info("wrote %s (%d jobs)", output, len(jobs))
     return output
@@ -278,8 +292,9 @@ def render(
     curves: Path,
     base: Path,
     command: str,
+    planned: int | None = None,
 ) -> str:
-    """The markdown page."""
+    """The markdown page (``planned``: the sweep's job count, for the partial-run note)."""
     cfg = first.get("config", {})
     gan, metrics = cfg.get("gan", {}), cfg.get("metrics", {})
     done = sum(job.status == "ok" for job in jobs)
@@ -289,6 +304,14 @@ def render(
         for arm, path in grids.items()
     ]
     failed = failures_table(jobs)
+    total = max(planned or 0, len(jobs))
+    partial = (
+        [f"!!! note \"Partial sweep: {done} of {total} jobs finished\"",
+         "    The numbers below are those of the finished jobs; regenerate this page when the",
+         "    sweep is complete (the unfinished jobs are listed below).", ""]
+        if done < total
+        else []
+    )  # fmt: skip
     return "\n".join(
         [
             "# Generation: HamGAN at laptop scale",
@@ -309,13 +332,14 @@ def render(
             "    Inception weights offline). They rank the arms of this experiment; they are",
             "    **not comparable with ImageNet FID values** or with any other feature space.",
             "",
+            *partial,
             f"**Verdict.** {verdict(rows)}",
             "",
             "## Metrics (EMA generator, mean ± std over seeds)",
             "",
             metrics_table(rows),
             "",
-            f"{done} of {len(jobs)} jobs finished; {metrics.get('samples', '?')} samples per job "
+            f"{done} of {total} jobs finished; {metrics.get('samples', '?')} samples per job "
             f"against {cfg.get('canvas', {}).get('val_size', '?')} real canvases of held-out "
             f"digits. Classifier held-out accuracy: "
             f"{'?' if accuracy is None else f'{100 * accuracy:.2f} %'}. KID: mean over "
