@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test quick lint typecheck docs-build docs demo study bench clean
+.PHONY: install test quick lint typecheck docs-build docs demo study bench generate clean
 
 install: $(STAMP)
 
@@ -43,6 +43,13 @@ demo: install
 study: install
 	PY=$(PY) bash experiments/study.sh
 	@echo "results: docs/results.md (figures in docs/results/; runs in multirun/study/)"
+
+# The GAN comparison of docs/generation.md: the metrics' classifier (once), 4 arms x 3 seeds two
+# at a time (~25 min on 2 idle cores; resumable: run it again to continue), then the page.
+generate: install
+	$(PY) -m experiments.generation.classifier multirun/generate/classifier.pt
+	OMP_NUM_THREADS=1 $(PY) -m experiments.generate -m +experiment=generation
+	$(PY) -m experiments.generation_report multirun/generate
 
 # Runs both benchmark scripts and rewrites the tables of docs/benchmarks.md (~30 min on 2 cores).
 bench: install

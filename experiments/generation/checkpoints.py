@@ -1,0 +1,96 @@
+"""Checkpoint and resume of an ``experiments.generate`` job, with the machinery of
+``experiments.resume``: a ``CheckpointStore`` (atomic, checksummed, newest good file),
+``comparable_config`` / ``config_differences`` (a directory of another run is refused), the RNG
+states, failure counts and metric-file rows (cut back on resume, so no row appears twice).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from implicit_ham.training import CheckpointStore, FailureMonitor
+from implicit_ham.training.rng import capture_rng_state, restore_rng_state
+
+from ..results import RESULTS_FILE, read_results
+from ..resume import (
+    CHECKPOINT_DIR,
+    ResumeConflictError,
+    comparable_config,
+    config_differences,
+    log_rows,
+    rewind_logs,
+)
+from .trainer import GanTraining
+
+logger = logging.getLogger(__name__)
+
+
+class GanCheckpoints:
+    """Saves and restores a ``GanTraining`` with everything else a resumed run needs.
+
+    Args:
+        output_dir: the job directory. cfg: the resolved config (``reliability.keep`` and
+            ``reliability.resume`` are read). training: what is saved. monitor: the failure
+            monitor whose counts are saved.
+    """
+
+    def __init__(
+        self, output_dir: Path, cfg: dict[str, Any], training: GanTraining, monitor: FailureMonitor
+    ) -> None:
+        self.output_dir, self.cfg, self.training, self.monitor = output_dir, cfg, training, monitor
+        reliability = cfg["reliability"]
+        self.store = CheckpointStore(output_dir / CHECKPOINT_DIR, keep=int(reliability["keep"]))
+        self.resume = bool(reliability["resume"])
+
+    def save(self, extra: dict[str, Any]) -> None:
+        """Checkpoint the current step (``extra``: e.g. the accumulated training time)."""
+        payload = {
+            "config": comparable_config(self.cfg),
+            "training": self.training.state_dict(),
+            "rng": capture_rng_state(),
+            "failures": self.monitor.state_dict(),
+            "logs": log_rows(self.output_dir),
+            "extra": extra,
+        }
+        self.store.save(self.training.step, payload)
+
+    def finished_results(self) -> dict[str, Any] | None:
+        """The job's results when it already finished with this config, else None."""
+        if not self.resume or not (self.output_dir / RESULTS_FILE).exists():
+            return None
+        results = read_results(self.output_dir)
+        latest = self.store.latest() if results.get("status") == "ok" else None
+        if (
+            latest is not None
+            and latest[1]["training"]["step"] >= int(self.cfg["steps"])
+            and not config_differences(latest[1]["config"], comparable_config(self.cfg))
+        ):
+            return results
+        return None
+
+    def restore(self) -> dict[str, Any] | None:
+        """Load the newest good checkpoint (networks, optimisers, EMA, RNGs, failure counts;
+        metric files cut back) and return its ``extra``; None when starting from scratch
+        (``reliability.resume=false`` deletes old checkpoints)."""
+        if not self.resume:
+            self.store.clear()
+            return None
+        latest = self.store.latest()
+        if latest is None:
+            return None
+        path, payload = latest
+        differences = config_differences(payload["config"], comparable_config(self.cfg))
+        if differences:
+            raise ResumeConflictError(
+                f"{path} was written by a run with a different config ({', '.join(differences)}"
+                "); resuming would mix two experiments. Use another output directory "
+                "(hydra.run.dir / hydra.sweep.dir), or reliability.resume=false to start over."
+            )
+        self.training.load_state_dict(payload["training"])
+        restore_rng_state(payload["rng"])
+        self.monitor.load_state_dict(payload["failures"])
+        rewind_logs(self.output_dir, payload["logs"])
+        logger.info("resuming from %s: step %d", path, self.training.step)
+        return dict(payload["extra"])

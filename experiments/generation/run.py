@@ -1,0 +1,192 @@
+"""``run_generation``: one GAN job of ``experiments.generate``, from a resolved config.
+
+Writes into the job directory: ``metrics.jsonl`` / ``metrics.csv`` (losses and context gates
+every ``log_every`` steps, ``eval/*`` metrics every ``metrics.eval_every`` steps: the training
+curves), ``samples.png`` (a grid of EMA-generator samples), ``checkpoint.pt`` (the final
+networks) and ``results.json`` (final metrics of the EMA generator, the real data's reference
+values, the classifier's held-out accuracy, failure counts, parameter counts, times).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+
+from implicit_ham.training import FailureMonitor
+from implicit_ham.training.checkpoint import write_checkpoint
+from implicit_ham.training.rng import configure_determinism
+
+from ..build import build_context, build_sinks
+from ..configs import ReliabilityConf
+from ..data.twin_digits import TwinDigitsDataset
+from ..models.digit_classifier import CanvasFeatures
+from ..models.gan import Discriminator, Generator, parameter_count
+from ..results import write_results
+from ..run import seed_everything
+from .checkpoints import GanCheckpoints
+from .classifier import load_or_train_classifier
+from .config import check_generate_config
+from .evaluate import features_of, sample_canvases, save_grid, score
+from .trainer import GanTraining, StepBatches, canvases_of
+
+logger = logging.getLogger(__name__)
+
+CLASSIFIER_FILE = "classifier.pt"
+SAMPLES_FILE = "samples.png"
+
+
+def _with_defaults(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    reliability = {**dataclasses.asdict(ReliabilityConf()), **(cfg.get("reliability") or {})}
+    return {**cfg, "reliability": reliability}
+
+
+def build_networks(cfg: Mapping[str, Any]) -> tuple[Generator, Discriminator]:
+    """Generator and discriminator with the configured context module at 16x16 in each."""
+    solver, adjoint = instantiate(dict(cfg["solver"])), instantiate(dict(cfg["adjoint"]))
+    gan = cfg["gan"]
+    g_context = build_context(cfg["context"], int(gan["g_width"]), solver, adjoint)
+    d_context = build_context(cfg["context"], int(gan["d_width"]), solver, adjoint)
+    generator = Generator(g_context, z_dim=int(gan["z_dim"]), width=int(gan["g_width"]))
+    return generator, Discriminator(d_context, width=int(gan["d_width"]))
+
+
+def run_generation(cfg: Mapping[str, Any], output_dir: str | Path) -> dict[str, Any]:
+    """Train the configured GAN, evaluate its EMA generator, write the job's files (module
+    docstring) and return the results. A job directory holding a finished run of this config
+    returns its results without training; one holding checkpoints resumes from the newest."""
+    cfg = _with_defaults(cfg)
+    check_generate_config(cfg)
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg["threads"]))
+    device = torch.device(cfg["device"])
+    reliability, metrics_cfg, canvas = cfg["reliability"], cfg["metrics"], cfg["canvas"]
+    configure_determinism(bool(reliability["deterministic"]), device)
+    seed_everything(int(cfg["seed"]))
+
+    cache = metrics_cfg.get("classifier_cache") or output_dir.parent / CLASSIFIER_FILE
+    classifier, accuracy = load_or_train_classifier(
+        cache, int(metrics_cfg["classifier_epochs"]), float(canvas["val_fraction"]),
+        int(canvas["seed"]),
+    )  # fmt: skip
+    if accuracy < float(metrics_cfg["min_classifier_accuracy"]):
+        raise RuntimeError(
+            f"the metrics' digit classifier reached {accuracy:.4f} held-out accuracy, below "
+            f"metrics.min_classifier_accuracy={metrics_cfg['min_classifier_accuracy']}; train it "
+            "longer (metrics.classifier_epochs) before trusting FID / consistency"
+        )
+    extractor = CanvasFeatures(classifier)
+    split = {"val_fraction": float(canvas["val_fraction"]), "seed": int(canvas["seed"])}
+    train_set = TwinDigitsDataset("train", int(canvas["train_size"]), **split)
+    real = TwinDigitsDataset("val", int(canvas["val_size"]), **split).canvases
+    real_features = features_of(extractor, real)
+
+    generator, discriminator = build_networks(cfg)
+    generator.to(device)
+    discriminator.to(device)
+    sinks = build_sinks(cfg["logger"], output_dir, cfg)
+    monitor = FailureMonitor(
+        sinks, warn_first=int(reliability["warn_first"]), warn_every=int(reliability["warn_every"])
+    )
+    training = GanTraining(
+        generator, discriminator, cfg["gan"], policy=reliability["on_failure"], monitor=monitor
+    )
+    checkpoints = GanCheckpoints(output_dir, cfg, training, monitor)
+    finished = checkpoints.finished_results()
+    if finished is not None:
+        logger.info("%s finished earlier with this config; not retrained", output_dir)
+        for sink in sinks:
+            sink.close()
+        return finished
+    extra = checkpoints.restore() or {"train_time_s": 0.0, "eval_time_s": 0.0}
+    scoring = {
+        "knn_k": int(metrics_cfg["knn_k"]),
+        "kid_subsets": int(metrics_cfg["kid_subsets"]),
+        "kid_subset_size": int(metrics_cfg["kid_subset_size"]),
+    }
+    try:
+        _train(cfg, training, checkpoints, sinks, extra, train_set, real_features, extractor,
+               scoring, device)  # fmt: skip
+    finally:
+        for sink in sinks:
+            sink.close()
+
+    start = time.perf_counter()
+    ema = training.ema_generator()
+    samples = sample_canvases(ema, int(metrics_cfg["samples"]))
+    final = score(samples, real_features, extractor, **scoring)
+    reference_set = canvases_of(train_set)[: int(metrics_cfg["samples"])]
+    reference = score((reference_set + 1) / 2, real_features, extractor, **scoring)
+    save_grid(samples, output_dir / SAMPLES_FILE, columns=int(metrics_cfg["grid"]))
+    extra["eval_time_s"] += time.perf_counter() - start
+    results = {
+        "status": "ok",
+        "config": dict(cfg),
+        "metrics": final.as_dict(),
+        "reference": {**reference.as_dict(), "note": "real training canvases vs the real set"},
+        "classifier_accuracy": accuracy,
+        "failures": {**monitor.summary(), "skipped_updates": training.skipped},
+        "parameters": {
+            "G": parameter_count(generator),
+            "D": parameter_count(discriminator),
+            "G_context": parameter_count(generator.context),
+            "D_context": parameter_count(discriminator.context),
+        },
+        "steps": training.step,
+        "train_time_s": extra["train_time_s"],
+        "eval_time_s": extra["eval_time_s"],
+        "gates": training.gates(),
+    }
+    write_checkpoint(
+        output_dir / "checkpoint.pt",
+        {"G": generator.state_dict(), "D": discriminator.state_dict(), "G_ema": ema.state_dict()},
+    )
+    write_results(output_dir, results)
+    logger.info("final metrics %s; failures %s", results["metrics"], results["failures"]["total"])
+    return results
+
+
+def _train(
+    cfg: Mapping[str, Any],
+    training: GanTraining,
+    checkpoints: GanCheckpoints,
+    sinks: list,
+    extra: dict[str, Any],
+    train_set: TwinDigitsDataset,
+    real_features: torch.Tensor,
+    extractor: CanvasFeatures,
+    scoring: dict[str, int],
+    device: torch.device,
+) -> None:
+    steps, log_every = int(cfg["steps"]), int(cfg["log_every"])
+    every = int(cfg["reliability"]["checkpoint_every"])
+    eval_every = int(cfg["metrics"]["eval_every"])
+    curve_samples = int(cfg["metrics"]["curve_samples"])
+    batches = StepBatches(canvases_of(train_set), int(cfg["batch_size"]), int(cfg["seed"]))
+    stream = batches.from_step(training.step)
+    while training.step < steps:
+        start = time.perf_counter()
+        losses = training.train_step(next(stream).to(device))
+        extra["train_time_s"] += time.perf_counter() - start
+        step = training.step
+        if step % log_every == 0 or step == steps:
+            row = {**losses, **training.gates(), "train_time_s": extra["train_time_s"]}
+            for sink in sinks:
+                sink.log(row, step)
+        if eval_every and (step % eval_every == 0 or step == steps):
+            start = time.perf_counter()
+            samples = sample_canvases(training.ema_generator(), curve_samples)
+            metrics = score(samples, real_features, extractor, **scoring)
+            extra["eval_time_s"] += time.perf_counter() - start
+            for sink in sinks:
+                sink.log(metrics.as_dict("eval/"), step)
+        if (every and step % every == 0) or step == steps:
+            checkpoints.save(extra)
