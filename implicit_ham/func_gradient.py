@@ -132,28 +132,6 @@ class TransformedSolve:
         )
 
 
-class _Solve(torch.autograd.Function):
-    """``S``: the identity on δ (zero) in value; the linear solve on its derivatives."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(solve: TransformedSolve, *delta: Tensor) -> tuple[Tensor, ...]:
-        return tuple(d.clone() for d in delta)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        ctx.solve = inputs[0]
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
-        return (None, *ctx.solve.solve(grads, transpose=True))
-
-    @staticmethod
-    def jvp(ctx: Any, *tangents: Tensor | None) -> tuple[Tensor, ...]:
-        return ctx.solve.solve(tangents[1:], transpose=False)
-
-
 class _SolveReverse(torch.autograd.Function):
     """``S`` without forward mode, for ``torch.compile`` (which does not trace a custom jvp)."""
 
@@ -168,6 +146,17 @@ class _SolveReverse(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
         return (None, *ctx.solve.solve(grads, transpose=True))
+
+
+class _Solve(_SolveReverse):
+    """``S``: the identity on δ (zero) in value; the linear solve on its derivatives (reverse
+    mode, forward mode and a generated vmap rule)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def jvp(ctx: Any, *tangents: Tensor | None) -> tuple[Tensor, ...]:
+        return ctx.solve.solve(tangents[1:], transpose=False)
 
 
 def attach_under_transforms(solve: TransformedSolve) -> State:
