@@ -31,7 +31,7 @@ import yaml
 from implicit_ham.diagnostics.table import format_value
 
 from .results import RESULTS_FILE, read_results
-from .sweep_report import Job, Row, collect_jobs, group_jobs
+from .sweep_report import Job, Row, collect_jobs, group_jobs, planned_jobs
 
 CONTEXTS = ("nmf", "vq", "cd")
 ADJOINTS = ("unroll", "one_step", "implicit", "phantom")
@@ -78,6 +78,12 @@ class StudyRuns:
         """Parts of the study that produced nothing (for the document's status line): empty
         sweeps, each expected no-training study without results, the benchmark."""
         out = [f"sweep `{name}`" for name in SWEEPS if not self.sweeps.get(name)]
+        for name in LEGEND_SWEEPS:  # the paper sweeps' unfinished jobs: PaperRegimeSection
+            jobs = self.sweeps.get(name) or []
+            ok = sum(job.status == "ok" for job in jobs)
+            expected = max(planned_jobs(self.root / name) or len(jobs), len(jobs))
+            if jobs and ok < expected:
+                out.append(f"{expected - ok}/{expected} jobs of `{name}`")
         for kind, names in EXPECTED_STUDIES.items():
             out += [f"`{kind}/{name}`" for name in names if name not in self.studies.get(kind, {})]
         return out + ([] if self.bench is not None else ["`bench.json`"])

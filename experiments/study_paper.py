@@ -21,12 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from scipy import stats as scipy_stats
 
 from .study_data import PAPER_SWEEPS, StudyRuns, fmt, mean_std, select, table
 from .study_task_grad import task_grad_lines
-from .sweep_report import Job, Row, group_jobs
+from .sweep_report import Job, Row, group_jobs, planned_jobs
 
 REGIMES = {
     "paper_finetune": "fine-tuned backbone, SGD + poly LR",
@@ -105,17 +104,6 @@ def _by_seed(row: Row, metric: str) -> dict[str, float]:
         if job.status == "ok" and isinstance(value, (int, float)) and math.isfinite(value):
             out[job.overrides.get("seed", "0")] = float(value)
     return out
-
-
-def planned_jobs(folder: Path) -> int | None:
-    """The number of jobs the sweep in ``folder`` launches: the product of the sizes of its
-    ``hydra.sweeper.params`` (comma-separated lists) in ``multirun.yaml``; None without it."""
-    path = folder / "multirun.yaml"
-    if not path.exists():
-        return None
-    hydra = (yaml.safe_load(path.read_text()) or {}).get("hydra") or {}
-    params = (hydra.get("sweeper") or {}).get("params") or {}
-    return math.prod(len(str(v).split(",")) for v in params.values())
 
 
 class PaperRegimeSection:

@@ -243,3 +243,14 @@ def _read_history(path: Path) -> list[dict[str, Any]]:
 
 def _job_sort_key(path: Path) -> tuple[int, str]:
     return (int(path.name), str(path)) if path.name.isdigit() else (1 << 30, str(path))
+
+
+def planned_jobs(sweep_dir: Path) -> int | None:
+    """Jobs the sweep in ``sweep_dir`` launches: the product of the sizes of its sweeper's
+    comma-separated value lists in Hydra's ``multirun.yaml``; None when the file is absent."""
+    path = sweep_dir / "multirun.yaml"
+    if not path.exists():
+        return None
+    hydra = (yaml.safe_load(path.read_text()) or {}).get("hydra") or {}
+    params = (hydra.get("sweeper") or {}).get("params") or {}
+    return math.prod(len(str(v).split(",")) for v in params.values())

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..results import read_results
-from ..sweep_report import Job, Row, collect_jobs, failures_table, group_jobs
+from ..sweep_report import Job, Row, collect_jobs, failures_table, group_jobs, planned_jobs
 
 logger = logging.getLogger(__name__)
 
@@ -241,18 +241,6 @@ def real_grid(path: Path, columns: int = 8) -> Path:
     from .evaluate import save_grid
 
     return save_grid(TwinDigitsDataset("val", columns * columns).canvases, path, columns)
-
-
-def planned_jobs(sweep_dir: Path) -> int | None:
-    """Jobs the sweep launches (the product of its sweeper's value lists, from Hydra's
-    ``multirun.yaml``); None when the file is absent."""
-    path = sweep_dir / "multirun.yaml"
-    if not path.exists():
-        return None
-    import yaml
-
-    params = (yaml.safe_load(path.read_text()) or {}).get("hydra", {}).get("sweeper", {})
-    return math.prod(len(str(v).split(",")) for v in (params.get("params") or {}).values())
 
 
 def _settings(rows: Sequence[Row]) -> Mapping[str, Any]:
