@@ -110,23 +110,15 @@ def attach_fixed_point_gradient(
         second_order: how ``create_graph=True`` differentiates the backward pass; None refuses
             it (``SecondOrderError``).
     """
-    if not torch.is_grad_enabled():
-        return z_star
-    bound = as_bound(f)
-    if active_transforms() or _compiled_whole(second_order, check):
-        return _under_transforms(bound, z_star, spec, backward_solve, log, check, second_order)
-    with torch.enable_grad():
-        z_req = tuple(t.detach().requires_grad_() for t in z_star)
-        fz = bound(z_req)
-    if not _reaches_other_leaves(fz, z_req):
-        return z_star
-    with torch.no_grad():
-        change = per_sample_norm(tuple(a - b for a, b in zip(fz, z_req, strict=True)))
-        residual = change / (per_sample_norm(fz) + torch.finfo(change.dtype).tiny)
-    backward = _AdjointBackward(
-        spec, z_req, fz, backward_solve, log, check, residual, bound=bound, rule=second_order
+    return _attach(
+        f, z_star, spec, backward_solve, log, check, second_order, _relative_change, "I - J"
     )
-    return _FixedPointGradient.apply(backward, *fz, *backward.sources())
+
+
+def _relative_change(fz: State, z: State) -> Tensor:
+    """``||f(z) - z|| / ||f(z)||`` per sample, shape ``(batch,)``."""
+    change = per_sample_norm(tuple(a - b for a, b in zip(fz, z, strict=True)))
+    return change / (per_sample_norm(fz) + torch.finfo(change.dtype).tiny)
 
 
 def attach_root_gradient(
@@ -154,22 +146,43 @@ def attach_root_gradient(
         spec, backward_solve, log, check, second_order: as for
             ``attach_fixed_point_gradient``.
     """
+    return _attach(
+        g, z_star, spec, backward_solve, log, check, second_order,
+        lambda gz, z: per_sample_norm(gz), label,
+    )
+
+
+def _attach(
+    fn: StepFn,
+    z_star: State,
+    spec: StateSpec,
+    backward_solve: BackwardSolve,
+    log: list[BackwardStats],
+    check: FixedPointCheck,
+    second_order: SecondOrder | None,
+    residual_of: Callable[[State, State], Tensor],
+    label: str,
+) -> State:
+    """What both public functions share: evaluate ``fn`` at z* with a graph, measure the
+    residual (``residual_of(fn(z*), z*)``, shape ``(batch,)``, for the check) and attach the
+    Function; under torch.func transforms or a whole-graph compile, the ``func_gradient``
+    path instead."""
     if not torch.is_grad_enabled():
         return z_star
-    bound = as_bound(g)
+    bound = as_bound(fn)
     if active_transforms() or _compiled_whole(second_order, check):
         return _under_transforms(bound, z_star, spec, backward_solve, log, check, second_order)
     with torch.enable_grad():
         z_req = tuple(t.detach().requires_grad_() for t in z_star)
-        gz = bound(z_req)
-    if not _reaches_other_leaves(gz, z_req):
+        out = bound(z_req)
+    if not _reaches_other_leaves(out, z_req):
         return z_star
     with torch.no_grad():
-        residual = per_sample_norm(tuple(t.detach() for t in gz))
+        residual = residual_of(out, z_req)
     backward = _AdjointBackward(
-        spec, z_req, gz, backward_solve, log, check, residual, label, bound, second_order
+        spec, z_req, out, backward_solve, log, check, residual, label, bound, second_order
     )
-    return _FixedPointGradient.apply(backward, *gz, *backward.sources())
+    return _FixedPointGradient.apply(backward, *out, *backward.sources())
 
 
 def _compiled_whole(rule: SecondOrder | None, check: FixedPointCheck) -> bool:
