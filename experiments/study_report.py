@@ -37,6 +37,7 @@ from .study_data import (
 from .study_gradients import GradientSections
 from .study_paper import PaperRegimeSection
 from .study_plots import plot_metric_vs_k
+from .sweep_report import sweep_span_s
 
 # Hamburger paper, PASCAL VOC val mIoU (%): (one-step, BPTT); see docs/hamburger.md §3.
 PAPER_ONE_STEP_VS_BPTT = {"nmf": (78.3, 77.4), "vq": (77.7, 76.6), "cd": (78.1, 75.0)}
@@ -142,7 +143,9 @@ class _Doc(GradientSections, ConvergenceSections):
                 f"- No-training studies: {len(studies)} runs, "
                 f"{study_seconds(studies) / 60:.1f} min."
             )
-        spans = [_span(self.runs.root / name) for name, jobs in self.runs.sweeps.items() if jobs]
+        spans = [
+            sweep_span_s(self.runs.root / name) for name, jobs in self.runs.sweeps.items() if jobs
+        ]
         total = sum(s for s in spans if s is not None) / 60 + study_seconds(studies) / 60
         lines.append(
             f"- **Total: {total:.1f} min wall-clock on this 2-core machine** (sweeps plus "
@@ -366,16 +369,6 @@ def _param_mean(row: Any) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def _span(folder: Path) -> float | None:
-    """Wall-clock seconds from the sweep's start (its multirun.yaml) to its last results.json,
-    or None without them."""
-    start = folder / "multirun.yaml"
-    ends = [p.stat().st_mtime for p in folder.glob("*/results.json")]
-    if not start.exists() or not ends:
-        return None
-    return max(ends) - start.stat().st_mtime
-
-
 def _span_minutes(folder: Path) -> str:
-    seconds = _span(folder)
+    seconds = sweep_span_s(folder)
     return "unknown" if seconds is None else f"{seconds / 60:.1f} min"

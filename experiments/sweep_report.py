@@ -254,3 +254,13 @@ def planned_jobs(sweep_dir: Path) -> int | None:
     hydra = (yaml.safe_load(path.read_text()) or {}).get("hydra") or {}
     params = (hydra.get("sweeper") or {}).get("params") or {}
     return math.prod(len(str(v).split(",")) for v in params.values())
+
+
+def sweep_span_s(sweep_dir: Path) -> float | None:
+    """Wall-clock seconds from the sweep's start (its ``multirun.yaml``) to its last
+    ``results.json``; None without them. A sweep resumed later counts the pause too."""
+    start = sweep_dir / "multirun.yaml"
+    ends = [p.stat().st_mtime for p in sweep_dir.glob("*/results.json")]
+    if not start.exists() or not ends:
+        return None
+    return max(ends) - start.stat().st_mtime

@@ -4,6 +4,7 @@ the grids and curves, the failed jobs."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -77,3 +78,17 @@ def test_one_seed_is_not_enough_for_a_claim(tmp_path: Path) -> None:
     _job(tmp_path / "s" / "1", "none", 0, 50.0)
     sentence = verdict(ordered_rows(collect_jobs(tmp_path / "s")))
     assert "vs no context: not comparable yet (fewer than 2 seeds) (FID 10.0" in sentence
+
+
+def test_the_page_states_the_sweeps_wall_clock(sweep: Path, tmp_path: Path) -> None:
+    """First job's start (multirun.yaml) to last job's end (newest results.json), in minutes."""
+    out = tmp_path / "docs" / "generation.md"
+    write_generation_report(sweep, out)
+    assert "The sweep took" not in out.read_text()  # no multirun.yaml: no claim
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    os.utime(sweep / "multirun.yaml", (1000.0, 1000.0))
+    for number, results in enumerate(sorted(sweep.glob("*/results.json"))):
+        os.utime(results, (1000.0 + 60.0 * number, 1000.0 + 60.0 * number))
+    last = 60.0 * (len(list(sweep.glob("*/results.json"))) - 1)
+    write_generation_report(sweep, out)
+    assert f"The sweep took {last / 60:.1f} min wall-clock" in out.read_text()

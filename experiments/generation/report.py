@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from ..results import read_results
-from ..sweep_report import Job, Row, collect_jobs, failures_table, group_jobs, planned_jobs
+from ..sweep_report import (
+    Job,
+    Row,
+    collect_jobs,
+    failures_table,
+    group_jobs,
+    planned_jobs,
+    sweep_span_s,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -265,7 +273,10 @@ def write_generation_report(
     curves = plot_curves(rows, figures / "curves.png")
     first = _settings(rows)
     planned = planned_jobs(Path(sweep_dir))
-    text = render(rows, jobs, first, grids, real, curves, output.parent, command, planned)
+    text = render(
+        rows, jobs, first, grids, real, curves, output.parent, command, planned,
+        span_s=sweep_span_s(Path(sweep_dir)),
+    )  # fmt: skip
     output.write_text(text, encoding="utf-8")
     logger.info("wrote %s (%d jobs)", output, len(jobs))
     return output
@@ -281,8 +292,11 @@ def render(
     base: Path,
     command: str,
     planned: int | None = None,
+    *,
+    span_s: float | None = None,
 ) -> str:
-    """The markdown page (``planned``: the sweep's job count, for the partial-run note)."""
+    """The markdown page (``planned``: the sweep's job count, for the partial-run note;
+    ``span_s``: the sweep's wall-clock seconds, first job start to last job end)."""
     cfg = first.get("config", {})
     gan, metrics = cfg.get("gan", {}), cfg.get("metrics", {})
     done = sum(job.status == "ok" for job in jobs)
@@ -314,7 +328,7 @@ def render(
             "different scikit-learn digits of one class side by side, 32×32): the two halves must",
             "agree, a constraint 16 pixels wide.",
             "",
-            "!!! warning \"Relative measures\"",
+            '!!! warning "Relative measures"',
             "    FID, KID and precision / recall are computed in the 128-dimensional",
             "    penultimate features of a small digit classifier trained by the pipeline (no",
             "    Inception weights offline). They rank the arms of this experiment; they are",
@@ -344,8 +358,15 @@ def render(
             f"{cfg.get('steps', '?')} steps of batch {cfg.get('batch_size', '?')}, one D and one "
             f"G update per step (Adam, lr {gan.get('lr_d', '?')} / {gan.get('lr_g', '?')}, betas "
             f"({gan.get('beta1', '?')}, {gan.get('beta2', '?')})), EMA decay "
-            f"{gan.get('ema_decay', '?')}; one thread per job, two jobs at a time. Times are wall "
-            "clock on a shared machine: compare them within this page only.",
+            f"{gan.get('ema_decay', '?')}; the discriminator scores real and fake canvases in one "
+            "pass; one thread per job, two jobs at a time. "
+            + (
+                ""
+                if span_s is None
+                else f"The sweep took {span_s / 60:.1f} min wall-clock "
+                "(first job's start to last job's end, classifier training excluded). "
+            )
+            + "Per-arm times are wall clock: compare them within this page only.",
             "",
             "## Samples (seed 0, EMA generator)",
             "",

@@ -106,7 +106,8 @@ class GanTraining:
         def d_loss() -> Tensor:
             with torch.no_grad():
                 fake = self.G(torch.randn(batch, self.G.z_dim, device=device))
-            return hinge_d_loss(self.D(real), self.D(fake))
+            logits = self.D(torch.cat([real, fake]))  # one pass: D has no batch coupling
+            return hinge_d_loss(logits[:batch], logits[batch:])
 
         def g_loss() -> Tensor:
             fake = self.G(torch.randn(batch, self.G.z_dim, device=device))
