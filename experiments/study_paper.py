@@ -115,6 +115,7 @@ class PaperRegimeSection:
         self.rows = {name: group_jobs(jobs) for name, jobs in self.jobs.items()}
         self.summary: list[str] = []
         self.finetune_verdicts: dict[str, tuple[Paired, str]] = {}
+        self.adamw_verdicts: dict[str, str] = {}  # ham -> "diff verdict[ (BPTT below ...)]"
 
     def missing(self) -> list[str]:
         """Jobs of the paper-regime sweeps that failed or did not finish (an empty sweep is
@@ -308,6 +309,10 @@ class PaperRegimeSection:
                     note = " (BPTT below no context)" if collapsed else ""
                     headline.append(f"{ham.upper()} {diff.text()} {says}{note}")
                     self.finetune_verdicts[ham] = (diff, says + note)
+                elif sweep == "paper_adamw":
+                    self.adamw_verdicts[ham] = f"{diff.text()} {says}" + (
+                        " (BPTT below no context)" if collapsed else ""
+                    )
         if not body:
             return ["**Verdict**: not enough seeds to compare one-step with BPTT.", ""]
         lines = [
@@ -327,7 +332,8 @@ class PaperRegimeSection:
                 "**Headline (paper regime, digit_seg, fine-tuned pretrained backbone, SGD + poly "
                 "LR, K = 6): the paper's one-step − BPTT in mIoU [95 % CI]: "
                 + "; ".join(headline)
-                + ".**",
+                + ".**"
+                + _optimiser_check(self.finetune_verdicts, self.adamw_verdicts),
             )
         return lines
 
@@ -351,9 +357,25 @@ class PaperRegimeSection:
             "SGD and poly LR on occluded real digits, K = 6), the paper's claim that its "
             f"one-step gradient is at least as good as BPTT is {claim}: paired mIoU one-step − "
             f"BPTT [95 % CI] {numbers}; on the legend_seg stress test it fails by construction "
-            "(section 2).",
+            "(section 2)." + _optimiser_check(self.finetune_verdicts, self.adamw_verdicts),
             "",
         ]
+
+
+def _optimiser_check(finetune: Mapping[str, tuple[Paired, str]], adamw: Mapping[str, str]) -> str:
+    """The AdamW check for the hams whose BPTT collapsed under SGD (their SGD verdict says more
+    about SGD's step size than about the gradient), or "" when there is none."""
+    checks = [
+        f"{ham.upper()} {adamw[ham]}"
+        for ham, (_, says) in finetune.items()
+        if "below no context" in says and ham in adamw
+    ]
+    if not checks:
+        return ""
+    return (
+        " Where BPTT collapsed under SGD, the AdamW check (constant LR, same arms and seeds) "
+        "gives one-step − BPTT " + "; ".join(checks) + "."
+    )
 
 
 def _pct(stats: tuple[float, float, int] | None) -> str:

@@ -247,3 +247,48 @@ def test_study_document_puts_the_paper_regime_verdict_first(tmp_path: Path) -> N
     assert f"NMF {nmf.text()} refuted" in headline and "CD " in headline
     assert "holds" in headline.split("CD ")[1]
     assert "VQ" not in headline  # not run: no verdict invented
+
+
+def test_headline_adds_the_adamw_check_where_bptt_collapsed_under_sgd(tmp_path: Path) -> None:
+    """VQ's BPTT ends below no context under SGD, so its "holds" is BPTT failing; the headline
+    and the closing note then quote the AdamW sweep's paired difference beside it."""
+    import json
+
+    from experiments.study_report import write_study_report
+
+    config = {"data": {"train_size": 512, "digits_per_image": 5}, "model": {"width": 32},
+              "batch_size": 16, "epochs": 6, "optim": {"_target_": "torch.optim.SGD"}}  # fmt: skip
+    base = [0.50, 0.52, 0.49, 0.51, 0.53]
+    arms = {
+        "paper_finetune": {"none": 0.4, "vq_one_step": 0.0, "vq_unroll": -0.3},
+        "paper_adamw": {"vq_one_step": 0.0, "vq_unroll": 0.1},
+    }
+    jitter = [0.004, -0.003, 0.001, 0.0, -0.002]
+    for sweep, offsets in arms.items():
+        num = 0
+        for arm, offset in offsets.items():
+            for seed, value in enumerate(base):
+                miou = 0.4 if arm == "none" else value + offset
+                miou += jitter[seed] if arm == "vq_unroll" else 0.0
+                job = tmp_path / "study" / sweep / str(num)
+                (job / ".hydra").mkdir(parents=True)
+                (job / ".hydra" / "overrides.yaml").write_text(f"- +arm={arm}\n- seed={seed}\n")
+                (job / "results.json").write_text(json.dumps(
+                    {"status": "ok", "config": config, "metrics": {"val/miou": miou}}))  # fmt: skip
+                num += 1
+    text = write_study_report(tmp_path / "study", tmp_path / "docs", "").read_text()
+    headline = text.split("## Summary (generated from the verdicts below)\n\n- ")[1].split("\n")[0]
+    adamw = paired_difference(
+        _row({str(s): v for s, v in enumerate(base)}),
+        _row({str(s): v + 0.1 + jitter[s] for s, v in enumerate(base)}),
+        "val/miou",
+    )
+    assert adamw is not None and adamw.high < 0
+    assert "VQ " in headline and "holds (BPTT below no context)" in headline
+    check = (
+        "the AdamW check (constant LR, same arms and seeds) gives one-step − BPTT "
+        f"VQ {adamw.text()} refuted"
+    )
+    assert check in headline
+    closing = text.split("## Closing note\n\n")[1]
+    assert check in closing
