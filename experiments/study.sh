@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The study behind docs/results.md (`make study`; about 90 minutes on 2 CPU cores). Sweeps run 2
+# The study behind docs/results.md (`make study`; 52 minutes on 2 idle CPU cores). Sweeps run 2
 # jobs x 1 thread (joblib); the no-training studies and the benchmark run one at a time. A
 # failed step is reported and the study goes on: the document lists what is missing.
 set -uo pipefail
@@ -7,6 +7,8 @@ PY=${PY:-.venv/bin/python}
 OUT=${OUT:-multirun/study}
 STUDY=("study.ks=[1,3,6,12,24]" study.reference_steps=500 study.max_steps=60)
 run() { "$@" || echo "study.sh: FAILED (exit $?): $*" >&2; }
+# The report states this invocation's wall-clock from these two stamps (runs only).
+mkdir -p "$OUT" && date +%s > "$OUT/.started"
 # Q1: decomposition x backward mode at K = 6 x 3 seeds (36 jobs); Q3: baselines; Q2: remedies.
 run $PY -m experiments.train -m +experiment=adjoint_ablation hydra.sweep.dir=$OUT/adjoints
 run $PY -m experiments.train -m +experiment=attention_vs_md hydra.sweep.dir=$OUT/context
@@ -34,4 +36,5 @@ done
 # Q3's compute table: the context modules alone at the study's size (91 channels, 16x16) and 64x64.
 run $PY -m experiments.bench --sizes 16 64 --channels 91 --rank 8 --modules nmf vq cd \
   self_attention sdpa_attention --sweep-steps --threads 1 --clock cpu --json $OUT/bench.json
+date +%s > "$OUT/.finished"
 $PY -m experiments.report --study $OUT --out docs

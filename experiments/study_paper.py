@@ -115,7 +115,8 @@ class PaperRegimeSection:
         self.rows = {name: group_jobs(jobs) for name, jobs in self.jobs.items()}
         self.summary: list[str] = []
         self.finetune_verdicts: dict[str, tuple[Paired, str]] = {}
-        self.adamw_verdicts: dict[str, str] = {}  # ham -> "diff verdict[ (BPTT below ...)]"
+        # sweep -> ham -> "diff verdict[ (BPTT below no context)]", the regimes beside finetune
+        self.other_verdicts: dict[str, dict[str, str]] = {}
 
     def missing(self) -> list[str]:
         """Jobs of the paper-regime sweeps that failed or did not finish (an empty sweep is
@@ -309,8 +310,8 @@ class PaperRegimeSection:
                     note = " (BPTT below no context)" if collapsed else ""
                     headline.append(f"{ham.upper()} {diff.text()} {says}{note}")
                     self.finetune_verdicts[ham] = (diff, says + note)
-                elif sweep == "paper_adamw":
-                    self.adamw_verdicts[ham] = f"{diff.text()} {says}" + (
+                else:
+                    self.other_verdicts.setdefault(sweep, {})[ham] = f"{diff.text()} {says}" + (
                         " (BPTT below no context)" if collapsed else ""
                     )
         if not body:
@@ -333,7 +334,7 @@ class PaperRegimeSection:
                 "LR, K = 6): the paper's one-step − BPTT in mIoU [95 % CI]: "
                 + "; ".join(headline)
                 + ".**"
-                + _optimiser_check(self.finetune_verdicts, self.adamw_verdicts),
+                + _other_regimes(self.other_verdicts),
             )
         return lines
 
@@ -357,25 +358,24 @@ class PaperRegimeSection:
             "SGD and poly LR on occluded real digits, K = 6), the paper's claim that its "
             f"one-step gradient is at least as good as BPTT is {claim}: paired mIoU one-step − "
             f"BPTT [95 % CI] {numbers}; on the legend_seg stress test it fails by construction "
-            "(section 2)." + _optimiser_check(self.finetune_verdicts, self.adamw_verdicts),
+            "(section 2)." + _other_regimes(self.other_verdicts),
             "",
         ]
 
 
-def _optimiser_check(finetune: Mapping[str, tuple[Paired, str]], adamw: Mapping[str, str]) -> str:
-    """The AdamW check for the hams whose BPTT collapsed under SGD (their SGD verdict says more
-    about SGD's step size than about the gradient), or "" when there is none."""
-    checks = [
-        f"{ham.upper()} {adamw[ham]}"
-        for ham, (_, says) in finetune.items()
-        if "below no context" in says and ham in adamw
+def _other_regimes(verdicts: Mapping[str, Mapping[str, str]]) -> str:
+    """One sentence with the verdicts of the regimes beside the fine-tuned SGD one (frozen
+    backbone, AdamW), or "" when none ran: a verdict that holds only where BPTT collapsed, or
+    only with a fine-tuned backbone, says so next to the headline."""
+    parts = [
+        f"{REGIMES[sweep]}: "
+        + "; ".join(f"{ham.upper()} {text}" for ham, text in by_ham.items())
+        for sweep, by_ham in verdicts.items()
+        if by_ham
     ]
-    if not checks:
+    if not parts:
         return ""
-    return (
-        " Where BPTT collapsed under SGD, the AdamW check (constant LR, same arms and seeds) "
-        "gives one-step − BPTT " + "; ".join(checks) + "."
-    )
+    return " Other regimes, same arms and seeds (one-step − BPTT): " + " — ".join(parts) + "."
 
 
 def _pct(stats: tuple[float, float, int] | None) -> str:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The paper-regime part of the study (called by experiments/study.sh; about 35 min on 2 CPU
-# cores alone, estimated from the jobs' CPU time): pretrain the digit_seg backbone once, then the
+# The paper-regime part of the study (called by experiments/study.sh; 16.5 min on 2 idle CPU
+# cores): pretrain the digit_seg backbone once, then the
 # fine-tuned sweep (every arm), the frozen-backbone subset and the AdamW check, 2 jobs x 1
 # thread, then the task-loss gradient studies. Finished jobs are skipped.
 set -uo pipefail

@@ -151,6 +151,13 @@ class _Doc(GradientSections, ConvergenceSections):
             f"- **Total: {total:.1f} min wall-clock on this 2-core machine** (sweeps plus "
             "no-training studies; the benchmark adds under a minute)."
         )
+        invocation = _invocation_minutes(self.runs.root)
+        if invocation is not None:
+            lines.append(
+                f"- The last `make study` ran {invocation:.1f} min end to end (start-up, "
+                "pretraining, every sweep and study, the benchmark; jobs finished by an earlier "
+                "invocation are skipped, so a resumed study shows only its own part)."
+            )
         missing = [*paper_missing, *self.runs.missing()]
         if missing:
             lines.append(f"- **Missing** (not run or failed): {', '.join(missing)}.")
@@ -367,6 +374,16 @@ def _claim(holds: Sequence[str], fails: Sequence[str]) -> str:
 def _param_mean(row: Any) -> float | None:
     values = row.values("parameters") if row is not None else []
     return statistics.fmean(values) if values else None
+
+
+def _invocation_minutes(root: Path) -> float | None:
+    """Minutes between the ``.started`` and ``.finished`` stamps ``experiments/study.sh`` writes
+    (epoch seconds), or None without both or when they are out of order (an unfinished run)."""
+    try:
+        start, end = (float((root / name).read_text()) for name in (".started", ".finished"))
+    except (FileNotFoundError, ValueError):
+        return None
+    return (end - start) / 60 if end >= start else None
 
 
 def _span_minutes(folder: Path) -> str:

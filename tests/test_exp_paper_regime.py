@@ -249,9 +249,9 @@ def test_study_document_puts_the_paper_regime_verdict_first(tmp_path: Path) -> N
     assert "VQ" not in headline  # not run: no verdict invented
 
 
-def test_headline_adds_the_adamw_check_where_bptt_collapsed_under_sgd(tmp_path: Path) -> None:
-    """VQ's BPTT ends below no context under SGD, so its "holds" is BPTT failing; the headline
-    and the closing note then quote the AdamW sweep's paired difference beside it."""
+def test_headline_adds_the_other_regimes_verdicts(tmp_path: Path) -> None:
+    """VQ's BPTT ends below no context under SGD, so its "holds" is BPTT failing (tagged); the
+    headline and the closing note quote the AdamW sweep's paired difference beside it."""
     import json
 
     from experiments.study_report import write_study_report
@@ -285,10 +285,7 @@ def test_headline_adds_the_adamw_check_where_bptt_collapsed_under_sgd(tmp_path: 
     )
     assert adamw is not None and adamw.high < 0
     assert "VQ " in headline and "holds (BPTT below no context)" in headline
-    check = (
-        "the AdamW check (constant LR, same arms and seeds) gives one-step − BPTT "
-        f"VQ {adamw.text()} refuted"
-    )
+    check = f"fine-tuned backbone, AdamW (constant LR): VQ {adamw.text()} refuted"
     assert check in headline
     closing = text.split("## Closing note\n\n")[1]
     assert check in closing

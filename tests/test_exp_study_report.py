@@ -163,3 +163,17 @@ def test_baselines_remedies_and_converged_solves(study: Path, tmp_path: Path) ->
     assert "Best remedy arm by blob accuracy: `nmf_normalized` with λ = 1.0" in text
     assert "nmf: K=6 → fixed_point K=50 hurts (0.900 → 0.600)" in text
     assert "| nmf | trained | fixed_point | 60 | 0.01 | never | 0.95 |" in text
+
+
+def test_the_last_invocations_wall_clock_comes_from_study_shs_stamps(
+    study: Path, tmp_path: Path
+) -> None:
+    text = write_study_report(study, tmp_path / "docs", "").read_text()
+    assert "The last `make study` ran" not in text  # no stamps: no claim
+    (study / ".started").write_text("1000\n")
+    (study / ".finished").write_text("500\n")  # out of order: an unfinished run, no claim
+    text = write_study_report(study, tmp_path / "docs", "").read_text()
+    assert "The last `make study` ran" not in text
+    (study / ".finished").write_text("4123\n")
+    text = write_study_report(study, tmp_path / "docs", "").read_text()
+    assert "- The last `make study` ran 52.0 min end to end" in text
