@@ -45,7 +45,7 @@ study: install
 	@echo "results: docs/results.md (figures in docs/results/; runs in multirun/study/)"
 
 # The GAN comparison of docs/generation.md: the metrics' classifier (once), 4 arms x 3 seeds two
-# at a time (~25 min on 2 idle cores; resumable: run it again to continue), then the page.
+# at a time (34.8 min on 2 idle cores; resumable: run it again to continue), then the page.
 generate: install
 	$(PY) -m experiments.generation.classifier multirun/generate/classifier.pt
 	OMP_NUM_THREADS=1 $(PY) -m experiments.generate -m +experiment=generation
