@@ -364,9 +364,8 @@ class PaperRegimeSection:
 
 
 def _other_regimes(verdicts: Mapping[str, Mapping[str, str]]) -> str:
-    """One sentence with the verdicts of the regimes beside the fine-tuned SGD one (frozen
-    backbone, AdamW), or "" when none ran: a verdict that holds only where BPTT collapsed, or
-    only with a fine-tuned backbone, says so next to the headline."""
+    """The frozen-backbone and AdamW verdicts (``verdicts``: sweep -> ham -> text) as one
+    sentence for the headline, or "" when neither sweep ran."""
     parts = [
         f"{REGIMES[sweep]}: "
         + "; ".join(f"{ham.upper()} {text}" for ham, text in by_ham.items())

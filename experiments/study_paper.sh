@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The paper-regime part of the study (called by experiments/study.sh; 16.5 min on 2 idle CPU
-# cores): pretrain the digit_seg backbone once, then the
-# fine-tuned sweep (every arm), the frozen-backbone subset and the AdamW check, 2 jobs x 1
-# thread, then the task-loss gradient studies. Finished jobs are skipped.
+# cores): pretrain the digit_seg backbone once, then the fine-tuned sweep (every arm), the
+# frozen-backbone subset and the AdamW check, 2 jobs x 1 thread, then the task-loss gradient
+# studies. Finished jobs are skipped.
 set -uo pipefail
 PY=${PY:-.venv/bin/python}
 # absolute: the artefact path is part of every job config, so it must not depend on the cwd
