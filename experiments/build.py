@@ -23,12 +23,12 @@ from implicit_ham.tracking import Sink
 from implicit_ham.training.sampler import EpochBatchSampler
 from implicit_ham.validation import check_choice
 
-from .configs import ModelConf
-from .data.factory import TaskInfo
-from .models import ContextClassifier, ContextSegmenter, TwoStreamSegmenter
-from .models import context_channels as two_stream_channels
-from .pretraining import load_backbone
-from .splits import Splits
+from experiments.configs import ModelConf
+from experiments.data.factory import TaskInfo
+from experiments.models import ContextClassifier, ContextSegmenter, TwoStreamSegmenter
+from experiments.models import context_channels as two_stream_channels
+from experiments.pretraining import load_backbone
+from experiments.splits import Splits
 
 
 def build_datasets(data: Mapping[str, Any]) -> tuple[Dataset, Dataset, TaskInfo]:

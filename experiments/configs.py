@@ -28,8 +28,8 @@ from implicit_ham.modules.context import BASELINES
 from implicit_ham.registry import Registry
 from implicit_ham.solvers import SOLVERS
 
-from . import sinks, splits
-from .signatures import config_class, signature_parameters
+from experiments import sinks, splits
+from experiments.signatures import config_class, signature_parameters
 
 # Set by the experiment when it builds the module, never from the command line.
 CONTEXT_RUNTIME = ("channels", "spatial", "solver", "adjoint")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from .sweep_report import Row, label
+from experiments.sweep_report import Row, label
 
 
 def plot_metric_bars(rows: Sequence[Row], metric: str, path: str | Path) -> Path:

@@ -23,8 +23,8 @@ from torch import Tensor, nn
 
 from implicit_ham.training.checkpoint import read_checkpoint, write_checkpoint
 
-from .data.digit_canvas import CLEAN, SEG_CLASSES, digit_canvases
-from .models.backbone import LocalBackbone
+from experiments.data.digit_canvas import CLEAN, SEG_CLASSES, digit_canvases
+from experiments.models.backbone import LocalBackbone
 
 logger = logging.getLogger(__name__)
 

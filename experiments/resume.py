@@ -30,7 +30,7 @@ from implicit_ham.training import (
 from implicit_ham.training.checkpoint import read_checkpoint
 from implicit_ham.training.rng import capture_rng_state, restore_rng_state
 
-from .results import RESULTS_FILE, read_results
+from experiments.results import RESULTS_FILE, read_results
 
 logger = logging.getLogger(__name__)
 

@@ -33,19 +33,11 @@ from implicit_ham.training.failures import check_policy
 from implicit_ham.training.rng import configure_determinism
 from implicit_ham.validation import check_choice
 
-from .build import (
-    build_context,
-    build_datasets,
-    build_loaders,
-    build_model,
-    build_optimizer,
-    build_sinks,
-    context_channels,
-)
-from .configs import ReliabilityConf, check_train_config
-from .results import write_results
-from .resume import JobCheckpoints
-from .schedule import poly_lr_hooks
+from experiments.build import build_context, build_datasets, build_loaders, build_model, build_optimizer, build_sinks, context_channels
+from experiments.configs import ReliabilityConf, check_train_config
+from experiments.results import write_results
+from experiments.resume import JobCheckpoints
+from experiments.schedule import poly_lr_hooks
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from implicit_ham.tracking import CSVSink, JSONLSink, Sink
 
-from .wandb_sink import WandbSink
+from experiments.wandb_sink import WandbSink
 
 
 def no_sinks(directory: str | Path, config: Mapping[str, Any]) -> list[Sink]:

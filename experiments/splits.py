@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from torch.utils.data import Dataset, TensorDataset
 
-from .data import LegendSegDataset, make_dataset, task_of
-from .data.digit_canvas import SEG_CLASSES, CanvasStyle, digit_canvases
-from .data.factory import TaskInfo
+from experiments.data import LegendSegDataset, make_dataset, task_of
+from experiments.data.digit_canvas import SEG_CLASSES, CanvasStyle, digit_canvases
+from experiments.data.factory import TaskInfo
 
 
 @dataclass(frozen=True)

@@ -39,10 +39,10 @@ from implicit_ham.solvers import Anderson, Broyden, FixedPointIteration, Solver
 from implicit_ham.training.checkpoint import read_checkpoint
 from implicit_ham.training.loop import Task, evaluate
 
-from .build import build_context, build_datasets, build_loaders, build_model, context_channels
-from .results import write_results
-from .run import seed_everything
-from .task_gradients import task_gradient_rows
+from experiments.build import build_context, build_datasets, build_loaders, build_model, context_channels
+from experiments.results import write_results
+from experiments.run import seed_everything
+from experiments.task_gradients import task_gradient_rows
 
 logger = logging.getLogger(__name__)
 

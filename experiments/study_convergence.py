@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .study_data import CONTEXTS, METRICS, DocBase, table
-from .study_plots import plot_convergence, plot_eval_solvers
+from experiments.study_data import CONTEXTS, METRICS, DocBase, table
+from experiments.study_plots import plot_convergence, plot_eval_solvers
 
 
 class ConvergenceSections(DocBase):

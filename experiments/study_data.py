@@ -30,8 +30,8 @@ import yaml
 
 from implicit_ham.diagnostics.table import format_value
 
-from .results import RESULTS_FILE, read_results
-from .sweep_report import Job, Row, collect_jobs, group_jobs, planned_jobs
+from experiments.results import RESULTS_FILE, read_results
+from experiments.sweep_report import Job, Row, collect_jobs, group_jobs, planned_jobs
 
 CONTEXTS = ("nmf", "vq", "cd")
 ADJOINTS = ("unroll", "one_step", "implicit", "phantom")

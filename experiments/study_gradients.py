@@ -7,21 +7,9 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .study_data import (
-    CONTEXTS,
-    METRICS,
-    REFERENCE_K,
-    DocBase,
-    failure_fraction,
-    fmt,
-    k_steps,
-    mean_std,
-    pct,
-    select,
-    table,
-)
-from .study_plots import plot_grad_study
-from .study_task_grad import task_grad_lines
+from experiments.study_data import CONTEXTS, METRICS, REFERENCE_K, DocBase, failure_fraction, fmt, k_steps, mean_std, pct, select, table
+from experiments.study_plots import plot_grad_study
+from experiments.study_task_grad import task_grad_lines
 
 REMEDY_MODES = ("implicit", "implicit(ridge=0.1)")
 

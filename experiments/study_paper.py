@@ -23,9 +23,9 @@ from typing import Any
 
 from scipy import stats as scipy_stats
 
-from .study_data import PAPER_SWEEPS, StudyRuns, fmt, mean_std, select, table
-from .study_task_grad import task_grad_lines
-from .sweep_report import Job, Row, group_jobs, planned_jobs
+from experiments.study_data import PAPER_SWEEPS, StudyRuns, fmt, mean_std, select, table
+from experiments.study_task_grad import task_grad_lines
+from experiments.sweep_report import Job, Row, group_jobs, planned_jobs
 
 REGIMES = {
     "paper_finetune": "fine-tuned backbone, SGD + poly LR",

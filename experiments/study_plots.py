@@ -9,8 +9,8 @@ from typing import Any
 import matplotlib.ticker
 from matplotlib.figure import Figure
 
-from .study_data import k_steps, mean_std, select
-from .sweep_report import Row
+from experiments.study_data import k_steps, mean_std, select
+from experiments.sweep_report import Row
 
 POINT_STYLE = {"init": "--", "trained": "-"}
 

@@ -15,29 +15,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .study_convergence import ConvergenceSections
-from .study_data import (
-    ADJOINTS,
-    CONTEXTS,
-    KS,
-    LEGEND_SWEEPS,
-    METRICS,
-    REFERENCE_K,
-    failure_fraction,
-    fmt,
-    job_seconds,
-    k_steps,
-    load_study,
-    mean_std,
-    pct,
-    select,
-    study_seconds,
-    table,
-)
-from .study_gradients import GradientSections
-from .study_paper import PaperRegimeSection
-from .study_plots import plot_metric_vs_k
-from .sweep_report import sweep_span_s
+from experiments.study_convergence import ConvergenceSections
+from experiments.study_data import ADJOINTS, CONTEXTS, KS, LEGEND_SWEEPS, METRICS, REFERENCE_K, failure_fraction, fmt, job_seconds, k_steps, load_study, mean_std, pct, select, study_seconds, table
+from experiments.study_gradients import GradientSections
+from experiments.study_paper import PaperRegimeSection
+from experiments.study_plots import plot_metric_vs_k
+from experiments.sweep_report import sweep_span_s
 
 # Hamburger paper, PASCAL VOC val mIoU (%): (one-step, BPTT); see docs/hamburger.md §3.
 PAPER_ONE_STEP_VS_BPTT = {"nmf": (78.3, 77.4), "vq": (77.7, 76.6), "cd": (78.1, 75.0)}

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .study_data import REFERENCE_K, failure_fraction, fmt, k_steps, mean_std, pct, select, table
-from .sweep_report import Row, collect_jobs, group_jobs
+from experiments.study_data import REFERENCE_K, failure_fraction, fmt, k_steps, mean_std, pct, select, table
+from experiments.sweep_report import Row, collect_jobs, group_jobs
 
 TITLE = "## Argmin hams: does the ridge let the implicit gradient train?"
 RIDGE_SWEEP = "ridge"

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .study_data import table
-from .task_gradients import PAPER_ONE_STEP, THROUGH_BASES
+from experiments.study_data import table
+from experiments.task_gradients import PAPER_ONE_STEP, THROUGH_BASES
 
 REFERENCE_K = 6
 

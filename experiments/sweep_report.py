@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from .results import RESULTS_FILE, read_results
+from experiments.results import RESULTS_FILE, read_results
 
 DEFAULT_METRICS = ("val/miou", "val/blob_acc", "val/pixel_acc", "val/accuracy", "train_time_s")
 IGNORED_OVERRIDES = ("seed",)
@@ -132,7 +132,7 @@ def write_report(
     title: str | None = None,
 ) -> Path:
     """Write ``report.md`` (table, failures, plots) for ``sweep_dir``; return its path."""
-    from .plots import plot_curves, plot_metric_bars
+    from experiments.plots import plot_curves, plot_metric_bars
 
     sweep_dir = Path(sweep_dir)
     out_dir = Path(output) if output is not None else sweep_dir

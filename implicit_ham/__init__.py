@@ -1,85 +1,20 @@
 """implicit-ham: optimization layers with selectable forward solvers and backward modes."""
 
-from . import diagnostics, tracking
-from .adjoints import (
-    ADJOINTS,
-    Adjoint,
-    AtFixedPoint,
-    Implicit,
-    Neumann,
-    OneStep,
-    Phantom,
-    ThroughIterations,
-    Truncated,
-    Unroll,
-)
-from .decompositions import (
-    CD,
-    DECOMPOSITIONS,
-    NMF,
-    SVD,
-    VQ,
-    Decomposition,
-    NormalizedNMF,
-    RidgeCD,
-    RidgeNMF,
-    get_decomposition,
-    register_decomposition,
-)
-from .errors import (
-    BackwardSolveError,
-    ConditioningWarning,
-    ConvergenceWarning,
-    ForwardSolveError,
-    NonFiniteError,
-    NotFixedPointError,
-    NotFixedPointWarning,
-    NotPositiveDefiniteError,
-    SecondOrderError,
-)
-from .fixed_point import FixedPointProblem, Solution, fixed_point
-from .linear_solvers import (
-    CG,
-    GMRES,
-    LINEAR_SOLVERS,
-    AdjointOperator,
-    AndersonLinear,
-    BroydenLinear,
-    Dense,
-    FixedPointLinear,
-    LinearSolve,
-    LinearSolver,
-)
-from .minimize import least_squares, minimize
-from .minimizers import (
-    LBFGS,
-    MINIMIZERS,
-    GaussNewton,
-    GradientDescent,
-    LevenbergMarquardt,
-    Minimizer,
-    NewtonCG,
-)
-from .modules import (
-    Hamburger,
-    IdentityContext,
-    SDPAttention2d,
-    SelfAttention2d,
-    context_names,
-    make_context,
-)
-from .projections import CONSTRAINTS, Box, Constraint, NonNegative
-from .root import ROOT_SOLVERS, Newton, RootSolver, root
-from .second_order import SecondOrder
-from .solvers import (
-    SOLVERS,
-    Anderson,
-    Broyden,
-    FixedPointIteration,
-    Solver,
-)
-from .stats import BackwardStats, SolverStats
-from .torchdeq_solvers import TorchDEQAnderson, TorchDEQBroyden
+from implicit_ham import diagnostics, tracking
+from implicit_ham.adjoints import ADJOINTS, Adjoint, AtFixedPoint, Implicit, Neumann, OneStep, Phantom, ThroughIterations, Truncated, Unroll
+from implicit_ham.decompositions import CD, DECOMPOSITIONS, NMF, SVD, VQ, Decomposition, NormalizedNMF, RidgeCD, RidgeNMF, get_decomposition, register_decomposition
+from implicit_ham.errors import BackwardSolveError, ConditioningWarning, ConvergenceWarning, ForwardSolveError, NonFiniteError, NotFixedPointError, NotFixedPointWarning, NotPositiveDefiniteError, SecondOrderError
+from implicit_ham.fixed_point import FixedPointProblem, Solution, fixed_point
+from implicit_ham.linear_solvers import CG, GMRES, LINEAR_SOLVERS, AdjointOperator, AndersonLinear, BroydenLinear, Dense, FixedPointLinear, LinearSolve, LinearSolver
+from implicit_ham.minimize import least_squares, minimize
+from implicit_ham.minimizers import LBFGS, MINIMIZERS, GaussNewton, GradientDescent, LevenbergMarquardt, Minimizer, NewtonCG
+from implicit_ham.modules import Hamburger, IdentityContext, SDPAttention2d, SelfAttention2d, context_names, make_context
+from implicit_ham.projections import CONSTRAINTS, Box, Constraint, NonNegative
+from implicit_ham.root import ROOT_SOLVERS, Newton, RootSolver, root
+from implicit_ham.second_order import SecondOrder
+from implicit_ham.solvers import SOLVERS, Anderson, Broyden, FixedPointIteration, Solver
+from implicit_ham.stats import BackwardStats, SolverStats
+from implicit_ham.torchdeq_solvers import TorchDEQAnderson, TorchDEQBroyden
 
 register_solver = SOLVERS.register
 register_adjoint = ADJOINTS.register

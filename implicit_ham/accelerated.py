@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .precision import working_dtype
+from implicit_ham.precision import working_dtype
 
 FlatMap = Callable[[Tensor], Tensor]
 

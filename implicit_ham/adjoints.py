@@ -22,26 +22,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .implicit_backward import (
-    ON_DIVERGENCE,
-    FixedPointCheck,
-    SecondOrder,
-    attach_fixed_point_gradient,
-    finish_backward,
-)
-from .linear_solvers import LINEAR_SOLVERS, AdjointOperator, LinearSolver, discounted
-from .registry import Registry
-from .solvers import Solver, damped
-from .state import State, StateSpec, StepFn, detached, with_gradient_of
-from .stats import BackwardStats, SolverStats
-from .transforms import host_checks
-from .validation import (
-    check_choice,
-    check_nonnegative,
-    check_positive_int,
-    check_tolerance,
-    check_unit_interval,
-)
+from implicit_ham.implicit_backward import ON_DIVERGENCE, FixedPointCheck, SecondOrder, attach_fixed_point_gradient, finish_backward
+from implicit_ham.linear_solvers import LINEAR_SOLVERS, AdjointOperator, LinearSolver, discounted
+from implicit_ham.registry import Registry
+from implicit_ham.solvers import Solver, damped
+from implicit_ham.state import State, StateSpec, StepFn, detached, with_gradient_of
+from implicit_ham.stats import BackwardStats, SolverStats
+from implicit_ham.transforms import host_checks
+from implicit_ham.validation import check_choice, check_nonnegative, check_positive_int, check_tolerance, check_unit_interval
 
 ADJOINTS: Registry[Adjoint] = Registry("adjoint")
 

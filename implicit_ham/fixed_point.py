@@ -8,11 +8,11 @@ from typing import Any
 
 from torch import Tensor
 
-from .adjoints import ADJOINTS, Adjoint, OneStep
-from .grad_guard import guard_gradient
-from .solvers import SOLVERS, FixedPointIteration, Solver
-from .state import BoundStep, State, StateSpec
-from .stats import BackwardStats, SolverStats
+from implicit_ham.adjoints import ADJOINTS, Adjoint, OneStep
+from implicit_ham.grad_guard import guard_gradient
+from implicit_ham.solvers import SOLVERS, FixedPointIteration, Solver
+from implicit_ham.state import BoundStep, State, StateSpec
+from implicit_ham.stats import BackwardStats, SolverStats
 
 
 @dataclass

@@ -38,13 +38,13 @@ import torch
 from torch import Tensor
 from torch.func import jvp, vjp, vmap
 
-from .errors import SecondOrderError
-from .linear_solvers import AdjointOperator
-from .precision import working_dtype
-from .second_order import BackwardSolve
-from .state import BoundStep, State, StateSpec, per_sample_norm
-from .stats import BackwardStats
-from .transforms import active_transforms, host_checks, under_vmap
+from implicit_ham.errors import SecondOrderError
+from implicit_ham.linear_solvers import AdjointOperator
+from implicit_ham.precision import working_dtype
+from implicit_ham.second_order import BackwardSolve
+from implicit_ham.state import BoundStep, State, StateSpec, per_sample_norm
+from implicit_ham.stats import BackwardStats
+from implicit_ham.transforms import active_transforms, host_checks, under_vmap
 
 DIFFERENTIATING = ("Grad", "Jvp")
 

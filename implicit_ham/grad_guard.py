@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .errors import NonFiniteError
-from .transforms import host_checks
+from implicit_ham.errors import NonFiniteError
+from implicit_ham.transforms import host_checks
 
 
 class _FiniteGradient(torch.autograd.Function):

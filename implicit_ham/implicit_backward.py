@@ -38,31 +38,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .errors import (
-    BackwardSolveError,
-    ConditioningWarning,
-    ConvergenceWarning,
-    NonFiniteError,
-    NotFixedPointError,
-    NotFixedPointWarning,
-    SecondOrderError,
-)
-from .func_gradient import TransformedSolve, attach_under_transforms
-from .linear_solvers import AdjointOperator
-from .precision import working_dtype
-from .second_order import (
-    BackwardSolve,
-    SecondOrder,
-    as_bound,
-    closure_leaves,
-    cross_term,
-    differentiable_inputs,
-    graph_operator,
-    vjp,
-)
-from .state import BoundStep, State, StateSpec, StepFn, per_sample_norm
-from .stats import BackwardStats
-from .transforms import active_transforms, host_checks
+from implicit_ham.errors import BackwardSolveError, ConditioningWarning, ConvergenceWarning, NonFiniteError, NotFixedPointError, NotFixedPointWarning, SecondOrderError
+from implicit_ham.func_gradient import TransformedSolve, attach_under_transforms
+from implicit_ham.linear_solvers import AdjointOperator
+from implicit_ham.precision import working_dtype
+from implicit_ham.second_order import BackwardSolve, SecondOrder, as_bound, closure_leaves, cross_term, differentiable_inputs, graph_operator, vjp
+from implicit_ham.state import BoundStep, State, StateSpec, StepFn, per_sample_norm
+from implicit_ham.stats import BackwardStats
+from implicit_ham.transforms import active_transforms, host_checks
 
 ON_DIVERGENCE = ("warn", "raise", "fallback")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .adjoints import Adjoint
+from implicit_ham.adjoints import Adjoint
 
 ROOT = "(root)"
 

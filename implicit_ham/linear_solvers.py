@@ -29,11 +29,11 @@ import torch
 from torch import Tensor
 from torchdeq.solver import broyden_solver
 
-from .errors import NonFiniteError, NotPositiveDefiniteError
-from .registry import Registry
-from .torchdeq_solvers import guarded_anderson
-from .transforms import host_checks
-from .validation import check_positive_int
+from implicit_ham.errors import NonFiniteError, NotPositiveDefiniteError
+from implicit_ham.registry import Registry
+from implicit_ham.torchdeq_solvers import guarded_anderson
+from implicit_ham.transforms import host_checks
+from implicit_ham.validation import check_positive_int
 
 logger = logging.getLogger(__name__)
 

@@ -19,13 +19,13 @@ from typing import Any
 
 from torch import Tensor
 
-from .adjoints import ADJOINTS, Adjoint, Implicit
-from .fixed_point import Solution
-from .linear_solvers import CG
-from .minimizers import LBFGS, MINIMIZERS, GaussNewton, GradientDescent, Minimizer, Objective
-from .projections import CONSTRAINTS, Constraint
-from .root import Condition, differentiate, guarded_inputs
-from .state import BoundStep, State, StateSpec
+from implicit_ham.adjoints import ADJOINTS, Adjoint, Implicit
+from implicit_ham.fixed_point import Solution
+from implicit_ham.linear_solvers import CG
+from implicit_ham.minimizers import LBFGS, MINIMIZERS, GaussNewton, GradientDescent, Minimizer, Objective
+from implicit_ham.projections import CONSTRAINTS, Constraint
+from implicit_ham.root import Condition, differentiate, guarded_inputs
+from implicit_ham.state import BoundStep, State, StateSpec
 
 LossFn = Callable[..., Tensor]
 

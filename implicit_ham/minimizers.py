@@ -33,13 +33,13 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from .projections import Constraint
-from .registry import Registry
-from .root import ResidualTrace, refuse_grad_steps
-from .solvers import FixedPointIteration
-from .state import State, StateSpec
-from .stats import SolverStats
-from .validation import check_positive_int, check_tolerance
+from implicit_ham.projections import Constraint
+from implicit_ham.registry import Registry
+from implicit_ham.root import ResidualTrace, refuse_grad_steps
+from implicit_ham.solvers import FixedPointIteration
+from implicit_ham.state import State, StateSpec
+from implicit_ham.stats import SolverStats
+from implicit_ham.validation import check_positive_int, check_tolerance
 
 MINIMIZERS: Registry[Minimizer] = Registry("minimizer")
 

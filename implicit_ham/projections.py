@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .registry import Registry
-from .state import State
+from implicit_ham.registry import Registry
+from implicit_ham.state import State
 
 CONSTRAINTS: Registry[Constraint] = Registry("constraint")
 

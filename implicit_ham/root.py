@@ -22,18 +22,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .adjoints import ADJOINTS, Adjoint, AtFixedPoint, Implicit, ThroughIterations
-from .errors import ConvergenceWarning, NonFiniteError
-from .fixed_point import Solution
-from .grad_guard import guard_gradient
-from .implicit_backward import FixedPointCheck, attach_fixed_point_gradient, attach_root_gradient
-from .linear_solvers import LINEAR_SOLVERS, AdjointOperator, LinearSolver
-from .registry import Registry
-from .solvers import SOLVERS, Solver
-from .state import BoundStep, State, StateSpec, StepFn, per_sample_norm
-from .stats import BackwardStats, SolverStats
-from .transforms import active_transforms, host_checks
-from .validation import check_positive_int, check_tolerance, check_unit_interval
+from implicit_ham.adjoints import ADJOINTS, Adjoint, AtFixedPoint, Implicit, ThroughIterations
+from implicit_ham.errors import ConvergenceWarning, NonFiniteError
+from implicit_ham.fixed_point import Solution
+from implicit_ham.grad_guard import guard_gradient
+from implicit_ham.implicit_backward import FixedPointCheck, attach_fixed_point_gradient, attach_root_gradient
+from implicit_ham.linear_solvers import LINEAR_SOLVERS, AdjointOperator, LinearSolver
+from implicit_ham.registry import Registry
+from implicit_ham.solvers import SOLVERS, Solver
+from implicit_ham.state import BoundStep, State, StateSpec, StepFn, per_sample_norm
+from implicit_ham.stats import BackwardStats, SolverStats
+from implicit_ham.transforms import active_transforms, host_checks
+from implicit_ham.validation import check_positive_int, check_tolerance, check_unit_interval
 
 logger = logging.getLogger(__name__)
 

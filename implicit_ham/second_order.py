@@ -34,9 +34,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .linear_solvers import AdjointOperator
-from .state import BoundStep, State, StateSpec
-from .stats import BackwardStats
+from implicit_ham.linear_solvers import AdjointOperator
+from implicit_ham.state import BoundStep, State, StateSpec
+from implicit_ham.stats import BackwardStats
 
 BackwardSolve = Callable[[AdjointOperator, Tensor], tuple[Tensor, BackwardStats]]
 SECOND_ORDER_KINDS = ("solve", "series")

@@ -32,13 +32,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .accelerated import Iterate, anderson, broyden
-from .errors import ConvergenceWarning, NonFiniteError
-from .registry import Registry
-from .state import State, StateSpec, StepFn, detached, finite_flags, with_gradient_of
-from .stats import SolverStats, TraceRecorder
-from .transforms import host_checks, under_vmap
-from .validation import check_choice, check_positive_int, check_tolerance, check_unit_interval
+from implicit_ham.accelerated import Iterate, anderson, broyden
+from implicit_ham.errors import ConvergenceWarning, NonFiniteError
+from implicit_ham.registry import Registry
+from implicit_ham.state import State, StateSpec, StepFn, detached, finite_flags, with_gradient_of
+from implicit_ham.stats import SolverStats, TraceRecorder
+from implicit_ham.transforms import host_checks, under_vmap
+from implicit_ham.validation import check_choice, check_positive_int, check_tolerance, check_unit_interval
 
 logger = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .errors import NonFiniteError
-from .state import State, combine_norms, finite_flags, per_sample_norm, per_tensor_norms
+from implicit_ham.errors import NonFiniteError
+from implicit_ham.state import State, combine_norms, finite_flags, per_sample_norm, per_tensor_norms
 
 
 @dataclass

@@ -18,19 +18,10 @@ import torch
 from torch import Tensor
 from torchdeq.solver import anderson_solver, broyden_solver
 
-from .errors import NonFiniteError
-from .solvers import (
-    SOLVERS,
-    Solver,
-    apply_steps,
-    check_anderson_options,
-    check_broyden_options,
-    refuse_unroll,
-    refuse_vmap,
-    warn_if_not_converged,
-)
-from .state import State, StateSpec, StepFn, detached, with_gradient_of
-from .stats import SolverStats, TraceRecorder
+from implicit_ham.errors import NonFiniteError
+from implicit_ham.solvers import SOLVERS, Solver, apply_steps, check_anderson_options, check_broyden_options, refuse_unroll, refuse_vmap, warn_if_not_converged
+from implicit_ham.state import State, StateSpec, StepFn, detached, with_gradient_of
+from implicit_ham.stats import SolverStats, TraceRecorder
 
 logger = logging.getLogger(__name__)
 

@@ -2,14 +2,14 @@
 CIFAR-10 and PASCAL VOC 2012 already on disk. Plain Python APIs; no download, no torchvision.
 """
 
-from .cifar10 import CIFAR10Dataset
-from .digits import DigitsDataset
-from .errors import DataLayoutError
-from .factory import DATASET_NAMES, TaskInfo, make_dataset, task_of
-from .legend_dataset import LegendSegDataset, LegendSegSample, blob_mask
-from .legend_seg import IGNORE_INDEX, LegendLayout, generate_legend_seg
-from .textures import TEXTURE_BANK, Texture
-from .voc import VOCSegmentation
+from experiments.data.cifar10 import CIFAR10Dataset
+from experiments.data.digits import DigitsDataset
+from experiments.data.errors import DataLayoutError
+from experiments.data.factory import DATASET_NAMES, TaskInfo, make_dataset, task_of
+from experiments.data.legend_dataset import LegendSegDataset, LegendSegSample, blob_mask
+from experiments.data.legend_seg import IGNORE_INDEX, LegendLayout, generate_legend_seg
+from experiments.data.textures import TEXTURE_BANK, Texture
+from experiments.data.voc import VOCSegmentation
 
 __all__ = [
     "DATASET_NAMES",

@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 
 from implicit_ham.validation import check_choice
 
-from .errors import DataLayoutError
+from experiments.data.errors import DataLayoutError
 
 SPLITS = ("train", "test")
 NUM_CLASSES = 10

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from implicit_ham.validation import check_choice, check_positive_int
 
-from .digits import NUM_CLASSES, load_digits_arrays, split_indices
+from experiments.data.digits import NUM_CLASSES, load_digits_arrays, split_indices
 
 CANVAS = 64
 CELL = 16

@@ -14,13 +14,13 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from . import cifar10, digits, voc
-from .cifar10 import CIFAR10Dataset
-from .digits import DigitsDataset
-from .errors import DataLayoutError
-from .legend_dataset import LegendSegDataset
-from .legend_seg import IGNORE_INDEX
-from .voc import VOCSegmentation
+from experiments.data import cifar10, digits, voc
+from experiments.data.cifar10 import CIFAR10Dataset
+from experiments.data.digits import DigitsDataset
+from experiments.data.errors import DataLayoutError
+from experiments.data.legend_dataset import LegendSegDataset
+from experiments.data.legend_seg import IGNORE_INDEX
+from experiments.data.voc import VOCSegmentation
 
 LEGEND_SEG_SIZES = MappingProxyType({"train": 1000, "val": 200, "test": 200})
 

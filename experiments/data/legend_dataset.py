@@ -11,8 +11,8 @@ from torch.utils.data import Dataset
 
 from implicit_ham.validation import check_choice, check_positive_int
 
-from .legend_seg import IGNORE_INDEX, LegendLayout, generate_legend_seg
-from .textures import render_bank
+from experiments.data.legend_seg import IGNORE_INDEX, LegendLayout, generate_legend_seg
+from experiments.data.textures import render_bank
 
 SPLITS = ("train", "val", "test")
 

@@ -21,8 +21,8 @@ import numpy as np
 
 from implicit_ham.validation import check_positive_int
 
-from .shapes import random_blob_mask
-from .textures import FIELD_BACKGROUND, LEGEND_FRAME, MAX_PERIOD, TEXTURE_BANK
+from experiments.data.shapes import random_blob_mask
+from experiments.data.textures import FIELD_BACKGROUND, LEGEND_FRAME, MAX_PERIOD, TEXTURE_BANK
 
 IGNORE_INDEX = 255
 MIN_PATCH = MAX_PERIOD + 2

@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 
 from implicit_ham.validation import check_choice, check_positive_int
 
-from .digits import NUM_CLASSES, SPLITS, load_digits_arrays, split_indices
+from experiments.data.digits import NUM_CLASSES, SPLITS, load_digits_arrays, split_indices
 
 CANVAS = 32
 DIGIT = 16

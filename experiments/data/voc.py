@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 
 from implicit_ham.validation import check_choice, check_positive_int
 
-from .errors import DataLayoutError
+from experiments.data.errors import DataLayoutError
 
 SPLITS = ("train", "val", "trainval")
 RESIZE_MODES = ("resize", "center_crop")

@@ -13,16 +13,9 @@ from typing import Any
 from implicit_ham.training import CheckpointStore, FailureMonitor
 from implicit_ham.training.rng import capture_rng_state, restore_rng_state
 
-from ..results import RESULTS_FILE, read_results
-from ..resume import (
-    CHECKPOINT_DIR,
-    ResumeConflictError,
-    comparable_config,
-    config_differences,
-    log_rows,
-    rewind_logs,
-)
-from .trainer import GanTraining
+from experiments.results import RESULTS_FILE, read_results
+from experiments.resume import CHECKPOINT_DIR, ResumeConflictError, comparable_config, config_differences, log_rows, rewind_logs
+from experiments.generation.trainer import GanTraining
 
 logger = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from torch import Tensor
 
 from implicit_ham.training.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
 
-from ..data.digits import load_digits_arrays, split_indices
-from ..data.twin_digits import DIGIT, TOP, upsample_digits
-from ..models.digit_classifier import HalfDigitClassifier
+from experiments.data.digits import load_digits_arrays, split_indices
+from experiments.data.twin_digits import DIGIT, TOP, upsample_digits
+from experiments.models.digit_classifier import HalfDigitClassifier
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     generate config's defaults into CACHE once, before a sweep's jobs start (they load it)."""
     import argparse
 
-    from .config import CanvasConf, GenMetricsConf
+    from experiments.generation.config import CanvasConf, GenMetricsConf
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("cache", help="the file, e.g. multirun/generate/classifier.pt")

@@ -17,7 +17,7 @@ from omegaconf import MISSING
 
 from implicit_ham.training.failures import check_policy
 
-from ..configs import ReliabilityConf
+from experiments.configs import ReliabilityConf
 
 
 @dataclass
@@ -147,7 +147,7 @@ def register_generate_configs() -> None:
     ConfigStore (idempotent)."""
     from hydra.core.config_store import ConfigStore
 
-    from ..configs import register_configs
+    from experiments.configs import register_configs
 
     register_configs()
     ConfigStore.instance().store(name="generate_schema", node=GenerateConfig)

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..data.twin_digits import halves
-from ..models.digit_classifier import HalfDigitClassifier
+from experiments.data.twin_digits import halves
+from experiments.models.digit_classifier import HalfDigitClassifier
 
 
 def _torchmetrics():  # lazy: torchmetrics is an extra of the experiments

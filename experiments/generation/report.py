@@ -18,16 +18,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..results import read_results
-from ..sweep_report import (
-    Job,
-    Row,
-    collect_jobs,
-    failures_table,
-    group_jobs,
-    planned_jobs,
-    sweep_span_s,
-)
+from experiments.results import read_results
+from experiments.sweep_report import Job, Row, collect_jobs, failures_table, group_jobs, planned_jobs, sweep_span_s
 
 logger = logging.getLogger(__name__)
 
@@ -245,8 +237,8 @@ def copy_grids(rows: Sequence[Row], figures: Path) -> dict[str, Path]:
 
 def real_grid(path: Path, columns: int = 8) -> Path:
     """A grid of real validation canvases for comparison."""
-    from ..data.twin_digits import TwinDigitsDataset
-    from .evaluate import save_grid
+    from experiments.data.twin_digits import TwinDigitsDataset
+    from experiments.generation.evaluate import save_grid
 
     return save_grid(TwinDigitsDataset("val", columns * columns).canvases, path, columns)
 

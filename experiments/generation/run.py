@@ -23,18 +23,18 @@ from implicit_ham.training import FailureMonitor
 from implicit_ham.training.checkpoint import write_checkpoint
 from implicit_ham.training.rng import configure_determinism
 
-from ..build import build_context, build_sinks
-from ..configs import ReliabilityConf
-from ..data.twin_digits import TwinDigitsDataset
-from ..models.digit_classifier import CanvasFeatures
-from ..models.gan import Discriminator, Generator, parameter_count
-from ..results import write_results
-from ..run import seed_everything
-from .checkpoints import GanCheckpoints
-from .classifier import load_or_train_classifier
-from .config import check_generate_config
-from .evaluate import features_of, sample_canvases, save_grid, score
-from .trainer import GanTraining, StepBatches, canvases_of
+from experiments.build import build_context, build_sinks
+from experiments.configs import ReliabilityConf
+from experiments.data.twin_digits import TwinDigitsDataset
+from experiments.models.digit_classifier import CanvasFeatures
+from experiments.models.gan import Discriminator, Generator, parameter_count
+from experiments.results import write_results
+from experiments.run import seed_everything
+from experiments.generation.checkpoints import GanCheckpoints
+from experiments.generation.classifier import load_or_train_classifier
+from experiments.generation.config import check_generate_config
+from experiments.generation.evaluate import features_of, sample_canvases, save_grid, score
+from experiments.generation.trainer import GanTraining, StepBatches, canvases_of
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from torch.utils.data import Dataset
 
 from implicit_ham.training import EpochBatchSampler, FailureMonitor
 
-from ..models.gan import Discriminator, Generator
-from .guard import GuardedUpdate
+from experiments.models.gan import Discriminator, Generator
+from experiments.generation.guard import GuardedUpdate
 
 
 def hinge_d_loss(real_logits: Tensor, fake_logits: Tensor) -> Tensor:

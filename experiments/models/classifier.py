@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .backbone import LocalBackbone
+from experiments.models.backbone import LocalBackbone
 
 
 class ContextClassifier(nn.Module):

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..data.digits import NUM_CLASSES
-from ..data.twin_digits import halves
+from experiments.data.digits import NUM_CLASSES
+from experiments.data.twin_digits import halves
 
 FEATURES = 64
 DROPOUT = 0.3

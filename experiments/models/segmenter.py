@@ -7,7 +7,7 @@ from typing import Self
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .backbone import LocalBackbone
+from experiments.models.backbone import LocalBackbone
 
 
 class ContextSegmenter(nn.Module):

@@ -19,8 +19,8 @@ from torch import Tensor, nn
 
 from implicit_ham.validation import check_positive_int
 
-from .backbone import LocalBackbone
-from .global_features import ColourHistogram, GridPositionCode
+from experiments.models.backbone import LocalBackbone
+from experiments.models.global_features import ColourHistogram, GridPositionCode
 
 
 class TwoStreamSegmenter(nn.Module):

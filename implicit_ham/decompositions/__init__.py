@@ -7,20 +7,15 @@ sphere replaced by a ridge, by gradient steps), the last four added through the 
 API only.
 """
 
-from .base import Decomposition
-from .cd import CD
-from .cd_ridge import RidgeCD
-from .nmf import NMF
-from .nmf_normalized import NormalizedNMF
-from .nmf_ridge import RidgeNMF
-from .registry import (
-    DECOMPOSITIONS,
-    DecompositionRegistry,
-    get_decomposition,
-    register_decomposition,
-)
-from .svd import SVD
-from .vq import VQ
+from implicit_ham.decompositions.base import Decomposition
+from implicit_ham.decompositions.cd import CD
+from implicit_ham.decompositions.cd_ridge import RidgeCD
+from implicit_ham.decompositions.nmf import NMF
+from implicit_ham.decompositions.nmf_normalized import NormalizedNMF
+from implicit_ham.decompositions.nmf_ridge import RidgeNMF
+from implicit_ham.decompositions.registry import DECOMPOSITIONS, DecompositionRegistry, get_decomposition, register_decomposition
+from implicit_ham.decompositions.svd import SVD
+from implicit_ham.decompositions.vq import VQ
 
 __all__ = [
     "CD",

@@ -39,15 +39,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..adjoints import ADJOINTS, Adjoint, OneStep
-from ..errors import NonFiniteError
-from ..fixed_point import FixedPointProblem, Solution
-from ..registry import check_options
-from ..solvers import SOLVERS, FixedPointIteration, Solver
-from ..state import detached
-from ..transforms import host_checks
-from ..validation import check_choice, check_positive_int, check_tolerance, check_unit_interval
-from .iteration import IterationMap
+from implicit_ham.adjoints import ADJOINTS, Adjoint, OneStep
+from implicit_ham.errors import NonFiniteError
+from implicit_ham.fixed_point import FixedPointProblem, Solution
+from implicit_ham.registry import check_options
+from implicit_ham.solvers import SOLVERS, FixedPointIteration, Solver
+from implicit_ham.state import detached
+from implicit_ham.transforms import host_checks
+from implicit_ham.validation import check_choice, check_positive_int, check_tolerance, check_unit_interval
+from implicit_ham.decompositions.iteration import IterationMap
 
 State = tuple[Tensor, Tensor]
 INIT_MODES = ("random", "online")

@@ -6,11 +6,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..precision import working_dtype
-from ..validation import check_tolerance
-from .base import Decomposition, State
-from .fused import column_norms, normalize_over_n, normalized_similarity
-from .registry import register_decomposition
+from implicit_ham.precision import working_dtype
+from implicit_ham.validation import check_tolerance
+from implicit_ham.decompositions.base import Decomposition, State
+from implicit_ham.decompositions.fused import column_norms, normalize_over_n, normalized_similarity
+from implicit_ham.decompositions.registry import register_decomposition
 
 
 @register_decomposition("cd")

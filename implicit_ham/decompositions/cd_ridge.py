@@ -40,11 +40,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..validation import check_tolerance
-from .base import State
-from .cd import CD
-from .fused import column_norms, normalized_similarity
-from .registry import register_decomposition
+from implicit_ham.validation import check_tolerance
+from implicit_ham.decompositions.base import State
+from implicit_ham.decompositions.cd import CD
+from implicit_ham.decompositions.fused import column_norms, normalized_similarity
+from implicit_ham.decompositions.registry import register_decomposition
 
 Invariants = tuple[Tensor, Tensor, Tensor]
 

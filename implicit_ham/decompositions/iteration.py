@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from .base import Decomposition, State
+    from implicit_ham.decompositions.base import Decomposition, State
 
 
 class IterationMap:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..transforms import host_checks
-from .base import Decomposition, State
-from .fused import multiplicative_update
-from .registry import register_decomposition
+from implicit_ham.transforms import host_checks
+from implicit_ham.decompositions.base import Decomposition, State
+from implicit_ham.decompositions.fused import multiplicative_update
+from implicit_ham.decompositions.registry import register_decomposition
 
 
 @register_decomposition("nmf")

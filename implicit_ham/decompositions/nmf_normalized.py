@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .base import State
-from .nmf import NMF
-from .registry import register_decomposition
+from implicit_ham.decompositions.base import State
+from implicit_ham.decompositions.nmf import NMF
+from implicit_ham.decompositions.registry import register_decomposition
 
 
 @register_decomposition("nmf_normalized")

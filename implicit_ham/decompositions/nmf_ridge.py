@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..validation import check_tolerance
-from .base import State
-from .nmf import NMF
-from .registry import register_decomposition
+from implicit_ham.validation import check_tolerance
+from implicit_ham.decompositions.base import State
+from implicit_ham.decompositions.nmf import NMF
+from implicit_ham.decompositions.registry import register_decomposition
 
 
 @register_decomposition("nmf_ridge")

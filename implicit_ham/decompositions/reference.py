@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .base import Decomposition, State
-from .cd import CD
-from .nmf import NMF
-from .vq import VQ
+from implicit_ham.decompositions.base import Decomposition, State
+from implicit_ham.decompositions.cd import CD
+from implicit_ham.decompositions.nmf import NMF
+from implicit_ham.decompositions.vq import VQ
 
 
 class PlainIteration(Decomposition):

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..registry import Registry
-from .base import Decomposition
+from implicit_ham.registry import Registry
+from implicit_ham.decompositions.base import Decomposition
 
 
 class DecompositionRegistry(Registry[Decomposition]):

@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..precision import working_dtype
-from .base import Decomposition, State
-from .registry import register_decomposition
+from implicit_ham.precision import working_dtype
+from implicit_ham.decompositions.base import Decomposition, State
+from implicit_ham.decompositions.registry import register_decomposition
 
 
 def orthonormalize(a: Tensor) -> Tensor:

@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .base import Decomposition, State
-from .fused import column_norms, normalize_over_n, normalized_similarity
-from .registry import register_decomposition
+from implicit_ham.decompositions.base import Decomposition, State
+from implicit_ham.decompositions.fused import column_norms, normalize_over_n, normalized_similarity
+from implicit_ham.decompositions.registry import register_decomposition
 
 
 @register_decomposition("vq")

@@ -13,31 +13,16 @@ Entry points:
 * ``plot_residuals``, ``plot_grad_vs_k``, ``plot_conditioning_history`` (PNG, Agg).
 """
 
-from ..layers import find_implicit_layers
-from .callback import DiagnosticsCallback
-from .conditioning import (
-    ConditioningReport,
-    check_conditioning,
-    conditioning_of,
-    contraction_factors,
-    contraction_rate,
-    estimate_conditioning,
-    warn_if_ill_conditioned,
-)
-from .convergence import (
-    ConvergenceTrace,
-    bptt_grad_norms,
-    convergence_rows,
-    convergence_trace,
-    grad_vs_k,
-    steps_to_tolerance,
-)
-from .fidelity import compare_adjoints, describe_adjoint
-from .gradient_norms import LayerGradientHooks, grad_norms
-from .jacobian import FixedPointJacobian
-from .krylov import arnoldi_dominant, lanczos_extremes
-from .plots import plot_conditioning_history, plot_grad_vs_k, plot_residuals
-from .table import Rows, format_table
+from implicit_ham.layers import find_implicit_layers
+from implicit_ham.diagnostics.callback import DiagnosticsCallback
+from implicit_ham.diagnostics.conditioning import ConditioningReport, check_conditioning, conditioning_of, contraction_factors, contraction_rate, estimate_conditioning, warn_if_ill_conditioned
+from implicit_ham.diagnostics.convergence import ConvergenceTrace, bptt_grad_norms, convergence_rows, convergence_trace, grad_vs_k, steps_to_tolerance
+from implicit_ham.diagnostics.fidelity import compare_adjoints, describe_adjoint
+from implicit_ham.diagnostics.gradient_norms import LayerGradientHooks, grad_norms
+from implicit_ham.diagnostics.jacobian import FixedPointJacobian
+from implicit_ham.diagnostics.krylov import arnoldi_dominant, lanczos_extremes
+from implicit_ham.diagnostics.plots import plot_conditioning_history, plot_grad_vs_k, plot_residuals
+from implicit_ham.diagnostics.table import Rows, format_table
 
 __all__ = [
     "ConditioningReport",

@@ -34,12 +34,12 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ..layers import find_implicit_layers
-from ..tracking.base import MultiSink, Sink
-from ..validation import check_positive_int
-from .conditioning import estimate_conditioning, warn_if_ill_conditioned
-from .gradient_norms import LayerGradientHooks, grad_norms
-from .measure import fork_rng_on
+from implicit_ham.layers import find_implicit_layers
+from implicit_ham.tracking.base import MultiSink, Sink
+from implicit_ham.validation import check_positive_int
+from implicit_ham.diagnostics.conditioning import estimate_conditioning, warn_if_ill_conditioned
+from implicit_ham.diagnostics.gradient_norms import LayerGradientHooks, grad_norms
+from implicit_ham.diagnostics.measure import fork_rng_on
 
 logger = logging.getLogger(__name__)
 

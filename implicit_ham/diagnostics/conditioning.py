@@ -30,12 +30,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import ConditioningWarning, NotFixedPointWarning
-from ..fixed_point import FixedPointProblem
-from ..linear_solvers import GMRES, AdjointOperator
-from ..solvers import FixedPointIteration, Solver
-from .jacobian import FixedPointJacobian
-from .krylov import arnoldi_dominant, lanczos_extremes
+from implicit_ham.errors import ConditioningWarning, NotFixedPointWarning
+from implicit_ham.fixed_point import FixedPointProblem
+from implicit_ham.linear_solvers import GMRES, AdjointOperator
+from implicit_ham.solvers import FixedPointIteration, Solver
+from implicit_ham.diagnostics.jacobian import FixedPointJacobian
+from implicit_ham.diagnostics.krylov import arnoldi_dominant, lanczos_extremes
 
 logger = logging.getLogger(__name__)
 

@@ -15,14 +15,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..adjoints import Adjoint, Implicit, Unroll
-from ..fixed_point import FixedPointProblem
-from ..linear_solvers import Dense
-from ..solvers import SOLVERS, FixedPointIteration, Solver
-from ..state import StateSpec, per_sample_norm
-from .conditioning import contraction_rate
-from .fidelity import describe_adjoint
-from .table import Rows
+from implicit_ham.adjoints import Adjoint, Implicit, Unroll
+from implicit_ham.fixed_point import FixedPointProblem
+from implicit_ham.linear_solvers import Dense
+from implicit_ham.solvers import SOLVERS, FixedPointIteration, Solver
+from implicit_ham.state import StateSpec, per_sample_norm
+from implicit_ham.diagnostics.conditioning import contraction_rate
+from implicit_ham.diagnostics.fidelity import describe_adjoint
+from implicit_ham.diagnostics.table import Rows
 
 Objective = Callable[[Any], Tensor | float]
 

@@ -19,11 +19,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..adjoints import ADJOINTS, Adjoint, Implicit, Unroll
-from ..errors import NonFiniteError
-from ..linear_solvers import Dense
-from .measure import SavedTensorBytes, Stopwatch, fork_rng_on
-from .table import Row, Rows
+from implicit_ham.adjoints import ADJOINTS, Adjoint, Implicit, Unroll
+from implicit_ham.errors import NonFiniteError
+from implicit_ham.linear_solvers import Dense
+from implicit_ham.diagnostics.measure import SavedTensorBytes, Stopwatch, fork_rng_on
+from implicit_ham.diagnostics.table import Row, Rows
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from torch import Tensor
 
-from .convergence import ConvergenceTrace
+from implicit_ham.diagnostics.convergence import ConvergenceTrace
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..validation import check_positive_int
+from implicit_ham.validation import check_positive_int
 
 
 class _Attention2d(nn.Module, ABC):

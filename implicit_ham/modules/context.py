@@ -11,11 +11,11 @@ from typing import Any
 
 from torch import nn
 
-from ..decompositions.registry import DECOMPOSITIONS, get_decomposition
-from ..registry import Registry, parameter_names
-from .attention import SDPAttention2d, SelfAttention2d
-from .hamburger import Hamburger
-from .identity import IdentityContext
+from implicit_ham.decompositions.registry import DECOMPOSITIONS, get_decomposition
+from implicit_ham.registry import Registry, parameter_names
+from implicit_ham.modules.attention import SDPAttention2d, SelfAttention2d
+from implicit_ham.modules.hamburger import Hamburger
+from implicit_ham.modules.identity import IdentityContext
 
 BASELINES: Registry[nn.Module] = Registry("context module")
 BASELINES.register("self_attention")(SelfAttention2d)

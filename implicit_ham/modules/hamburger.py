@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..decompositions.base import Decomposition
-from ..validation import check_choice, check_positive_int
+from implicit_ham.decompositions.base import Decomposition
+from implicit_ham.validation import check_choice, check_positive_int
 
 VERSIONS = ("v1", "v2", "v2+")
 

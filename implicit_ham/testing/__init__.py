@@ -13,13 +13,13 @@ Usage (in a plug-in's own test suite; pytest is not required)::
     text = report.summary()                  # a readable table of every check
 """
 
-from .adjoint_checks import check_adjoint
-from .decomposition_checks import check_decomposition
-from .linear_solver_checks import check_linear_solver
-from .optimization_checks import check_minimizer, check_root_solver
-from .problems import Problem, panel
-from .report import CheckResult, ConformanceError, ConformanceReport
-from .solver_checks import check_solver
+from implicit_ham.testing.adjoint_checks import check_adjoint
+from implicit_ham.testing.decomposition_checks import check_decomposition
+from implicit_ham.testing.linear_solver_checks import check_linear_solver
+from implicit_ham.testing.optimization_checks import check_minimizer, check_root_solver
+from implicit_ham.testing.problems import Problem, panel
+from implicit_ham.testing.report import CheckResult, ConformanceError, ConformanceReport
+from implicit_ham.testing.solver_checks import check_solver
 
 __all__ = [
     "CheckResult",

@@ -13,41 +13,12 @@ from functools import partial
 
 from torch import Tensor
 
-from ..adjoints import (
-    ADJOINTS,
-    Adjoint,
-    AtFixedPoint,
-    Implicit,
-    Neumann,
-    OneStep,
-    Phantom,
-    ThroughIterations,
-    Unroll,
-)
-from ..solvers import FixedPointIteration
-from .common import (
-    SECOND_ORDER_RTOL,
-    Run,
-    clear_errors,
-    dtype_device_shape,
-    matches_fd,
-    no_dead_inputs,
-    second_derivative,
-    solve_and_differentiate,
-    values_equal,
-)
-from .problems import Problem, panel
-from .references import (
-    Gradient,
-    damped_steps_from,
-    detach_then_steps,
-    gradient_from_adjoint,
-    implicit_adjoint,
-    neumann_adjoint,
-    relative_error,
-    vjp_of_step,
-)
-from .report import Checker, ConformanceReport, NotApplicableError, require
+from implicit_ham.adjoints import ADJOINTS, Adjoint, AtFixedPoint, Implicit, Neumann, OneStep, Phantom, ThroughIterations, Unroll
+from implicit_ham.solvers import FixedPointIteration
+from implicit_ham.testing.common import SECOND_ORDER_RTOL, Run, clear_errors, dtype_device_shape, matches_fd, no_dead_inputs, second_derivative, solve_and_differentiate, values_equal
+from implicit_ham.testing.problems import Problem, panel
+from implicit_ham.testing.references import Gradient, damped_steps_from, detach_then_steps, gradient_from_adjoint, implicit_adjoint, neumann_adjoint, relative_error, vjp_of_step
+from implicit_ham.testing.report import Checker, ConformanceReport, NotApplicableError, require
 
 STEPS = 40  # K: with Lipschitz constant <= 0.4, 0.4^40 ~ 1e-16, a converged forward
 RELATION_RTOL = 1e-9

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..adjoints import Adjoint
-from ..errors import NonFiniteError
-from ..fixed_point import fixed_point
-from ..solvers import Solver
-from .problems import Problem, as_tuple
-from .references import Gradient, directional_errors, input_gradient, random_directions
-from .report import NotApplicableError, require
+from implicit_ham.adjoints import Adjoint
+from implicit_ham.errors import NonFiniteError
+from implicit_ham.fixed_point import fixed_point
+from implicit_ham.solvers import Solver
+from implicit_ham.testing.problems import Problem, as_tuple
+from implicit_ham.testing.references import Gradient, directional_errors, input_gradient, random_directions
+from implicit_ham.testing.report import NotApplicableError, require
 
 SECOND_ORDER_RTOL = 1e-5
 TWICE = ("differentiate twice", "create_graph", "double backward", "second derivative")

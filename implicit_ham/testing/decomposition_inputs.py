@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..adjoints import Adjoint, Unroll
-from ..decompositions import Decomposition
-from .report import NotApplicableError
+from implicit_ham.adjoints import Adjoint, Unroll
+from implicit_ham.decompositions import Decomposition
+from implicit_ham.testing.report import NotApplicableError
 
 BATCH = 2
 

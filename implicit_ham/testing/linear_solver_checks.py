@@ -7,14 +7,14 @@ from functools import partial
 
 import torch
 
-from ..adjoints import Implicit
-from ..linear_solvers import AdjointOperator, LinearSolver
-from ..solvers import FixedPointIteration
-from .adjoint_checks import STEPS
-from .common import dtype_device_shape, no_dead_inputs, solve_and_differentiate
-from .problems import Problem, panel, spd_panel
-from .references import gradient_from_adjoint, implicit_adjoint, jacobian, relative_error
-from .report import Checker, ConformanceReport, require
+from implicit_ham.adjoints import Implicit
+from implicit_ham.linear_solvers import AdjointOperator, LinearSolver
+from implicit_ham.solvers import FixedPointIteration
+from implicit_ham.testing.adjoint_checks import STEPS
+from implicit_ham.testing.common import dtype_device_shape, no_dead_inputs, solve_and_differentiate
+from implicit_ham.testing.problems import Problem, panel, spd_panel
+from implicit_ham.testing.references import gradient_from_adjoint, implicit_adjoint, jacobian, relative_error
+from implicit_ham.testing.report import Checker, ConformanceReport, require
 
 SOLVE_TOL = 1e-10
 SOLVE_BUDGET = 200

@@ -9,18 +9,18 @@ from functools import partial
 
 import torch
 
-from ..adjoints import Adjoint, Implicit, Neumann, OneStep
-from ..errors import NonFiniteError
-from ..fixed_point import Solution
-from ..minimize import least_squares, minimize
-from ..minimizers import Minimizer
-from ..root import RootSolver, root
-from ..solvers import Solver
-from .common import expect_error
-from .optimization_problems import OptProblem, argmin_panel, ift_gradient, root_panel
-from .problems import as_tuple
-from .references import relative_error
-from .report import Checker, ConformanceReport, require
+from implicit_ham.adjoints import Adjoint, Implicit, Neumann, OneStep
+from implicit_ham.errors import NonFiniteError
+from implicit_ham.fixed_point import Solution
+from implicit_ham.minimize import least_squares, minimize
+from implicit_ham.minimizers import Minimizer
+from implicit_ham.root import RootSolver, root
+from implicit_ham.solvers import Solver
+from implicit_ham.testing.common import expect_error
+from implicit_ham.testing.optimization_problems import OptProblem, argmin_panel, ift_gradient, root_panel
+from implicit_ham.testing.problems import as_tuple
+from implicit_ham.testing.references import relative_error
+from implicit_ham.testing.report import Checker, ConformanceReport, require
 
 VALUE_ATOL = {torch.float64: 1e-6, torch.float32: 1e-3}
 GRADIENT_RTOL = 1e-7

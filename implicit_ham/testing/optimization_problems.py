@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .problems import Structured, as_tuple
+from implicit_ham.testing.problems import Structured, as_tuple
 
 
 @dataclass(frozen=True)

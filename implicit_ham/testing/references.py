@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from .problems import Problem, Structured, as_tuple
+from implicit_ham.testing.problems import Problem, Structured, as_tuple
 
 Gradient = tuple[Tensor, ...]
 FD_EPS = 1e-6

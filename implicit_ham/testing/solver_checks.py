@@ -8,23 +8,14 @@ from functools import partial
 
 from torch import Tensor
 
-from ..adjoints import Adjoint, Implicit, Neumann, OneStep, Phantom, Truncated, Unroll
-from ..fixed_point import fixed_point
-from ..linear_solvers import Dense
-from ..solvers import Solver
-from .common import (
-    Run,
-    clear_errors,
-    dtype_device_shape,
-    matches_fd,
-    no_dead_inputs,
-    solve_and_differentiate,
-    solve_or_skip,
-    values_equal,
-)
-from .problems import Problem, panel
-from .references import directional_errors, relative_error
-from .report import Checker, ConformanceReport, NotApplicableError, require
+from implicit_ham.adjoints import Adjoint, Implicit, Neumann, OneStep, Phantom, Truncated, Unroll
+from implicit_ham.fixed_point import fixed_point
+from implicit_ham.linear_solvers import Dense
+from implicit_ham.solvers import Solver
+from implicit_ham.testing.common import Run, clear_errors, dtype_device_shape, matches_fd, no_dead_inputs, solve_and_differentiate, solve_or_skip, values_equal
+from implicit_ham.testing.problems import Problem, panel
+from implicit_ham.testing.references import directional_errors, relative_error
+from implicit_ham.testing.report import Checker, ConformanceReport, NotApplicableError, require
 
 UNROLL_FD_RTOL = 1e-6
 TIGHT_TOL = 1e-12

@@ -5,8 +5,8 @@
 library only); the experiments add a wandb sink (``experiments.wandb_sink``).
 """
 
-from .base import MultiSink, Sink, plain_metrics, plain_value
-from .files import CsvFile, CSVSink, JSONLSink, read_jsonl, safe_name
+from implicit_ham.tracking.base import MultiSink, Sink, plain_metrics, plain_value
+from implicit_ham.tracking.files import CsvFile, CSVSink, JSONLSink, read_jsonl, safe_name
 
 __all__ = [
     "CSVSink",

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from .base import Scalar, Sink, plain_metrics
+from implicit_ham.tracking.base import Scalar, Sink, plain_metrics
 
 
 def safe_name(name: str) -> str:

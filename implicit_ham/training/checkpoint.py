@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..validation import check_positive_int
+from implicit_ham.validation import check_positive_int
 
 logger = logging.getLogger(__name__)
 

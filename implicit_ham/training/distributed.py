@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .sync_batchnorm import convert_batchnorm
+from implicit_ham.training.sync_batchnorm import convert_batchnorm
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ from typing import Any
 
 from torch import nn
 
-from ..adjoints import Adjoint, AtFixedPoint
-from ..tracking.base import Sink
-from ..validation import check_choice, check_positive_int
+from implicit_ham.adjoints import Adjoint, AtFixedPoint
+from implicit_ham.tracking.base import Sink
+from implicit_ham.validation import check_choice, check_positive_int
 
 logger = logging.getLogger(__name__)
 

@@ -31,15 +31,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from ..adjoints import AtFixedPoint, OneStep
-from ..errors import BackwardSolveError, ConvergenceWarning, ForwardSolveError, NonFiniteError
-from ..layers import find_implicit_layers
-from .distributed import DistributedContext, unwrap
-from .failures import FailureEvent, FailureMonitor, adjoint_of, apply_policy
-from .rng import capture_rng_state, restore_rng_state
+from implicit_ham.adjoints import AtFixedPoint, OneStep
+from implicit_ham.errors import BackwardSolveError, ConvergenceWarning, ForwardSolveError, NonFiniteError
+from implicit_ham.layers import find_implicit_layers
+from implicit_ham.training.distributed import DistributedContext, unwrap
+from implicit_ham.training.failures import FailureEvent, FailureMonitor, adjoint_of, apply_policy
+from implicit_ham.training.rng import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:
-    from .loop import StepHooks, Task
+    from implicit_ham.training.loop import StepHooks, Task
 
 OK, RECOMPUTE, SKIP = 0, 1, 2
 

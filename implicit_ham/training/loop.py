@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..validation import check_positive_int
-from .distributed import DistributedContext, unwrap
-from .guard import GuardedStep
-from .metrics import ConfusionMatrix
-from .sampler import EpochBatchSampler
+from implicit_ham.validation import check_positive_int
+from implicit_ham.training.distributed import DistributedContext, unwrap
+from implicit_ham.training.guard import GuardedStep
+from implicit_ham.training.metrics import ConfusionMatrix
+from implicit_ham.training.sampler import EpochBatchSampler
 
 if TYPE_CHECKING:
     from rich.progress import Progress
