@@ -19,9 +19,9 @@ $(STAMP): pyproject.toml
 test: lint typecheck docs-build
 	$(PY) -m pytest -q
 
-# The suite without the tests marked slow (subprocess sweeps, kill-and-resume, torchrun).
+# The library's tests alone (tests/lib: no experiments, no subprocess sweeps), a few minutes.
 quick: install
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q tests/lib
 
 lint: install
 	$(PY) -m ruff check implicit_ham experiments tests
@@ -41,7 +41,7 @@ demo: install
 	@echo "report: multirun/demo/report.md (plots beside it; per-job results.json and metrics in multirun/demo/<n>/)"
 
 study: install
-	PY=$(PY) bash experiments/study.sh
+	PY=$(PY) bash experiments/scripts/study.sh
 	@echo "results: docs/results.md (figures in docs/results/; runs in multirun/study/)"
 
 # The GAN comparison of docs/generation.md: the metrics' classifier (once), 4 arms x 3 seeds two
@@ -49,11 +49,11 @@ study: install
 generate: install
 	$(PY) -m experiments.generation.classifier multirun/generate/classifier.pt
 	OMP_NUM_THREADS=1 $(PY) -m experiments.generate -m +experiment=generation
-	$(PY) -m experiments.generation_report multirun/generate
+	$(PY) -m experiments.report --generation multirun/generate
 
 # Runs both benchmark scripts and rewrites the tables of docs/benchmarks.md (~30 min on 2 cores).
 bench: install
-	$(PY) -m experiments.bench_page
+	$(PY) -m experiments.bench page
 
 clean:
 	rm -rf $(VENV) outputs multirun wandb site

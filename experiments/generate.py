@@ -3,7 +3,7 @@
 Arms: ``+arm=none|self_attention|nmf_one_step|nmf_unroll`` (the ``arm`` presets shared with
 ``experiments.train``). The comparison of ``make generate``:
 ``python -m experiments.generate -m +experiment=generation`` (4 arms x 3 seeds, two jobs at a
-time), then ``python -m experiments.generation_report``. Running a command again skips finished
+time), then ``python -m experiments.generation.page``. Running a command again skips finished
 jobs and resumes the others from their newest checkpoints. The logic lives in
 ``experiments.generation.run``; this file only wires Hydra.
 """
@@ -14,10 +14,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.engine.results import write_results
+from experiments.engine.resume import ResumeConflictError
 from experiments.generation.config import check_generate_config, register_generate_configs
 from experiments.generation.run import run_generation
-from experiments.results import write_results
-from experiments.resume import ResumeConflictError
 
 register_generate_configs()
 

@@ -1,7 +1,7 @@
 """No-training study of a model's implicit layer: ``python -m experiments.grad_study [overrides]``.
 
 Same config tree as experiments.train (``checkpoint=PATH`` studies a trained model). The logic
-lives in ``experiments.studies.run_grad_study``; this file only wires Hydra.
+lives in ``experiments.studies.model_studies.run_grad_study``; this file only wires Hydra.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.configs import register_configs
-from experiments.studies import run_grad_study
+from experiments.config.groups import register_configs
+from experiments.studies.model_studies import run_grad_study
 
 register_configs()
 

@@ -2,7 +2,7 @@
 
 Writes the artefact every paper-regime arm loads (``model.pretrained=PATH``); an artefact that
 exists with the same options is kept (a finished pretraining is never repeated), one with other
-options is an error. The logic lives in ``experiments.pretraining``.
+options is an error. The logic lives in ``experiments.studies.pretraining``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import logging
 
 import torch
 
-from experiments.pretraining import PretrainConf, ensure_pretrained
+from experiments.studies.pretraining import PretrainConf, ensure_pretrained
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,8 +2,11 @@
 
 * ``python -m experiments.report MULTIRUN_DIR [--out DIR] [--metrics ...] [--title ...]``: one
   sweep -> ``report.md`` (mean ± std over seeds per configuration, failed jobs) and PNG plots.
+* ``python -m experiments.report --generation [SWEEP_DIR] [--out docs/generation.md]``: the GAN
+  sweep of ``make generate`` (default ``multirun/generate``) -> ``docs/generation.md``.
 * ``python -m experiments.report --study [STUDY_DIR] [--out docs]``: the whole study
-  (default ``multirun/study``, written by ``experiments/study.sh``) -> ``results.md`` and its
+  (default ``multirun/study``, written by ``experiments/scripts/study.sh``) -> ``results.md`` and
+  its
   figures, with the study script quoted at the top.
 """
 
@@ -13,13 +16,15 @@ import argparse
 import logging
 from pathlib import Path
 
-from experiments.study_report import write_study_report
-from experiments.study_ridge_report import append_ridge_section
-from experiments.sweep_report import write_report
+from experiments.generation.page import COMMAND
+from experiments.generation.report import write_generation_report
+from experiments.reports.study import write_study_report
+from experiments.reports.study_ridge import append_ridge_section
+from experiments.reports.sweep import write_report
 
 logger = logging.getLogger("experiments.report")
-STUDY_SCRIPT = Path(__file__).with_name("study.sh")
-PAPER_SCRIPT = Path(__file__).with_name("study_paper.sh")  # called by study.sh
+STUDY_SCRIPT = Path(__file__).parent / "scripts" / "study.sh"
+PAPER_SCRIPT = Path(__file__).parent / "scripts" / "study_paper.sh"  # called by study.sh
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -30,13 +35,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--metrics", nargs="*", default=None, help="metrics to tabulate")
     parser.add_argument("--title", default=None)
     parser.add_argument("--study", action="store_true", help="write the study's results.md")
+    parser.add_argument(
+        "--generation", action="store_true", help="write docs/generation.md from a GAN sweep"
+    )
     parser.add_argument("--commands", default=str(STUDY_SCRIPT), help="script quoted by --study")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.generation:
+        write_generation_report(
+            args.sweep_dir or "multirun/generate", args.out or "docs/generation.md", COMMAND
+        )
+        return
     if args.study:
         commands = Path(args.commands).read_text()
         if Path(args.commands) == STUDY_SCRIPT:
-            commands += f"\n# ---- experiments/study_paper.sh ----\n{PAPER_SCRIPT.read_text()}"
+            commands += (
+                f"\n# ---- experiments/scripts/study_paper.sh ----\n{PAPER_SCRIPT.read_text()}"
+            )
         path = write_study_report(args.sweep_dir or "multirun/study", args.out or "docs", commands)
         append_ridge_section(path, args.sweep_dir or "multirun/study")
         logger.info("study report: %s", path)

@@ -14,10 +14,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.configs import check_train_config, register_configs
-from experiments.results import write_results
-from experiments.resume import ResumeConflictError
-from experiments.run import run_training
+from experiments.config.groups import check_train_config, register_configs
+from experiments.engine.results import write_results
+from experiments.engine.resume import ResumeConflictError
+from experiments.engine.run import run_training
 
 register_configs()
 

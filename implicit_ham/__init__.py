@@ -1,73 +1,85 @@
-"""implicit-ham: optimization layers with selectable forward solvers and backward modes."""
+"""implicit-ham: optimization layers with selectable forward solvers and backward modes.
 
-from implicit_ham import diagnostics, tracking
-from implicit_ham.adjoints import ADJOINTS, Adjoint, AtFixedPoint, Implicit, Neumann, OneStep, Phantom, ThroughIterations, Truncated, Unroll
-from implicit_ham.decompositions import CD, DECOMPOSITIONS, NMF, SVD, VQ, Decomposition, NormalizedNMF, RidgeCD, RidgeNMF, get_decomposition, register_decomposition
-from implicit_ham.errors import BackwardSolveError, ConditioningWarning, ConvergenceWarning, ForwardSolveError, NonFiniteError, NotFixedPointError, NotFixedPointWarning, NotPositiveDefiniteError, SecondOrderError
-from implicit_ham.fixed_point import FixedPointProblem, Solution, fixed_point
-from implicit_ham.linear_solvers import CG, GMRES, LINEAR_SOLVERS, AdjointOperator, AndersonLinear, BroydenLinear, Dense, FixedPointLinear, LinearSolve, LinearSolver
-from implicit_ham.minimize import least_squares, minimize
-from implicit_ham.minimizers import LBFGS, MINIMIZERS, GaussNewton, GradientDescent, LevenbergMarquardt, Minimizer, NewtonCG
-from implicit_ham.modules import Hamburger, IdentityContext, SDPAttention2d, SelfAttention2d, context_names, make_context
-from implicit_ham.projections import CONSTRAINTS, Box, Constraint, NonNegative
-from implicit_ham.root import ROOT_SOLVERS, Newton, RootSolver, root
-from implicit_ham.second_order import SecondOrder
-from implicit_ham.solvers import SOLVERS, Anderson, Broyden, FixedPointIteration, Solver
-from implicit_ham.stats import BackwardStats, SolverStats
-from implicit_ham.torchdeq_solvers import TorchDEQAnderson, TorchDEQBroyden
+The curated namespace: the entry points, the built-in solvers, backward modes, decompositions
+and context modules, the errors users catch, and the sub-namespaces ``linalg`` (backward linear
+solvers), ``plugins`` (registries and base classes), ``errors`` (every exception and warning),
+``diagnostics``, ``reliability`` and ``testing`` (the conformance kit, imported on first use).
+"""
 
-register_solver = SOLVERS.register
-register_adjoint = ADJOINTS.register
-register_linear_solver = LINEAR_SOLVERS.register
-make_solver = SOLVERS.make
-make_adjoint = ADJOINTS.make
-make_linear_solver = LINEAR_SOLVERS.make
-register_root_solver = ROOT_SOLVERS.register
-register_minimizer = MINIMIZERS.register
+from typing import Any
+
+from implicit_ham import diagnostics, errors, linalg, plugins, reliability
+from implicit_ham._core.errors import (
+    ConditioningWarning,
+    ConvergenceWarning,
+    NonFiniteError,
+    NotFixedPointError,
+    NotFixedPointWarning,
+)
+from implicit_ham._core.stats import BackwardStats, SolverStats
+from implicit_ham.adjoints import Implicit, Neumann, OneStep, Phantom, Truncated, Unroll
+from implicit_ham.decompositions import (
+    CD,
+    NMF,
+    SVD,
+    VQ,
+    Decomposition,
+    NormalizedNMF,
+    RidgeCD,
+    RidgeNMF,
+    make_decomposition,
+    register_decomposition,
+)
+from implicit_ham.nn import (
+    Hamburger,
+    IdentityContext,
+    SDPAttention2d,
+    SelfAttention2d,
+    make_context,
+)
+from implicit_ham.problems import (
+    FixedPointProblem,
+    Solution,
+    fixed_point,
+    least_squares,
+    minimize,
+    root,
+)
+from implicit_ham.solvers import (
+    LBFGS,
+    Anderson,
+    Box,
+    Broyden,
+    FixedPointIteration,
+    GaussNewton,
+    GradientDescent,
+    LevenbergMarquardt,
+    Newton,
+    NewtonCG,
+    NonNegative,
+)
 
 __all__ = [
-    "ADJOINTS",
     "CD",
-    "CG",
-    "CONSTRAINTS",
-    "DECOMPOSITIONS",
-    "GMRES",
     "LBFGS",
-    "LINEAR_SOLVERS",
-    "MINIMIZERS",
     "NMF",
-    "ROOT_SOLVERS",
-    "SOLVERS",
     "SVD",
     "VQ",
-    "Adjoint",
-    "AdjointOperator",
     "Anderson",
-    "AndersonLinear",
-    "AtFixedPoint",
-    "BackwardSolveError",
     "BackwardStats",
     "Box",
     "Broyden",
-    "BroydenLinear",
     "ConditioningWarning",
-    "Constraint",
     "ConvergenceWarning",
     "Decomposition",
-    "Dense",
     "FixedPointIteration",
-    "FixedPointLinear",
     "FixedPointProblem",
-    "ForwardSolveError",
     "GaussNewton",
     "GradientDescent",
     "Hamburger",
     "IdentityContext",
     "Implicit",
     "LevenbergMarquardt",
-    "LinearSolve",
-    "LinearSolver",
-    "Minimizer",
     "Neumann",
     "Newton",
     "NewtonCG",
@@ -76,40 +88,36 @@ __all__ = [
     "NormalizedNMF",
     "NotFixedPointError",
     "NotFixedPointWarning",
-    "NotPositiveDefiniteError",
     "OneStep",
     "Phantom",
     "RidgeCD",
     "RidgeNMF",
-    "RootSolver",
     "SDPAttention2d",
-    "SecondOrder",
-    "SecondOrderError",
     "SelfAttention2d",
     "Solution",
-    "Solver",
     "SolverStats",
-    "ThroughIterations",
-    "TorchDEQAnderson",
-    "TorchDEQBroyden",
     "Truncated",
     "Unroll",
-    "context_names",
     "diagnostics",
+    "errors",
     "fixed_point",
-    "get_decomposition",
     "least_squares",
-    "make_adjoint",
+    "linalg",
     "make_context",
-    "make_linear_solver",
-    "make_solver",
+    "make_decomposition",
     "minimize",
-    "register_adjoint",
+    "plugins",
     "register_decomposition",
-    "register_linear_solver",
-    "register_minimizer",
-    "register_root_solver",
-    "register_solver",
+    "reliability",
     "root",
-    "tracking",
+    "testing",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``implicit_ham.testing`` is imported on first use (it is only needed by test suites)."""
+    if name == "testing":
+        import importlib
+
+        return importlib.import_module("implicit_ham.testing")
+    raise AttributeError(f"module 'implicit_ham' has no attribute {name!r}")

@@ -1,42 +1,32 @@
-"""Exceptions and warnings raised by implicit layers."""
+"""Every exception and warning the library raises or emits.
 
-from __future__ import annotations
+Errors: ``NonFiniteError`` (a NaN / inf value or gradient), ``ForwardSolveError``,
+``BackwardSolveError`` and its subclasses ``NotFixedPointError`` (an at-fixed-point gradient
+asked at a point that is not one) and ``NotPositiveDefiniteError`` (CG on an indefinite system),
+``SecondOrderError`` (a derivative a mode cannot give). Warnings: ``ConvergenceWarning`` and
+its subclass ``NotFixedPointWarning``, ``ConditioningWarning``.
+"""
 
+from implicit_ham._core.errors import (
+    BackwardSolveError,
+    ConditioningWarning,
+    ConvergenceWarning,
+    ForwardSolveError,
+    NonFiniteError,
+    NotFixedPointError,
+    NotFixedPointWarning,
+    NotPositiveDefiniteError,
+    SecondOrderError,
+)
 
-class NonFiniteError(RuntimeError):
-    """A NaN or infinity appeared in a forward iterate or a backward (adjoint) solve."""
-
-
-class ConvergenceWarning(UserWarning):
-    """A forward or backward solve stopped before reaching its tolerance."""
-
-
-class ConditioningWarning(UserWarning):
-    """``I - J`` at a fixed point is ill-conditioned: implicit gradients there are unreliable."""
-
-
-class BackwardSolveError(RuntimeError):
-    """An implicit backward solve missed its tolerance under ``on_divergence="raise"``."""
-
-
-class NotFixedPointWarning(ConvergenceWarning):
-    """An at-fixed-point backward mode (Implicit, Neumann) was asked to differentiate at a point
-    whose residual ``||f(z*) - z*|| / ||f(z*)||`` exceeds its ``fixed_point_tol``."""
-
-
-class NotFixedPointError(BackwardSolveError):
-    """As ``NotFixedPointWarning``, under ``on_divergence="raise"``."""
-
-
-class SecondOrderError(RuntimeError):
-    """A backward mode that cannot give a second derivative was differentiated with
-    ``create_graph=True``; it refuses instead of returning a wrong one."""
-
-
-class ForwardSolveError(RuntimeError):
-    """A forward solve missed its tolerance under the training policy ``on_failure="raise"``."""
-
-
-class NotPositiveDefiniteError(BackwardSolveError):
-    """A solver that needs a symmetric positive-definite system (CG) met a direction of
-    non-positive curvature: the Hessian is indefinite or singular (not a strict minimum)."""
+__all__ = [
+    "BackwardSolveError",
+    "ConditioningWarning",
+    "ConvergenceWarning",
+    "ForwardSolveError",
+    "NonFiniteError",
+    "NotFixedPointError",
+    "NotFixedPointWarning",
+    "NotPositiveDefiniteError",
+    "SecondOrderError",
+]

@@ -52,3 +52,16 @@ def build_tanh_problem(
 def tanh_problem() -> Callable[..., TanhProblem]:
     """Factory fixture: ``tanh_problem(batch=2, width=4, contraction=0.5, seed=0)``."""
     return build_tanh_problem
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test under tests/experiments and tests/docs ``experiments`` (they need the
+    experiments extra), and skip tests marked ``cuda`` when no CUDA device is present."""
+    root = config.rootpath / "tests"
+    no_cuda = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        parts = item.path.relative_to(root).parts
+        if parts[0] in ("experiments", "docs"):
+            item.add_marker(pytest.mark.experiments)
+        if "cuda" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(no_cuda)

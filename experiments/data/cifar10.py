@@ -17,9 +17,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from implicit_ham.validation import check_choice
-
 from experiments.data.errors import DataLayoutError
+from implicit_ham._core.validation import check_choice
 
 SPLITS = ("train", "test")
 NUM_CLASSES = 10

@@ -23,9 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from implicit_ham.validation import check_choice, check_positive_int
-
 from experiments.data.digits import NUM_CLASSES, load_digits_arrays, split_indices
+from implicit_ham._core.validation import check_choice, check_positive_int
 
 CANVAS = 64
 CELL = 16

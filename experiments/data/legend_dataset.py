@@ -9,10 +9,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from implicit_ham.validation import check_choice, check_positive_int
-
 from experiments.data.legend_seg import IGNORE_INDEX, LegendLayout, generate_legend_seg
 from experiments.data.textures import render_bank
+from implicit_ham._core.validation import check_choice, check_positive_int
 
 SPLITS = ("train", "val", "test")
 

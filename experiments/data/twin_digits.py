@@ -19,9 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from implicit_ham.validation import check_choice, check_positive_int
-
 from experiments.data.digits import NUM_CLASSES, SPLITS, load_digits_arrays, split_indices
+from implicit_ham._core.validation import check_choice, check_positive_int
 
 CANVAS = 32
 DIGIT = 16

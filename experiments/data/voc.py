@@ -16,9 +16,8 @@ from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from implicit_ham.validation import check_choice, check_positive_int
-
 from experiments.data.errors import DataLayoutError
+from implicit_ham._core.validation import check_choice, check_positive_int
 
 SPLITS = ("train", "val", "trainval")
 RESIZE_MODES = ("resize", "center_crop")

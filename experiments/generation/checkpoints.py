@@ -1,5 +1,5 @@
 """Checkpoint and resume of an ``experiments.generate`` job, with the machinery of
-``experiments.resume``: a ``CheckpointStore`` (atomic, checksummed, newest good file),
+``experiments.engine.resume``: a ``CheckpointStore`` (atomic, checksummed, newest good file),
 ``comparable_config`` / ``config_differences`` (a directory of another run is refused), the RNG
 states, failure counts and metric-file rows (cut back on resume, so no row appears twice).
 """
@@ -10,12 +10,19 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from implicit_ham.training import CheckpointStore, FailureMonitor
-from implicit_ham.training.rng import capture_rng_state, restore_rng_state
-
-from experiments.results import RESULTS_FILE, read_results
-from experiments.resume import CHECKPOINT_DIR, ResumeConflictError, comparable_config, config_differences, log_rows, rewind_logs
+from experiments.engine.checkpoint import CheckpointStore
+from experiments.engine.results import RESULTS_FILE, read_results
+from experiments.engine.resume import (
+    CHECKPOINT_DIR,
+    ResumeConflictError,
+    comparable_config,
+    config_differences,
+    log_rows,
+    rewind_logs,
+)
 from experiments.generation.trainer import GanTraining
+from implicit_ham.reliability.failures import FailureMonitor
+from implicit_ham.reliability.rng import capture_rng_state, restore_rng_state
 
 logger = logging.getLogger(__name__)
 

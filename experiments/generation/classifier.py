@@ -4,7 +4,7 @@ It is trained on the training split of the digits (the same split the GAN's canv
 half canvases (1, 32, 16), with random shifts of up to 1 pixel, and evaluated on the held-out
 split. Training is deterministic (its own seeded generator, torch's global RNG untouched), so
 every job of a sweep computes or loads the same network. The cache is a checkpoint file
-(``implicit_ham.training.checkpoint``: atomic, checksummed) holding the weights, the held-out
+(``experiments.engine.checkpoint``: atomic, checksummed) holding the weights, the held-out
 accuracy and the settings it was trained with; a cache written with other settings is retrained.
 """
 
@@ -18,10 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from implicit_ham.training.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
-
 from experiments.data.digits import load_digits_arrays, split_indices
 from experiments.data.twin_digits import DIGIT, TOP, upsample_digits
+from experiments.engine.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
 from experiments.models.digit_classifier import HalfDigitClassifier
 
 logger = logging.getLogger(__name__)

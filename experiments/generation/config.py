@@ -1,7 +1,7 @@
 """The root schema of ``experiments.generate`` and its start-up checks.
 
 The context module, backward mode, forward solver and logger come from the same generated
-config groups as ``experiments.train`` (``experiments.configs``: generated from the library's
+config groups as ``experiments.train`` (``experiments.config.groups``: generated from the library's
 signatures), so ``+arm=nmf_one_step`` etc. select a GAN arm exactly as they select a
 segmentation arm. The GAN's own settings are the dataclasses below; OmegaConf rejects unknown
 keys and wrong types, ``check_generate_config`` the values typing cannot catch.
@@ -15,9 +15,8 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from implicit_ham.training.failures import check_policy
-
-from experiments.configs import ReliabilityConf
+from experiments.config.groups import ReliabilityConf
+from implicit_ham.reliability.failures import check_policy
 
 
 @dataclass
@@ -147,7 +146,7 @@ def register_generate_configs() -> None:
     ConfigStore (idempotent)."""
     from hydra.core.config_store import ConfigStore
 
-    from experiments.configs import register_configs
+    from experiments.config.groups import register_configs
 
     register_configs()
     ConfigStore.instance().store(name="generate_schema", node=GenerateConfig)

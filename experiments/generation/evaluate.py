@@ -15,9 +15,9 @@ import torch
 from torch import Tensor
 
 from experiments.data.twin_digits import from_gan_range
+from experiments.generation.metrics import GenerationMetrics, consistency, fid_kid, precision_recall
 from experiments.models.digit_classifier import CanvasFeatures
 from experiments.models.gan import Generator
-from experiments.generation.metrics import GenerationMetrics, consistency, fid_kid, precision_recall
 
 SAMPLE_SEED = 12345
 CHUNK = 250

@@ -1,5 +1,5 @@
 """One guarded GAN update (a discriminator or a generator step) under the failure policy of
-``implicit_ham.training.failures``.
+``implicit_ham.reliability.failures``.
 
 What counts as a failure (the library's kinds): ``forward_nonfinite`` (an implicit layer raised
 ``ih.NonFiniteError`` in the forward pass, e.g. a NaN feature map reaching a Hamburger),
@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from implicit_ham.errors import NonFiniteError
-from implicit_ham.training.failures import FailureEvent, FailureMonitor, check_policy
-from implicit_ham.validation import check_positive_int
+from implicit_ham._core.errors import NonFiniteError
+from implicit_ham._core.validation import check_positive_int
+from implicit_ham.reliability.failures import FailureEvent, FailureMonitor, check_policy
 
 SKIPPING = ("skip_batch", "fallback")
 

@@ -19,22 +19,21 @@ from typing import Any
 import torch
 from hydra.utils import instantiate
 
-from implicit_ham.training import FailureMonitor
-from implicit_ham.training.checkpoint import write_checkpoint
-from implicit_ham.training.rng import configure_determinism
-
-from experiments.build import build_context, build_sinks
-from experiments.configs import ReliabilityConf
+from experiments.config.groups import ReliabilityConf
 from experiments.data.twin_digits import TwinDigitsDataset
-from experiments.models.digit_classifier import CanvasFeatures
-from experiments.models.gan import Discriminator, Generator, parameter_count
-from experiments.results import write_results
-from experiments.run import seed_everything
+from experiments.engine.build import build_context, build_sinks
+from experiments.engine.checkpoint import write_checkpoint
+from experiments.engine.determinism import configure_determinism
+from experiments.engine.results import write_results
+from experiments.engine.run import seed_everything
 from experiments.generation.checkpoints import GanCheckpoints
 from experiments.generation.classifier import load_or_train_classifier
 from experiments.generation.config import check_generate_config
 from experiments.generation.evaluate import features_of, sample_canvases, save_grid, score
 from experiments.generation.trainer import GanTraining, StepBatches, canvases_of
+from experiments.models.digit_classifier import CanvasFeatures
+from experiments.models.gan import Discriminator, Generator, parameter_count
+from implicit_ham.reliability.failures import FailureMonitor
 
 logger = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ from torch import Tensor
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import Dataset
 
-from implicit_ham.training import EpochBatchSampler, FailureMonitor
-
-from experiments.models.gan import Discriminator, Generator
+from experiments.engine.sampler import EpochBatchSampler
 from experiments.generation.guard import GuardedUpdate
+from experiments.models.gan import Discriminator, Generator
+from implicit_ham.reliability.failures import FailureMonitor
 
 
 def hinge_d_loss(real_logits: Tensor, fake_logits: Tensor) -> Tensor:

@@ -17,10 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from implicit_ham.validation import check_positive_int
-
 from experiments.models.backbone import LocalBackbone
 from experiments.models.global_features import ColourHistogram, GridPositionCode
+from implicit_ham._core.validation import check_positive_int
 
 
 class TwoStreamSegmenter(nn.Module):

@@ -13,7 +13,12 @@ from implicit_ham.decompositions.cd_ridge import RidgeCD
 from implicit_ham.decompositions.nmf import NMF
 from implicit_ham.decompositions.nmf_normalized import NormalizedNMF
 from implicit_ham.decompositions.nmf_ridge import RidgeNMF
-from implicit_ham.decompositions.registry import DECOMPOSITIONS, DecompositionRegistry, get_decomposition, register_decomposition
+from implicit_ham.decompositions.registry import (
+    DECOMPOSITIONS,
+    DecompositionRegistry,
+    make_decomposition,
+    register_decomposition,
+)
 from implicit_ham.decompositions.svd import SVD
 from implicit_ham.decompositions.vq import VQ
 
@@ -28,6 +33,6 @@ __all__ = [
     "NormalizedNMF",
     "RidgeCD",
     "RidgeNMF",
-    "get_decomposition",
+    "make_decomposition",
     "register_decomposition",
 ]

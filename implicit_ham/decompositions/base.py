@@ -39,15 +39,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from implicit_ham.adjoints import ADJOINTS, Adjoint, OneStep
-from implicit_ham.errors import NonFiniteError
-from implicit_ham.fixed_point import FixedPointProblem, Solution
-from implicit_ham.registry import check_options
-from implicit_ham.solvers import SOLVERS, FixedPointIteration, Solver
-from implicit_ham.state import detached
-from implicit_ham.transforms import host_checks
-from implicit_ham.validation import check_choice, check_positive_int, check_tolerance, check_unit_interval
+from implicit_ham._core.errors import NonFiniteError
+from implicit_ham._core.registry import check_options
+from implicit_ham._core.state import detached
+from implicit_ham._core.transforms import host_checks
+from implicit_ham._core.validation import (
+    check_choice,
+    check_positive_int,
+    check_tolerance,
+    check_unit_interval,
+)
+from implicit_ham.adjoints.modes import ADJOINTS, Adjoint, OneStep
 from implicit_ham.decompositions.iteration import IterationMap
+from implicit_ham.problems.fixed_point import FixedPointProblem, Solution
+from implicit_ham.solvers.base import SOLVERS, FixedPointSolver
+from implicit_ham.solvers.iteration import FixedPointIteration
 
 State = tuple[Tensor, Tensor]
 INIT_MODES = ("random", "online")
@@ -140,7 +146,7 @@ class Decomposition(nn.Module, ABC):
         channels: int | None = None,
         eta: float = 0.9,
         online_update: str = "eval",
-        solver: Solver | str | None = None,
+        solver: FixedPointSolver | str | None = None,
         adjoint: Adjoint | str | None = None,
         grad_through_bases: bool = False,
         compile: bool = False,
@@ -165,7 +171,9 @@ class Decomposition(nn.Module, ABC):
         self.eps, self.spatial, self.init_mode, self.eta = eps, bool(spatial), init, eta
         self.norm_eps, self.online_update = norm_eps, online_update
         self.channels = channels
-        self.solver = SOLVERS.resolve(FixedPointIteration() if solver is None else solver, Solver)
+        self.solver = SOLVERS.resolve(
+            FixedPointIteration() if solver is None else solver, FixedPointSolver
+        )
         self.adjoint = ADJOINTS.resolve(OneStep() if adjoint is None else adjoint, Adjoint)
         self.grad_through_bases = bool(grad_through_bases)
         self.use_compile = bool(compile)
@@ -243,9 +251,9 @@ class Decomposition(nn.Module, ABC):
         """Inverse of ``flatten``: (B*S, d, n) -> ``shape`` (B, C, H, W)."""
         return (y if self.spatial else y.transpose(1, 2)).reshape(shape)
 
-    def active_solver(self) -> Solver:
+    def active_solver(self) -> FixedPointSolver:
         """The forward solver with ``max_steps`` = ``steps`` (training) or ``eval_steps``."""
-        solver = SOLVERS.resolve(self.solver, Solver)
+        solver = SOLVERS.resolve(self.solver, FixedPointSolver)
         return dataclasses.replace(  # type: ignore[type-var]
             solver, max_steps=self.steps if self.training else self.eval_steps
         )
@@ -334,7 +342,7 @@ class Decomposition(nn.Module, ABC):
             f"init={self.init_mode!r}",
             f"adjoint={self.adjoint!r}",
         ]
-        solver = SOLVERS.resolve(self.solver, Solver)
+        solver = SOLVERS.resolve(self.solver, FixedPointSolver)
         if solver != FixedPointIteration(max_steps=solver.max_steps):
             parts.append(f"solver={solver!r}")
         if self.grad_through_bases:

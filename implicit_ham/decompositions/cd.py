@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from implicit_ham.precision import working_dtype
-from implicit_ham.validation import check_tolerance
+from implicit_ham._core.precision import working_dtype
+from implicit_ham._core.validation import check_tolerance
 from implicit_ham.decompositions.base import Decomposition, State
 from implicit_ham.decompositions.fused import column_norms, normalize_over_n, normalized_similarity
 from implicit_ham.decompositions.registry import register_decomposition

@@ -40,7 +40,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from implicit_ham.validation import check_tolerance
+from implicit_ham._core.validation import check_tolerance
 from implicit_ham.decompositions.base import State
 from implicit_ham.decompositions.cd import CD
 from implicit_ham.decompositions.fused import column_norms, normalized_similarity

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from implicit_ham.transforms import host_checks
+from implicit_ham._core.transforms import host_checks
 from implicit_ham.decompositions.base import Decomposition, State
 from implicit_ham.decompositions.fused import multiplicative_update
 from implicit_ham.decompositions.registry import register_decomposition

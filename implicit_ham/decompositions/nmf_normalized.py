@@ -29,7 +29,8 @@ class NormalizedNMF(NMF):
     scale-invariant; relative differences ~1e-6 at ``eps = 1e-6``); the gradient of the
     paper's one-step mode differs (the final C update sees unit-norm bases).
 
-    Measured (tests/test_decomp_nmf_normalized.py): this removes only part of the symmetry.
+    Measured (tests/lib/decompositions/test_nmf_normalized.py): this removes only part of the
+    symmetry.
     At an interior fixed point every ``(D M, C M^-T)`` with M near I is an equally good
     factorisation, so NMF's J has r^2 unit eigenvalues; unit-norm bases remove r of them.
     """

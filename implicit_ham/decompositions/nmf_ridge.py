@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from implicit_ham.validation import check_tolerance
+from implicit_ham._core.validation import check_tolerance
 from implicit_ham.decompositions.base import State
 from implicit_ham.decompositions.nmf import NMF
 from implicit_ham.decompositions.registry import register_decomposition

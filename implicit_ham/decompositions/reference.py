@@ -2,7 +2,8 @@
 
 Each computes the same function as its optimised layer (``NMF``, ``VQ``, ``CD``; equal up to
 rounding) with the same gradient semantics, and exists to measure what the optimisations buy
-(``experiments/bench.py``) and to test the optimised code against. They are deliberately plain:
+(``experiments/benchmarks/blocks.py``) and to test the optimised code against. They are deliberately
+plain:
 products are evaluated left to right as the equations are written (NMF's ``C D^T D`` builds the
 n x d matrix ``C D^T`` first, so no r x r Gram matrix is reused), transposes and the normalised
 copy of X are recomputed inside every iteration, nothing is updated in place, and CD's ridge

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from implicit_ham.registry import Registry
+from implicit_ham._core.registry import Registry
 from implicit_ham.decompositions.base import Decomposition
 
 
@@ -37,11 +37,11 @@ DECOMPOSITIONS = DecompositionRegistry("decomposition")
 
 def register_decomposition(name: str) -> Callable[[type[Decomposition]], type[Decomposition]]:
     """Class decorator registering a ``Decomposition`` subclass under ``name``; it then works
-    with ``get_decomposition``, ``make_context`` and every solver / backward mode."""
+    with ``make_decomposition``, ``make_context`` and every solver / backward mode."""
     return DECOMPOSITIONS.register(name)
 
 
-def get_decomposition(name: str, **kwargs: Any) -> Decomposition:
+def make_decomposition(name: str, **kwargs: Any) -> Decomposition:
     """Build the decomposition registered as ``name`` with constructor options ``kwargs``;
     unknown names and unknown options raise errors listing the valid choices."""
     return DECOMPOSITIONS.make(name, **kwargs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from implicit_ham.precision import working_dtype
+from implicit_ham._core.precision import working_dtype
 from implicit_ham.decompositions.base import Decomposition, State
 from implicit_ham.decompositions.registry import register_decomposition
 

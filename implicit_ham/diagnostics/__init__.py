@@ -9,20 +9,38 @@ Entry points:
   spectral radius of J, σ_max, σ_min and κ of I - J (warns ``ConditioningWarning``);
 * ``contraction_factors(residuals)``, ``convergence_trace`` / ``convergence_rows``,
   ``steps_to_tolerance``, ``grad_vs_k`` / ``bptt_grad_norms``;
-* ``grad_norms(model)``, ``LayerGradientHooks``; ``DiagnosticsCallback`` for training loops;
+* ``grad_norms(model)``, ``LayerGradientHooks``; ``DiagnosticsCallback`` for training loops,
+  logging to any ``Sink`` (``log(metrics, step)``, ``log_table``, ``close``; ``MultiSink`` fans
+  out);
 * ``plot_residuals``, ``plot_grad_vs_k``, ``plot_conditioning_history`` (PNG, Agg).
 """
 
-from implicit_ham.layers import find_implicit_layers
+from implicit_ham._core.sinks import MultiSink, Sink
+from implicit_ham.adjoints.layers import find_implicit_layers
 from implicit_ham.diagnostics.callback import DiagnosticsCallback
-from implicit_ham.diagnostics.conditioning import ConditioningReport, check_conditioning, conditioning_of, contraction_factors, contraction_rate, estimate_conditioning, warn_if_ill_conditioned
-from implicit_ham.diagnostics.convergence import ConvergenceTrace, bptt_grad_norms, convergence_rows, convergence_trace, grad_vs_k, steps_to_tolerance
+from implicit_ham.diagnostics.conditioning import (
+    ConditioningReport,
+    check_conditioning,
+    conditioning_of,
+    contraction_factors,
+    contraction_rate,
+    estimate_conditioning,
+    warn_if_ill_conditioned,
+)
+from implicit_ham.diagnostics.convergence import (
+    ConvergenceTrace,
+    bptt_grad_norms,
+    convergence_rows,
+    convergence_trace,
+    grad_vs_k,
+    steps_to_tolerance,
+)
 from implicit_ham.diagnostics.fidelity import compare_adjoints, describe_adjoint
 from implicit_ham.diagnostics.gradient_norms import LayerGradientHooks, grad_norms
 from implicit_ham.diagnostics.jacobian import FixedPointJacobian
-from implicit_ham.diagnostics.krylov import arnoldi_dominant, lanczos_extremes
 from implicit_ham.diagnostics.plots import plot_conditioning_history, plot_grad_vs_k, plot_residuals
 from implicit_ham.diagnostics.table import Rows, format_table
+from implicit_ham.linalg.krylov import arnoldi_dominant, lanczos_extremes
 
 __all__ = [
     "ConditioningReport",
@@ -30,7 +48,9 @@ __all__ = [
     "DiagnosticsCallback",
     "FixedPointJacobian",
     "LayerGradientHooks",
+    "MultiSink",
     "Rows",
+    "Sink",
     "arnoldi_dominant",
     "bptt_grad_norms",
     "check_conditioning",

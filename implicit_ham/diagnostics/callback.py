@@ -34,9 +34,9 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from implicit_ham.layers import find_implicit_layers
-from implicit_ham.tracking.base import MultiSink, Sink
-from implicit_ham.validation import check_positive_int
+from implicit_ham._core.sinks import MultiSink, Sink
+from implicit_ham._core.validation import check_positive_int
+from implicit_ham.adjoints.layers import find_implicit_layers
 from implicit_ham.diagnostics.conditioning import estimate_conditioning, warn_if_ill_conditioned
 from implicit_ham.diagnostics.gradient_norms import LayerGradientHooks, grad_norms
 from implicit_ham.diagnostics.measure import fork_rng_on

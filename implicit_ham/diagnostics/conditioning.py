@@ -30,12 +30,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from implicit_ham.errors import ConditioningWarning, NotFixedPointWarning
-from implicit_ham.fixed_point import FixedPointProblem
-from implicit_ham.linear_solvers import GMRES, AdjointOperator
-from implicit_ham.solvers import FixedPointIteration, Solver
+from implicit_ham._core.errors import ConditioningWarning, NotFixedPointWarning
 from implicit_ham.diagnostics.jacobian import FixedPointJacobian
-from implicit_ham.diagnostics.krylov import arnoldi_dominant, lanczos_extremes
+from implicit_ham.linalg.krylov import GMRES, arnoldi_dominant, lanczos_extremes
+from implicit_ham.linalg.operator import AdjointOperator
+from implicit_ham.problems.fixed_point import FixedPointProblem
+from implicit_ham.solvers.base import FixedPointSolver
+from implicit_ham.solvers.iteration import FixedPointIteration
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +206,7 @@ def check_conditioning(
     problem: FixedPointProblem,
     threshold: float = 1e6,
     *,
-    solver: Solver | str | None = None,
+    solver: FixedPointSolver | str | None = None,
     z_star: Tensor | Sequence[Tensor] | None = None,
     fixed_point_tol: float | None = 1e-3,
     **estimate_kwargs: Any,

@@ -15,14 +15,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from implicit_ham.adjoints import Adjoint, Implicit, Unroll
-from implicit_ham.fixed_point import FixedPointProblem
-from implicit_ham.linear_solvers import Dense
-from implicit_ham.solvers import SOLVERS, FixedPointIteration, Solver
-from implicit_ham.state import StateSpec, per_sample_norm
+from implicit_ham._core.state import StateSpec, per_sample_norm
+from implicit_ham.adjoints.modes import Adjoint, Implicit, Unroll
 from implicit_ham.diagnostics.conditioning import contraction_rate
 from implicit_ham.diagnostics.fidelity import describe_adjoint
 from implicit_ham.diagnostics.table import Rows
+from implicit_ham.linalg.dense import Dense
+from implicit_ham.problems.fixed_point import FixedPointProblem
+from implicit_ham.solvers.base import SOLVERS, FixedPointSolver
+from implicit_ham.solvers.iteration import FixedPointIteration
 
 Objective = Callable[[Any], Tensor | float]
 
@@ -47,7 +48,7 @@ class ConvergenceTrace:
 
 
 def convergence_trace(
-    problem: FixedPointProblem, solver: Solver | str, objective: Objective | None = None
+    problem: FixedPointProblem, solver: FixedPointSolver | str, objective: Objective | None = None
 ) -> ConvergenceTrace:
     """Solve ``problem`` with ``solver`` (no gradient) and record its traces.
 
@@ -69,7 +70,7 @@ def convergence_trace(
             values.append(value.to(scales[-1].device).expand_as(scales[-1]))
         return out
 
-    solver = SOLVERS.resolve(solver, Solver)
+    solver = SOLVERS.resolve(solver, FixedPointSolver)
     if isinstance(solver, FixedPointIteration):
         solver = dataclasses.replace(solver, trace=True)  # the per-step trace is opt-in
     start = time.perf_counter()
@@ -94,7 +95,7 @@ def steps_to_tolerance(residuals: Tensor, tol: float) -> Tensor:
 
 def convergence_rows(
     problem: FixedPointProblem,
-    solvers: Mapping[str, Solver | str],
+    solvers: Mapping[str, FixedPointSolver | str],
     tol: float = 1e-6,
     objective: Objective | None = None,
 ) -> tuple[Rows, dict[str, ConvergenceTrace]]:
@@ -122,7 +123,7 @@ def convergence_rows(
 
 def _gradient(
     problem: FixedPointProblem,
-    solver: Solver,
+    solver: FixedPointSolver,
     adjoint: Adjoint,
     loss_fn: Callable[[Any], Tensor],
     wrt: Sequence[Tensor],
@@ -144,9 +145,9 @@ def grad_vs_k(
     adjoints: Mapping[str, Adjoint] | None = None,
     *,
     wrt: Sequence[Tensor] | None = None,
-    solver_for: Callable[[int], Solver] | None = None,
+    solver_for: Callable[[int], FixedPointSolver] | None = None,
     reference: Adjoint | None = None,
-    reference_solver: Solver | None = None,
+    reference_solver: FixedPointSolver | None = None,
     same_k: Adjoint | None = None,
 ) -> Rows:
     """Gradient norm and agreement with the fixed-point gradient as a function of K.

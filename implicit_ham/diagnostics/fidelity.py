@@ -19,11 +19,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from implicit_ham.adjoints import ADJOINTS, Adjoint, Implicit, Unroll
-from implicit_ham.errors import NonFiniteError
-from implicit_ham.linear_solvers import Dense
+from implicit_ham._core.errors import NonFiniteError
+from implicit_ham.adjoints.modes import ADJOINTS, Adjoint, Implicit, Unroll
 from implicit_ham.diagnostics.measure import SavedTensorBytes, Stopwatch, fork_rng_on
 from implicit_ham.diagnostics.table import Row, Rows
+from implicit_ham.linalg.dense import Dense
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from implicit_ham.layers import ROOT
+from implicit_ham.adjoints.layers import ROOT
 
 
 def _norms(tensors: list[Tensor]) -> list[float]:

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from implicit_ham.state import StateSpec
-from implicit_ham.validation import check_choice
+from implicit_ham._core.state import StateSpec
+from implicit_ham._core.validation import check_choice
 
 logger = logging.getLogger(__name__)
 

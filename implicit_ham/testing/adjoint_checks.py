@@ -13,11 +13,40 @@ from functools import partial
 
 from torch import Tensor
 
-from implicit_ham.adjoints import ADJOINTS, Adjoint, AtFixedPoint, Implicit, Neumann, OneStep, Phantom, ThroughIterations, Unroll
-from implicit_ham.solvers import FixedPointIteration
-from implicit_ham.testing.common import SECOND_ORDER_RTOL, Run, clear_errors, dtype_device_shape, matches_fd, no_dead_inputs, second_derivative, solve_and_differentiate, values_equal
+from implicit_ham.adjoints.modes import (
+    ADJOINTS,
+    Adjoint,
+    AtFixedPoint,
+    Implicit,
+    Neumann,
+    OneStep,
+    Phantom,
+    ThroughIterations,
+    Unroll,
+)
+from implicit_ham.solvers.iteration import FixedPointIteration
+from implicit_ham.testing.common import (
+    SECOND_ORDER_RTOL,
+    Run,
+    clear_errors,
+    dtype_device_shape,
+    matches_fd,
+    no_dead_inputs,
+    second_derivative,
+    solve_and_differentiate,
+    values_equal,
+)
 from implicit_ham.testing.problems import Problem, panel
-from implicit_ham.testing.references import Gradient, damped_steps_from, detach_then_steps, gradient_from_adjoint, implicit_adjoint, neumann_adjoint, relative_error, vjp_of_step
+from implicit_ham.testing.references import (
+    Gradient,
+    damped_steps_from,
+    detach_then_steps,
+    gradient_from_adjoint,
+    implicit_adjoint,
+    neumann_adjoint,
+    relative_error,
+    vjp_of_step,
+)
 from implicit_ham.testing.report import Checker, ConformanceReport, NotApplicableError, require
 
 STEPS = 40  # K: with Lipschitz constant <= 0.4, 0.4^40 ~ 1e-16, a converged forward
@@ -69,7 +98,7 @@ def check_adjoint(
     """
     if not isinstance(adjoint, Adjoint):
         raise TypeError(
-            f"check_adjoint expects an ih.Adjoint instance, got {type(adjoint).__name__}"
+            f"check_adjoint expects an ih.plugins.Adjoint instance, got {type(adjoint).__name__}"
         )
     reference = adjoint if reference is None else reference
     rtol = default_rtol(reference) if rtol is None else rtol

@@ -10,12 +10,17 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from implicit_ham.adjoints import Adjoint
-from implicit_ham.errors import NonFiniteError
-from implicit_ham.fixed_point import fixed_point
-from implicit_ham.solvers import Solver
+from implicit_ham._core.errors import NonFiniteError
+from implicit_ham.adjoints.modes import Adjoint
+from implicit_ham.problems.fixed_point import fixed_point
+from implicit_ham.solvers.base import FixedPointSolver
 from implicit_ham.testing.problems import Problem, as_tuple
-from implicit_ham.testing.references import Gradient, directional_errors, input_gradient, random_directions
+from implicit_ham.testing.references import (
+    Gradient,
+    directional_errors,
+    input_gradient,
+    random_directions,
+)
 from implicit_ham.testing.report import NotApplicableError, require
 
 SECOND_ORDER_RTOL = 1e-5
@@ -31,13 +36,13 @@ class Run:
     gradient: Gradient
 
 
-def solve_and_differentiate(problem: Problem, solver: Solver, adjoint: Adjoint) -> Run:
+def solve_and_differentiate(problem: Problem, solver: FixedPointSolver, adjoint: Adjoint) -> Run:
     """``fixed_point`` on the problem, then d loss / d inputs (zeros for unused inputs)."""
     sol = fixed_point(problem.f, problem.z0, *problem.args, solver=solver, adjoint=adjoint)
     return Run(adjoint.name, as_tuple(sol.value), input_gradient(problem, sol.value))
 
 
-def solve_or_skip(problem: Problem, solver: Solver, adjoint: Adjoint) -> Run:
+def solve_or_skip(problem: Problem, solver: FixedPointSolver, adjoint: Adjoint) -> Run:
     """As ``solve_and_differentiate``; a ValueError (a solver refusing a mode, as torchdeq's
     solvers refuse Unroll) skips the calling check."""
     try:
@@ -128,7 +133,7 @@ def matches_fd(
     return {"rel_error": err, "tol": tol}
 
 
-def clear_errors(problem: Problem, solver: Solver, adjoint: Adjoint) -> dict[str, float]:
+def clear_errors(problem: Problem, solver: FixedPointSolver, adjoint: Adjoint) -> dict[str, float]:
     """Require the documented errors, with a message, for a wrong-shaped return of f
     (ValueError), a dtype change (TypeError) and NaN in z0 (NonFiniteError)."""
     z0 = as_tuple(problem.z0)[0]
@@ -148,7 +153,7 @@ def clear_errors(problem: Problem, solver: Solver, adjoint: Adjoint) -> dict[str
 
 
 def second_derivative(
-    problem: Problem, solver: Solver, adjoint: Adjoint, rtol: float = SECOND_ORDER_RTOL
+    problem: Problem, solver: FixedPointSolver, adjoint: Adjoint, rtol: float = SECOND_ORDER_RTOL
 ) -> dict[str, float]:
     """A mode that gives a second derivative gives the derivative of its own gradient: with
     h(θ) = <grad_θ loss, u> (u a fixed random direction), ``create_graph=True`` and a second

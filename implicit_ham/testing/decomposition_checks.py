@@ -11,11 +11,25 @@ from typing import Any
 
 import torch
 
-from implicit_ham.adjoints import Adjoint, Implicit, Neumann, OneStep, Phantom, Truncated, Unroll
+from implicit_ham._core.errors import NonFiniteError
+from implicit_ham.adjoints.modes import (
+    Adjoint,
+    Implicit,
+    Neumann,
+    OneStep,
+    Phantom,
+    Truncated,
+    Unroll,
+)
 from implicit_ham.decompositions import Decomposition
-from implicit_ham.errors import NonFiniteError
 from implicit_ham.testing.common import expect_error, matches_fd
-from implicit_ham.testing.decomposition_inputs import build, feature_map, initial_bases, run_layer, x_gradient
+from implicit_ham.testing.decomposition_inputs import (
+    build,
+    feature_map,
+    initial_bases,
+    run_layer,
+    x_gradient,
+)
 from implicit_ham.testing.report import Checker, ConformanceReport, NotApplicableError, require
 
 UNROLL_FD_RTOL = 1e-5

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from implicit_ham.adjoints import Adjoint, Unroll
+from implicit_ham.adjoints.modes import Adjoint, Unroll
 from implicit_ham.decompositions import Decomposition
 from implicit_ham.testing.report import NotApplicableError
 

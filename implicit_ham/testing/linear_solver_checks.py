@@ -7,13 +7,18 @@ from functools import partial
 
 import torch
 
-from implicit_ham.adjoints import Implicit
-from implicit_ham.linear_solvers import AdjointOperator, LinearSolver
-from implicit_ham.solvers import FixedPointIteration
+from implicit_ham.adjoints.modes import Implicit
+from implicit_ham.linalg.operator import AdjointOperator, LinearSolver
+from implicit_ham.solvers.iteration import FixedPointIteration
 from implicit_ham.testing.adjoint_checks import STEPS
 from implicit_ham.testing.common import dtype_device_shape, no_dead_inputs, solve_and_differentiate
 from implicit_ham.testing.problems import Problem, panel, spd_panel
-from implicit_ham.testing.references import gradient_from_adjoint, implicit_adjoint, jacobian, relative_error
+from implicit_ham.testing.references import (
+    gradient_from_adjoint,
+    implicit_adjoint,
+    jacobian,
+    relative_error,
+)
 from implicit_ham.testing.report import Checker, ConformanceReport, require
 
 SOLVE_TOL = 1e-10
@@ -48,7 +53,8 @@ def check_linear_solver(
     """
     if not isinstance(linear_solver, LinearSolver):
         raise TypeError(
-            f"check_linear_solver expects an ih.LinearSolver, got {type(linear_solver).__name__}"
+            "check_linear_solver expects an ih.plugins.LinearSolver, got "
+            f"{type(linear_solver).__name__}"
         )
     checker = Checker(repr(linear_solver), fail_fast)
     if linear_solver.requires_spd:

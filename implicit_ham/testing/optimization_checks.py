@@ -9,15 +9,21 @@ from functools import partial
 
 import torch
 
-from implicit_ham.adjoints import Adjoint, Implicit, Neumann, OneStep
-from implicit_ham.errors import NonFiniteError
-from implicit_ham.fixed_point import Solution
-from implicit_ham.minimize import least_squares, minimize
-from implicit_ham.minimizers import Minimizer
-from implicit_ham.root import RootSolver, root
-from implicit_ham.solvers import Solver
+from implicit_ham._core.errors import NonFiniteError
+from implicit_ham.adjoints.modes import Adjoint, Implicit, Neumann, OneStep
+from implicit_ham.problems.fixed_point import Solution
+from implicit_ham.problems.minimize import least_squares, minimize
+from implicit_ham.problems.root import root
+from implicit_ham.solvers.base import FixedPointSolver
+from implicit_ham.solvers.minimizers import Minimizer
+from implicit_ham.solvers.newton import RootSolver
 from implicit_ham.testing.common import expect_error
-from implicit_ham.testing.optimization_problems import OptProblem, argmin_panel, ift_gradient, root_panel
+from implicit_ham.testing.optimization_problems import (
+    OptProblem,
+    argmin_panel,
+    ift_gradient,
+    root_panel,
+)
 from implicit_ham.testing.problems import as_tuple
 from implicit_ham.testing.references import relative_error
 from implicit_ham.testing.report import Checker, ConformanceReport, require
@@ -29,7 +35,9 @@ EXACT = Implicit(linear_solver="dense", tol=1e-12, on_divergence="raise")
 Solve = Callable[[OptProblem, Adjoint], Solution]
 
 
-def check_root_solver(solver: RootSolver | Solver, *, fail_fast: bool = True) -> ConformanceReport:
+def check_root_solver(
+    solver: RootSolver | FixedPointSolver, *, fail_fast: bool = True
+) -> ConformanceReport:
     """Run ``ih.root(..., solver=solver)`` on every root-panel problem.
 
     Checks (per problem):
@@ -45,9 +53,10 @@ def check_root_solver(solver: RootSolver | Solver, *, fail_fast: bool = True) ->
     * ``clear_errors`` (cube_f64): ValueError for a g of the wrong shape, NonFiniteError
       for NaN in z0.
     """
-    if not isinstance(solver, (RootSolver, Solver)):
+    if not isinstance(solver, (RootSolver, FixedPointSolver)):
         raise TypeError(
-            f"check_root_solver expects an ih.RootSolver or ih.Solver, got {type(solver).__name__}"
+            "check_root_solver expects an ih.plugins.RootSolver or ih.plugins.FixedPointSolver, "
+            f"got {type(solver).__name__}"
         )
 
     def solve(problem: OptProblem, adjoint: Adjoint) -> Solution:
@@ -62,7 +71,9 @@ def check_minimizer(minimizer: Minimizer, *, fail_fast: bool = True) -> Conforma
     ``check_root_solver`` on the optimality condition ``grad_z loss = 0``.
     """
     if not isinstance(minimizer, Minimizer):
-        raise TypeError(f"check_minimizer expects an ih.Minimizer, got {type(minimizer).__name__}")
+        raise TypeError(
+            f"check_minimizer expects an ih.plugins.Minimizer, got {type(minimizer).__name__}"
+        )
 
     def solve(problem: OptProblem, adjoint: Adjoint) -> Solution:
         if minimizer.needs_residuals:

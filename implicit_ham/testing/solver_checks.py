@@ -8,11 +8,28 @@ from functools import partial
 
 from torch import Tensor
 
-from implicit_ham.adjoints import Adjoint, Implicit, Neumann, OneStep, Phantom, Truncated, Unroll
-from implicit_ham.fixed_point import fixed_point
-from implicit_ham.linear_solvers import Dense
-from implicit_ham.solvers import Solver
-from implicit_ham.testing.common import Run, clear_errors, dtype_device_shape, matches_fd, no_dead_inputs, solve_and_differentiate, solve_or_skip, values_equal
+from implicit_ham.adjoints.modes import (
+    Adjoint,
+    Implicit,
+    Neumann,
+    OneStep,
+    Phantom,
+    Truncated,
+    Unroll,
+)
+from implicit_ham.linalg.dense import Dense
+from implicit_ham.problems.fixed_point import fixed_point
+from implicit_ham.solvers.base import FixedPointSolver
+from implicit_ham.testing.common import (
+    Run,
+    clear_errors,
+    dtype_device_shape,
+    matches_fd,
+    no_dead_inputs,
+    solve_and_differentiate,
+    solve_or_skip,
+    values_equal,
+)
 from implicit_ham.testing.problems import Problem, panel
 from implicit_ham.testing.references import directional_errors, relative_error
 from implicit_ham.testing.report import Checker, ConformanceReport, NotApplicableError, require
@@ -37,7 +54,7 @@ def default_modes() -> list[Adjoint]:
 
 
 def check_solver(
-    solver: Solver, *, adjoints: Sequence[Adjoint] | None = None, fail_fast: bool = True
+    solver: FixedPointSolver, *, adjoints: Sequence[Adjoint] | None = None, fail_fast: bool = True
 ) -> ConformanceReport:
     """Run ``solver`` on every panel problem and check the solver contract.
 
@@ -64,8 +81,11 @@ def check_solver(
     Returns:
         The ``ConformanceReport`` (all checks passed when ``fail_fast``).
     """
-    if not isinstance(solver, Solver):
-        raise TypeError(f"check_solver expects an ih.Solver instance, got {type(solver).__name__}")
+    if not isinstance(solver, FixedPointSolver):
+        raise TypeError(
+            "check_solver expects an ih.plugins.FixedPointSolver instance, got "
+            f"{type(solver).__name__}"
+        )
     modes = list(default_modes() if adjoints is None else adjoints)
     checker = Checker(repr(solver), fail_fast)
     for problem in panel():
@@ -105,7 +125,7 @@ def check_solver(
 
 
 def _run_all(
-    problem: Problem, solver: Solver, modes: list[Adjoint], runs: list[Run]
+    problem: Problem, solver: FixedPointSolver, modes: list[Adjoint], runs: list[Run]
 ) -> dict[str, float]:
     refused = []
     for i, mode in enumerate(modes):
@@ -117,7 +137,7 @@ def _run_all(
     return {"modes_run": len(runs), "modes_refused": len(refused)}
 
 
-def _unroll_vs_fd(problem: Problem, solver: Solver) -> dict[str, float]:
+def _unroll_vs_fd(problem: Problem, solver: FixedPointSolver) -> dict[str, float]:
     run = solve_or_skip(problem, solver, Unroll())
 
     def loss() -> Tensor:
@@ -133,7 +153,7 @@ def _unroll_vs_fd(problem: Problem, solver: Solver) -> dict[str, float]:
     )
 
 
-def tightened(solver: Solver) -> Solver:
+def tightened(solver: FixedPointSolver) -> FixedPointSolver:
     """``solver`` with ``tol=1e-12`` and at least 300 steps; skips when it is not a dataclass
     with ``max_steps`` and ``tol`` fields."""
     try:
@@ -145,7 +165,7 @@ def tightened(solver: Solver) -> Solver:
         raise NotApplicableError(f"cannot tighten {solver!r} (dataclasses.replace: {err})") from err
 
 
-def _tight_implicit_vs_fd(problem: Problem, solver: Solver) -> dict[str, float]:
+def _tight_implicit_vs_fd(problem: Problem, solver: FixedPointSolver) -> dict[str, float]:
     tight = tightened(solver)
     adjoint = Implicit(
         linear_solver=Dense(), tol=1e-12, fixed_point_tol=1e-8, on_divergence="raise"

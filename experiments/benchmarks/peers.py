@@ -1,0 +1,483 @@
+"""The library side by side with its peers, in one process: issue 15's targets, each with its ratio.
+
+Peers, all run in the same process and the same interleaved rounds as the library's code:
+
+* the official Hamburger formulation of the NMF / VQ / CD hams
+(``experiments.benchmarks.official_hams``,
+  a plain re-implementation of the official code's equations: ``torch.bmm`` loops,
+  ``F.normalize``, softmax, ``no_grad`` over the K steps, then ``compute_coef`` with gradient);
+* torchdeq 0.1.0 (a dependency): its Anderson and Broyden solvers on a dense and a convolutional
+  DEQ, and a whole DEQ training step with ``get_deq(ift=True)``;
+* the previous GMRES of this library (a growing list of basis vectors stacked four times per
+  Arnoldi step, ``torch.linalg.lstsq`` and two host reads per step), kept here as
+  ``StackedGMRES`` to measure one backward solve on the README's NMF problem.
+
+Every ratio is peer time / library time (above 1: the library is faster), from medians over
+``--rounds`` interleaved rounds on one thread (``--threads``). For the hams it also reports the
+matmul floor: the same matrix products as the official formulation (recorded from it with a
+dispatch mode and replayed on tensors of the same shapes and strides), timed in the same
+rounds; ``floor/ours`` says how close a ham gets to it. Memory: bytes autograd saves for the
+backward pass of a training step, library over peer.
+
+    python -m experiments.benchmarks.peers                                  # all targets, ~5 min
+    python -m experiments.benchmarks.peers --markdown docs/benchmarks_peers.md   # also the docs
+    page
+    python -m experiments.benchmarks.peers --only hams --sizes 64           # one group
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torchdeq import get_deq
+from torchdeq.solver import anderson_solver, broyden_solver
+
+import implicit_ham as ih
+from experiments.benchmarks.official_hams import OFFICIAL
+from implicit_ham._core.state import StateSpec
+from implicit_ham.diagnostics.measure import SavedTensorBytes
+from implicit_ham.linalg.operator import AdjointOperator, LinearSolver
+
+GROUPS = ("hams", "solvers", "gmres", "deq_train")
+COLUMNS = ("target", "case", "peer", "ours_ms", "peer_ms", "ratio", "goal", "met", "notes")
+
+
+@dataclass
+class Table:
+    """Rows of the peer table (one dict per measured case)."""
+
+    rows: list[dict[str, object]] = field(default_factory=list)
+
+    def add(self, target: str, case: str, peer: str, ours: float, theirs: float, goal: float,
+            notes: str = "") -> None:
+        ratio = theirs / ours
+        self.rows.append({
+            "target": target, "case": case, "peer": peer, "ours_ms": ours, "peer_ms": theirs,
+            "ratio": ratio, "goal": f">= {goal:g}", "met": "yes" if ratio >= goal else "no",
+            "notes": notes,
+        })  # fmt: skip
+
+    def markdown(self) -> str:
+        def cell(value: object) -> str:
+            return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+        lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        lines += ["| " + " | ".join(cell(r[c]) for c in COLUMNS) + " |" for r in self.rows]
+        return "\n".join(lines)
+
+
+CLOCK = {"cpu": time.process_time, "wall": time.perf_counter}
+_clock = [time.process_time]
+
+
+def medians(
+    cases: dict[str, Callable[[], object]], rounds: int, warmup: int = 2
+) -> dict[str, float]:
+    """Median milliseconds of each case over ``rounds`` interleaved rounds (``--clock``: the
+    process CPU time by default, which on a shared host does not count the time other jobs
+    hold the core)."""
+    now = _clock[0]
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for index in range(warmup + rounds):
+        for name, case in cases.items():
+            start = now()
+            case()
+            if index >= warmup:
+                samples[name].append((now() - start) * 1e3)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+# ---------------------------------------------------------------------------------- hams
+MATMULS = {
+    torch.ops.aten.bmm.default,
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.baddbmm.default,
+}
+
+
+class MatmulRecorder(TorchDispatchMode):
+    """Records every matrix product (op and its tensors' shapes and strides)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[object, list[object]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func in MATMULS:
+            layout = [
+                (tuple(a.shape), a.stride(), a.dtype) if isinstance(a, Tensor) else a for a in args
+            ]
+            self.calls.append((func, layout))
+        return func(*args, **(kwargs or {}))
+
+
+def matmul_floor(fn: Callable[[], object]) -> Callable[[], None]:
+    """A function running the matrix products ``fn`` runs (same shapes, strides) and nothing
+    else: the floor of ``fn``'s time."""
+    recorder = MatmulRecorder()
+    with recorder:
+        fn()
+    replay = [
+        (func, [_strided(a) if isinstance(a, tuple) else a for a in layout])
+        for func, layout in recorder.calls
+    ]
+
+    def run() -> None:
+        for func, args in replay:
+            func(*args)
+
+    return run
+
+
+def _strided(layout: tuple[tuple[int, ...], tuple[int, ...], torch.dtype]) -> Tensor:
+    """A random tensor with the given shape, strides (zero strides included) and dtype."""
+    shape, stride, dtype = layout
+    extent = 1 + sum((size - 1) * step for size, step in zip(shape, stride, strict=True))
+    return torch.rand(max(extent, 1), dtype=dtype).as_strided(shape, stride)
+
+
+def ham_cases(name: str, size: int, channels: int, rank: int, steps: int):  # type: ignore[no-untyped-def]
+    ours = ih.make_decomposition(name, rank=rank, steps=steps, eval_steps=steps)
+    official = OFFICIAL[name](rank=rank, steps=steps, eval_steps=steps)
+    gen = torch.Generator().manual_seed(size)
+    draw = torch.rand if ours.nonnegative else torch.randn
+    x = draw((1, channels, size, size), generator=gen)
+    x_grad = x.clone().requires_grad_()
+    cases = {}
+    for label, module in (("ours", ours), ("official", official)):
+
+        def forward(module: nn.Module = module) -> None:
+            module.eval()
+            with torch.no_grad():
+                module(x)
+            module.train()
+
+        def train(module: nn.Module = module) -> None:
+            x_grad.grad = None
+            module(x_grad).sum().backward()
+
+        cases[(label, "forward")] = forward
+        cases[(label, "train")] = train
+    cases[("floor", "forward")] = matmul_floor(cases[("official", "forward")])
+    cases[("floor", "train")] = matmul_floor(cases[("official", "train")])
+    memory = {}
+    for label, module in (("ours", ours), ("official", official)):
+        counter = SavedTensorBytes()
+        x_grad.grad = None
+        with counter.track():
+            loss = module(x_grad).sum()
+        del loss
+        memory[label] = counter.total
+    return cases, memory
+
+
+def measure_hams(table: Table, sizes: Sequence[int], rounds: int, channels: int = 512,
+                 rank: int = 64, steps: int = 6) -> None:
+    for size in sizes:
+        for name in ("nmf", "vq", "cd"):
+            cases, memory = ham_cases(name, size, channels, rank, steps)
+            times = medians({f"{a}/{b}": fn for (a, b), fn in cases.items()}, rounds)
+            mem = memory["ours"] / memory["official"]
+            for what in ("forward", "train"):
+                ours, peer, floor = (times[f"{w}/{what}"] for w in ("ours", "official", "floor"))
+                notes = f"floor {floor:.1f} ms = {100 * floor / ours:.0f}% of ours"
+                if what == "train":
+                    notes += f"; saved bytes ours/official {mem:.2f}"
+                case = f"1x{channels}x{size}^2 r{rank} K{steps}"
+                table.add(f"1. {name.upper()} ham {what}", case, "official formulation", ours,
+                          peer, 1.1, notes)
+
+
+# ------------------------------------------------------------------------------- solvers
+@dataclass
+class DEQProblem:
+    """``z = tanh(layer(z) + x)`` on a batch, with an evaluation counter."""
+
+    name: str
+    layer: Callable[[Tensor], Tensor]
+    x: Tensor
+    calls: list[int] = field(default_factory=lambda: [0])
+
+    def f(self, z: Tensor, x: Tensor | None = None) -> Tensor:
+        self.calls[0] += 1
+        return torch.tanh(self.layer(z) + (self.x if x is None else x))
+
+    def residual(self, z: Tensor) -> float:
+        with torch.no_grad():
+            fz = torch.tanh(self.layer(z) + self.x)
+            return float(((fz - z).flatten(1).norm(dim=1) / fz.flatten(1).norm(dim=1)).max())
+
+
+def dense_problem() -> DEQProblem:
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(256, 256, generator=gen)
+    weight = 0.9 * weight / torch.linalg.matrix_norm(weight, ord=2)
+    return DEQProblem("dense B64 N256", lambda z: z @ weight.T, torch.randn(64, 256, generator=gen))
+
+
+def conv_problem() -> DEQProblem:
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(16, 16, 3, 3, generator=gen)
+    weight = 0.9 * weight / torch.linalg.matrix_norm(weight.flatten(1), ord=2) / 3
+    x = torch.randn(8, 16, 16, 16, generator=gen)
+    return DEQProblem("conv B8 C16 16x16", lambda z: F.conv2d(z, weight, padding=1), x)
+
+
+def solver_cases(
+    problem: DEQProblem, tol: float, budget: int
+) -> dict[str, tuple[Callable[[], Tensor], Callable[[], Tensor]]]:
+    """(library, torchdeq) forward solves of ``problem`` per method, with one evaluation budget:
+    torchdeq's Anderson spends max_iter evaluations, its Broyden max_iter + 1; the library's
+    solvers spend max_steps - 1 without gradient."""
+    z0 = torch.zeros_like(problem.x)
+
+    def flat(z: Tensor) -> Tensor:
+        return problem.f(z.view_as(z0)).reshape(z.shape)
+
+    def ours(solver: ih.plugins.FixedPointSolver) -> Callable[[], Tensor]:
+        def run() -> Tensor:
+            with torch.no_grad():
+                return ih.fixed_point(problem.f, z0, solver=solver, adjoint=ih.Implicit()).value
+
+        return run
+
+    def peer(fn: Callable[..., tuple[Tensor, ...]], **kw: object) -> Callable[[], Tensor]:
+        def run() -> Tensor:
+            with torch.no_grad():
+                return fn(flat, z0, tol=tol, stop_mode="rel", **kw)[0].view_as(z0)
+
+        return run
+
+    return {
+        "anderson": (ours(ih.Anderson(max_steps=budget + 1, tol=tol)),
+                     peer(anderson_solver, max_iter=budget, m=5, lam=1e-4)),
+        "broyden": (ours(ih.Broyden(max_steps=budget + 1, tol=tol)),
+                    peer(broyden_solver, max_iter=budget - 1, ls=False)),
+    }  # fmt: skip
+
+
+def measure_solvers(table: Table, rounds: int, tol: float = 1e-5, budget: int = 50) -> None:
+    for problem in (dense_problem(), conv_problem()):
+        cases = solver_cases(problem, tol, budget)
+        info = {}
+        for name, pair in cases.items():
+            counts, residuals = [], []
+            for fn in pair:
+                problem.calls[0] = 0
+                z = fn()
+                counts.append(problem.calls[0])
+                residuals.append(problem.residual(z))
+            info[name] = (counts, residuals)
+        flat_cases = {
+            f"{name}/{who}": fn
+            for name, pair in cases.items()
+            for who, fn in zip(("ours", "peer"), pair, strict=True)
+        }
+        times = medians(flat_cases, rounds)
+        for name, (counts, residuals) in info.items():
+            notes = (f"f evals ours {counts[0]} / torchdeq {counts[1]}; final rel residual ours "
+                     f"{residuals[0]:.2e} / torchdeq {residuals[1]:.2e}")
+            table.add(f"2. {name.capitalize()} forward", f"{problem.name} tol {tol:g}",
+                      f"torchdeq {name}", times[f"{name}/ours"], times[f"{name}/peer"], 1.1, notes)
+
+
+# --------------------------------------------------------------------------------- GMRES
+class StackedGMRES(LinearSolver):
+    """The library's previous GMRES, kept as the reference of target 3: the basis a Python
+    list, stacked four times per Arnoldi step, a ``torch.linalg.lstsq`` per step and two host
+    reads per step."""
+
+    restart = 30
+
+    def solve(self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float):  # type: ignore[no-untyped-def]
+        def matvec(x: Tensor) -> Tensor:
+            return x - op.vjp(x)
+
+        x = torch.zeros_like(v)
+        target = tol * float(torch.linalg.vector_norm(v))
+        r, steps = v, 0
+        while steps < max_steps:
+            beta = float(torch.linalg.vector_norm(r))
+            if beta <= target or beta == 0.0:
+                break
+            y, basis, hess, converged = self._cycle(matvec, r, beta, target, max_steps - steps)
+            steps += hess.shape[1]
+            x = x + basis.T @ y
+            if converged or steps >= max_steps:
+                break
+            r = v - matvec(x)
+            steps += 1
+        return x, steps, None
+
+    def _cycle(self, matvec, r, beta, target, budget):  # type: ignore[no-untyped-def]
+        dim = min(self.restart, budget)
+        basis = [r / beta]
+        hess = torch.zeros(dim + 1, dim, dtype=r.dtype)
+        rhs = torch.zeros(dim + 1, dtype=r.dtype)
+        rhs[0] = beta
+        y = rhs[:0]
+        for j in range(dim):
+            w = matvec(basis[j])
+            for _ in range(2):
+                coeffs = torch.stack(basis) @ w
+                w = w - torch.stack(basis).T @ coeffs
+                hess[: j + 1, j] += coeffs
+            hess[j + 1, j] = torch.linalg.vector_norm(w)
+            h = hess[: j + 2, : j + 1]
+            y = torch.linalg.lstsq(h, rhs[: j + 2, None], driver="gels").solution[:, 0]
+            residual = float(torch.linalg.vector_norm(h @ y - rhs[: j + 2]))
+            if residual <= target or float(hess[j + 1, j]) <= 1e-14 * beta:
+                return y, torch.stack(basis), h, residual <= target
+            basis.append(w / hess[j + 1, j])
+        return y, torch.stack(basis[:dim]), hess, False
+
+
+def readme_nmf_operator() -> tuple[AdjointOperator, Tensor]:
+    """J^T of the README's NMF problem (``ih.NMF(rank=64).implicit_problem(x)``, d = 512,
+    n = 4096, K = 6 steps) at its 6-step solution, and an incoming gradient v."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(1, 512, 64, 64, generator=gen)
+    bases = F.normalize(torch.rand(1, 512, 64, generator=gen), dim=1)
+    problem = ih.NMF(rank=64).implicit_problem(x, init=bases)
+    with torch.no_grad():
+        sol = problem.solve(ih.FixedPointIteration(max_steps=6), ih.OneStep())
+    spec = StateSpec.of(problem.z0)
+    z = tuple(t.detach().requires_grad_() for t in sol.value)
+    fz = problem.f(z, *problem.args)
+
+    def vjp(g: Tensor) -> Tensor:
+        grads = torch.autograd.grad(fz, z, spec.unflatten(g), retain_graph=True)
+        return spec.flatten(grads).reshape(-1)
+
+    size = spec.flatten(z).numel()
+    op = AdjointOperator(vjp, lambda rows: torch.stack([vjp(r) for r in rows]), size)
+    return op, torch.randn(size, generator=torch.Generator().manual_seed(1))
+
+
+def measure_gmres(table: Table, rounds: int, steps: int = 20) -> None:
+    op, v = readme_nmf_operator()
+    new, old = ih.linalg.GMRES(), StackedGMRES()
+    g_new, _, _ = new.solve(op, v, steps, 1e-5)
+    g_old, _, _ = old.solve(op, v, steps, 1e-5)
+    diff = float((g_new - g_old).norm() / g_old.norm())
+    times = medians({"new": lambda: new.solve(op, v, steps, 1e-5),
+                     "old": lambda: old.solve(op, v, steps, 1e-5)}, rounds, warmup=1)
+    table.add("3. GMRES backward solve", f"README NMF d512 n4096 r64, {steps} VJPs",
+              "previous GMRES (stacked basis, lstsq)", times["new"], times["old"], 1.3,
+              f"rel. diff of g {diff:.1e} (the previous solve's float32 lstsq rounding)")
+
+
+# ------------------------------------------------------------------------------ DEQ train
+class TanhDEQ(nn.Module):
+    """``z* = tanh(W z* + x + b)`` with parameters W, b; loss = sum(z*^2)."""
+
+    def __init__(self, width: int = 256) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(2)
+        weight = torch.randn(width, width, generator=gen)
+        self.weight = nn.Parameter(0.9 * weight / torch.linalg.matrix_norm(weight, ord=2))
+        self.bias = nn.Parameter(torch.zeros(width))
+
+    def f(self, z: Tensor, x: Tensor) -> Tensor:
+        return torch.tanh(z @ self.weight.T + x + self.bias)
+
+
+def deq_train_cases(
+    backward: str, tol: float, b_tol: float
+) -> tuple[Callable[[], Tensor], Callable[[], Tensor]]:
+    """(library, torchdeq) training steps of ``TanhDEQ`` on one batch; each returns dL/dW.
+    Forward: Anderson to ``tol``; backward: ``backward`` ("fixed_point" or "anderson") to
+    ``b_tol``, 40 VJPs at most, on both sides."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 256, generator=gen).requires_grad_()
+    z0 = torch.zeros(64, 256)
+    model, peer_model = TanhDEQ(), TanhDEQ()
+    adjoint = ih.Implicit(linear_solver=backward, max_steps=40, tol=b_tol)
+    solver = ih.Anderson(max_steps=51, tol=tol)
+    deq = get_deq(f_solver="anderson", f_max_iter=50, f_tol=tol, f_stop_mode="rel",
+                  b_solver="fixed_point_iter" if backward == "fixed_point" else "anderson",
+                  b_max_iter=40, b_tol=b_tol, b_stop_mode="rel", ift=True)
+
+    def ours() -> Tensor:
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+        sol = ih.fixed_point(model.f, z0, x, solver=solver, adjoint=adjoint)
+        sol.value.square().sum().backward()
+        return model.weight.grad
+
+    def peer() -> Tensor:
+        peer_model.zero_grad(set_to_none=True)
+        x.grad = None
+        z_out, _ = deq(lambda z: peer_model.f(z, x), z0)
+        z_out[-1].square().sum().backward()
+        return peer_model.weight.grad
+
+    return ours, peer
+
+
+def measure_deq_train(table: Table, rounds: int, tol: float = 1e-5, b_tol: float = 1e-6) -> None:
+    for backward in ("fixed_point", "anderson"):
+        ours, peer = deq_train_cases(backward, tol, b_tol)
+        mine, theirs = ours().clone(), peer().clone()
+        agree = float((mine - theirs).norm() / theirs.norm())
+        times = medians({"ours": ours, "peer": peer}, rounds)
+        table.add("4. DEQ training step", f"dense B64 N256, Anderson fwd + {backward} bwd",
+                  "torchdeq get_deq(ift=True)", times["ours"], times["peer"], 1.1,
+                  f"rel. diff of dL/dW {agree:.1e}")
+
+
+# ----------------------------------------------------------------------------------- main
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds (median)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[64, 128], help="ham H = W")
+    parser.add_argument("--only", nargs="+", choices=GROUPS, default=list(GROUPS))
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--clock", choices=list(CLOCK), default="cpu", help="process CPU or wall")
+    parser.add_argument("--markdown", default=None, help="also write the table as a page here")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> Table:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    _clock[0] = CLOCK[args.clock]
+    table = Table()
+    warnings.simplefilter("ignore", ih.ConvergenceWarning)  # NMF's GMRES: expected, see README
+    if "hams" in args.only:
+        measure_hams(table, args.sizes, args.rounds)
+    if "solvers" in args.only:
+        measure_solvers(table, args.rounds)
+    if "gmres" in args.only:
+        measure_gmres(table, args.rounds)
+    if "deq_train" in args.only:
+        measure_deq_train(table, args.rounds)
+    words = sys.argv[1:] if argv is None else list(argv)
+    command = " ".join(["python -m experiments.benchmarks.peers", *words])
+    header = (f"torch {torch.__version__}, threads={args.threads}, clock={args.clock}, "
+              f"medians of {args.rounds} "
+              f"interleaved rounds, ratio = peer time / ours (above 1: ours is faster)")
+    print(header)
+    print(table.markdown())
+    if args.markdown:
+        page = (f"# Benchmarks against peers\n\nGenerated by `{command}` "
+                f"(`experiments/benchmarks/peers.py`); {header}.\n\n{table.markdown()}\n")
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(page)
+    return table
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+"""The experiments' structured configs, registered in Hydra's ConfigStore.
+
+The configs of the library's objects are generated from its registries and signatures
+(``experiments.config.signatures``), so they cannot drift from it: every solver (``solver`` group),
+backward mode (``adjoint``), linear solver (``adjoint/linear_solver``, nested in ``implicit``),
+decomposition and baseline context module (``context``, built by ``implicit_ham.make_context``)
+has every constructor parameter as a field, with the library's default. The ``data`` and
+``logger`` groups are generated from the signatures of ``experiments.data.splits`` and
+``experiments.engine.sinks``. Each option is stored as ``base_<name>`` in its group; the YAML files
+in
+``conf/<group>/<name>.yaml`` extend it with the experiments' own settings. OmegaConf rejects a
+misspelt key or a wrong type at start-up, with its own message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+import implicit_ham
+from experiments.config.signatures import config_class, signature_parameters
+from experiments.data import splits
+from experiments.engine import sinks
+from implicit_ham._core.registry import Registry
+from implicit_ham.adjoints.modes import ADJOINTS
+from implicit_ham.decompositions.registry import DECOMPOSITIONS
+from implicit_ham.linalg.operator import LINEAR_SOLVERS
+from implicit_ham.nn.context import CONTEXTS
+from implicit_ham.solvers.base import SOLVERS
+
+# Set by the experiment when it builds the module, never from the command line.
+CONTEXT_RUNTIME = ("channels", "spatial", "solver", "adjoint")
+
+
+def registry_configs(registry: Registry[Any], **options: Any) -> dict[str, type]:
+    """{registry name: generated config class} for every entry of ``registry``."""
+    return {name: config_class(registry.get(name), **options) for name in registry.names()}
+
+
+def context_configs() -> dict[str, type]:
+    """One ``make_context`` config per decomposition (the ``Hamburger`` block's options, then
+    the decomposition's) and per baseline (its own options)."""
+    block = [
+        p
+        for p in signature_parameters(implicit_ham.make_context)
+        + signature_parameters(implicit_ham.Hamburger)
+        if p.name not in ("name", "channels", "ham", "channel_ham")
+    ]
+    configs = {}
+    for name in DECOMPOSITIONS.names():
+        decomposition = DECOMPOSITIONS.get(name)
+        configs[name] = config_class(
+            implicit_ham.make_context,
+            name=f"{decomposition.__name__}ContextConf",
+            exclude=("channels",),
+            fixed={"name": name},
+            extra=block
+            + [p for p in signature_parameters(decomposition) if p.name not in CONTEXT_RUNTIME],
+        )
+    for name in CONTEXTS.names():
+        baseline = CONTEXTS.get(name)
+        configs[name] = config_class(
+            implicit_ham.make_context,
+            name=f"{baseline.__name__}ContextConf",
+            exclude=("channels", "dual"),
+            fixed={"name": name},
+            extra=[p for p in signature_parameters(baseline) if p.name != "channels"],
+        )
+    return configs
+
+
+LOGGER_TARGETS = {"files": sinks.file_sinks, "wandb": sinks.wandb_sinks, "none": sinks.no_sinks}
+DATA_TARGETS = {
+    name: getattr(splits, name)
+    for name in ("legend_seg", "digits", "digit_seg", "cifar10", "voc2012")
+}
+
+
+# ----------------------------------------------------------------------------- model, optim
+
+
+@dataclass
+class ModelConf:
+    """The network around the context module.
+
+    ``arch`` (segmentation only; classifiers are always backbone -> context -> pool):
+    ``two_stream`` (``TwoStreamSegmenter``: the context module reads a colour histogram and a
+    position code, ``colour_bins ** 3 + position_grid ** 2`` channels for RGB, the backbone's
+    ``width`` features go to the head beside it) or ``serial`` (``ContextSegmenter``: backbone ->
+    context on ``width`` channels -> head). On legend_seg only ``two_stream`` learns the legend
+    in a short run (why: ``experiments/models/two_stream.py``).
+
+    Pretrained backbone (``serial`` only; all three default to None, i.e. off, so configs
+    written before these options existed compare equal on resume): ``pretrained``, the path of
+    an ``experiments.pretrain`` artefact loaded into the backbone; ``freeze_backbone``: its
+    parameters get no gradient and its BatchNorm statistics stay fixed; ``backbone_lr_scale``:
+    the backbone's learning rate is the optimiser's times this factor (fine-tuning).
+    """
+
+    width: int = 32
+    arch: str = "two_stream"
+    colour_bins: int = 3
+    position_grid: int = 8
+    colour_scale: float = 3.0
+    pretrained: str | None = None
+    freeze_backbone: bool | None = None
+    backbone_lr_scale: float | None = None
+
+
+@dataclass
+class AdamConf:
+    _target_: str = "torch.optim.AdamW"
+    _partial_: bool = True
+    lr: float = 3e-3
+    weight_decay: float = 1e-4
+
+
+@dataclass
+class SGDConf:
+    _target_: str = "torch.optim.SGD"
+    _partial_: bool = True
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+
+
+# ----------------------------------------------------------------------------- diagnostics, study
+
+
+@dataclass
+class DiagnosticsConf:
+    """Gradient norms and solver statistics every ``every`` steps; conditioning optionally."""
+
+    enabled: bool = True
+    every: int = 10
+    conditioning_every: int | None = None
+    layer_hooks: bool = True
+
+
+@dataclass
+class StudyConf:
+    """Options of ``experiments.grad_study`` and ``experiments.convergence``."""
+
+    ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    samples: int = 2
+    reference_steps: int = 500
+    conditioning: bool = True
+    max_steps: int = 60
+
+
+@dataclass
+class ReliabilityConf:
+    """Failure policy, checkpoints, resume and determinism of ``experiments.train``.
+
+    on_failure: "warn" | "raise" | "skip_batch" | "fallback" (see
+    ``implicit_ham.reliability.failures``). checkpoint_every: also checkpoint every N steps
+    (0: at epoch ends only). keep: checkpoints kept. resume: continue from the job
+    directory's newest checkpoint. deterministic: ``torch.use_deterministic_algorithms``.
+    warn_first / warn_every: rate limit of the failure warnings.
+    """
+
+    on_failure: str = "warn"
+    checkpoint_every: int = 0
+    keep: int = 2
+    resume: bool = True
+    deterministic: bool = True
+    warn_first: int = 3
+    warn_every: int = 100
+
+
+@dataclass
+class TrainConfig:
+    """The root config of ``experiments.train`` (group fields are filled by the defaults).
+
+    ``dtype``: "float32" (default) or "float64", the precision of the model's parameters and
+    input images; float64 gives reference runs free of float32 rounding (e.g. to check that
+    data-parallel training equals one process, see
+    ``tests/experiments/engine/test_distributed.py``).
+    ``lr_poly_power``: when set, the paper's poly schedule: before step t (of T in the run) every
+    parameter group's learning rate is its initial one times ``(1 - t / T) ** lr_poly_power``
+    (None, the default: constant learning rate).
+    """
+
+    context: Any = MISSING
+    adjoint: Any = MISSING
+    solver: Any = MISSING
+    data: Any = MISSING
+    model: ModelConf = field(default_factory=ModelConf)
+    optim: Any = MISSING
+    logger: Any = MISSING
+    diagnostics: Any = MISSING
+    seed: int = 0
+    device: str = "cpu"
+    epochs: int = 4
+    batch_size: int = 32
+    threads: int | None = None
+    dtype: str = "float32"
+    log_every: int = 10
+    progress: bool = True
+    checkpoint: str | None = None
+    lr_poly_power: float | None = None
+    study: StudyConf = field(default_factory=StudyConf)
+    reliability: ReliabilityConf = field(default_factory=ReliabilityConf)
+
+
+def check_train_config(cfg: Mapping[str, Any]) -> None:
+    """Refuse values that typing cannot catch before a job starts: ``epochs`` and
+    ``batch_size`` must be >= 1 (with ``epochs=0`` there would be no validation metrics to
+    report)."""
+    for key in ("epochs", "batch_size"):
+        value = cfg.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"{key}={value!r}: must be an integer >= 1; e.g. {key}=1 on the command line"
+            )
+
+
+def config_groups() -> dict[str, dict[str, type]]:
+    """{group: {option: config class}}, generated from what is registered now (so a plug-in
+    registered before ``register_configs()`` gets its ``base_<name>`` too)."""
+    return {
+        "context": context_configs(),
+        "adjoint": registry_configs(ADJOINTS),
+        "adjoint/linear_solver": registry_configs(LINEAR_SOLVERS),
+        "solver": registry_configs(SOLVERS),
+        "data": {name: config_class(target) for name, target in DATA_TARGETS.items()},
+        "optim": {"adam": AdamConf, "sgd": SGDConf},
+        "logger": {
+            name: config_class(target, exclude=("directory", "config"))
+            for name, target in LOGGER_TARGETS.items()
+        },
+        "diagnostics": {"default": DiagnosticsConf},
+    }
+
+
+def register_configs() -> None:
+    """Store every schema in Hydra's ConfigStore (idempotent)."""
+    store = ConfigStore.instance()
+    store.store(name="train_schema", node=TrainConfig)
+    for group, options in config_groups().items():
+        for option, schema in options.items():
+            store.store(group=group, name=f"base_{option}", node=schema)

@@ -1,0 +1,93 @@
+"""The ``data`` config group's targets: each builds (train set, validation set, task).
+
+``conf/data/<name>.yaml`` instantiates one of these by ``_target_``; its fields are generated
+from the function's signature (``experiments.config.signatures``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch.utils.data import Dataset, TensorDataset
+
+from experiments.data import LegendSegDataset, make_dataset, task_of
+from experiments.data.digit_canvas import SEG_CLASSES, CanvasStyle, digit_canvases
+from experiments.data.factory import TaskInfo
+
+
+@dataclass(frozen=True)
+class Splits:
+    """A dataset's training and validation sets and its task."""
+
+    train: Dataset
+    val: Dataset
+    task: TaskInfo
+
+
+def legend_seg(
+    train_size: int = 1024,
+    val_size: int = 128,
+    image_size: int = 64,
+    num_classes: int = 4,
+    seed: int = 0,
+) -> Splits:
+    """The embedded task: segment blobs by matching their texture to a legend strip;
+    materialised as tensors (images (N, 3, S, S), masks (N, S, S))."""
+    shared = {"image_size": image_size, "num_classes": num_classes, "seed": seed}
+    train = LegendSegDataset(train_size, split="train", **shared)
+    val = LegendSegDataset(val_size, split="val", **shared)
+    return Splits(
+        TensorDataset(*train.materialize()),
+        TensorDataset(*val.materialize()),
+        task_of("legend_seg", num_classes=num_classes),
+    )
+
+
+def digits(val_fraction: float = 0.2, seed: int = 0) -> Splits:
+    """scikit-learn's 8x8 digits, split by class-stratified ``val_fraction``."""
+    options = {"val_fraction": val_fraction, "seed": seed}
+    return Splits(
+        make_dataset("digits", split="train", **options),
+        make_dataset("digits", split="val", **options),
+        task_of("digits", **options),
+    )
+
+
+def digit_seg(
+    train_size: int = 512,
+    val_size: int = 128,
+    digits_per_image: int = 5,
+    max_classes: int = 2,
+    occlusion_min: int = 4,
+    occlusion_max: int = 8,
+    noise: float = 0.2,
+    seed: int = 0,
+) -> Splits:
+    """The paper-regime task (``experiments.data.digit_canvas``): 64x64 canvases of occluded,
+    noisy real digits from 1..``max_classes`` classes per image, every pixel labelled
+    (background 0, digit d as 1 + d); images (N, 1, 64, 64), masks (N, 64, 64)."""
+    style = CanvasStyle(digits_per_image, max_classes, (occlusion_min, occlusion_max), noise)
+    return Splits(
+        TensorDataset(*digit_canvases(train_size, "train", style, seed)),
+        TensorDataset(*digit_canvases(val_size, "val", style, seed)),
+        TaskInfo("segmentation", SEG_CLASSES, 1, None, (64, 64)),
+    )
+
+
+def cifar10(root: str) -> Splits:
+    """CIFAR-10 from its python-pickle folder ``root``; validation is the test split."""
+    return Splits(
+        make_dataset("cifar10", root=root, split="train"),
+        make_dataset("cifar10", root=root, split="test"),
+        task_of("cifar10"),
+    )
+
+
+def voc2012(root: str, size: int = 128, resize_mode: str = "center_crop") -> Splits:
+    """PASCAL VOC 2012 segmentation from ``root`` at ``size`` x ``size``."""
+    options = {"size": size, "resize_mode": resize_mode}
+    return Splits(
+        make_dataset("voc2012", root=root, split="train", **options),
+        make_dataset("voc2012", root=root, split="val", **options),
+        task_of("voc2012", **options),
+    )

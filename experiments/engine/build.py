@@ -1,0 +1,156 @@
+"""Build an experiment's parts (data, model, optimiser, sinks) from a resolved config.
+
+Functions take plain mappings (a resolved ``DictConfig`` converted to a dict, or a dict written
+by hand), so they work with or without Hydra.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from experiments.config.groups import ModelConf
+from experiments.data.factory import TaskInfo
+from experiments.data.splits import Splits
+from experiments.engine.sampler import EpochBatchSampler
+from experiments.models import ContextClassifier, ContextSegmenter, TwoStreamSegmenter
+from experiments.models import context_channels as two_stream_channels
+from experiments.studies.pretraining import load_backbone
+from implicit_ham._core.sinks import Sink
+from implicit_ham._core.validation import check_choice
+from implicit_ham.adjoints.modes import Adjoint
+from implicit_ham.decompositions.registry import DECOMPOSITIONS
+from implicit_ham.solvers.base import FixedPointSolver
+
+
+def build_datasets(data: Mapping[str, Any]) -> tuple[Dataset, Dataset, TaskInfo]:
+    """(train set, validation set, task) of the data config, instantiated by its ``_target_``
+    (a function of ``experiments.data.splits``)."""
+    splits = instantiate(dict(data), _partial_=True)()  # its own errors, not Hydra's wrapper
+    if not isinstance(splits, Splits):
+        raise TypeError(
+            f"data config {dict(data)!r} built a {type(splits).__name__}; its _target_ must "
+            "be a function of experiments.data.splits (or another function returning Splits)"
+        )
+    return splits.train, splits.val, splits.task
+
+
+def build_loaders(
+    train: Dataset, val: Dataset, batch_size: int, seed: int, *, rank: int = 0, world_size: int = 1
+) -> tuple[DataLoader, DataLoader]:
+    """Shuffled training batches (an ``EpochBatchSampler``: the order of epoch e depends only
+    on (seed, e); this rank's slice of each global batch) and ordered validation batches. Both
+    loaders own a generator, so iterating them never draws from torch's global RNG."""
+    size = len(train)  # type: ignore[arg-type]
+    sampler = EpochBatchSampler(size, batch_size, seed=seed, rank=rank, world_size=world_size)
+    return (
+        DataLoader(train, batch_sampler=sampler, generator=torch.Generator().manual_seed(seed)),
+        DataLoader(
+            val, batch_size=batch_size, shuffle=False, generator=torch.Generator().manual_seed(seed)
+        ),
+    )
+
+
+def build_context(
+    context: Mapping[str, Any], channels: int, solver: FixedPointSolver, adjoint: Adjoint
+) -> nn.Module:
+    """Instantiate the context config (``_target_``: ``implicit_ham.make_context``) on
+    ``channels`` channels; decompositions get ``solver`` and ``adjoint``, baselines have
+    neither."""
+    runtime: dict[str, Any] = {"channels": channels}
+    if context.get("name") in DECOMPOSITIONS.names():
+        runtime.update(solver=solver, adjoint=adjoint)
+    return instantiate(dict(context), _partial_=True)(**runtime)  # objects, not configs
+
+
+SEGMENTER_ARCHS = ("two_stream", "serial")
+
+
+def _model_conf(model: Mapping[str, Any]) -> ModelConf:
+    """The model config with its defaults filled in; unknown keys or arch raise."""
+    try:
+        conf = ModelConf(**dict(model))
+    except TypeError as err:
+        raise ValueError(
+            f"model config {dict(model)!r}: {err}; valid keys: "
+            f"{', '.join(f.name for f in dataclasses.fields(ModelConf))}"
+        ) from err
+    check_choice("model", "arch", conf.arch, SEGMENTER_ARCHS)
+    return conf
+
+
+def context_channels(task: TaskInfo, model: Mapping[str, Any]) -> int:
+    """Channels of the context module that ``build_model(task, context, model)`` needs."""
+    conf = _model_conf(model)
+    if task.kind == "segmentation" and conf.arch == "two_stream":
+        return two_stream_channels(task.in_channels, conf.colour_bins, conf.position_grid)
+    return conf.width
+
+
+def build_model(task: TaskInfo, context: nn.Module, model: Mapping[str, Any]) -> nn.Module:
+    """A segmenter (``model["arch"]``) or a classifier (by ``task.kind``) around ``context``,
+    which must take ``context_channels(task, model)`` channels."""
+    conf = _model_conf(model)
+    if task.kind != "segmentation":
+        return ContextClassifier(task.in_channels, task.num_classes, context, width=conf.width)
+    if conf.arch == "serial":
+        segmenter = ContextSegmenter(task.in_channels, task.num_classes, context, width=conf.width)
+        if conf.pretrained is not None:
+            load_backbone(segmenter.backbone, conf.pretrained)
+        if conf.freeze_backbone:
+            segmenter.freeze_backbone()
+        return segmenter
+    if (conf.pretrained, conf.freeze_backbone, conf.backbone_lr_scale) != (None, None, None):
+        raise ValueError(
+            f"model.pretrained / freeze_backbone / backbone_lr_scale apply to arch=serial only, "
+            f"not arch={conf.arch!r}; set model.arch=serial or leave them unset"
+        )
+    return TwoStreamSegmenter(
+        task.in_channels,
+        task.num_classes,
+        context,
+        width=conf.width,
+        colour_bins=conf.colour_bins,
+        position_grid=conf.position_grid,
+        colour_scale=conf.colour_scale,
+    )
+
+
+def build_optimizer(
+    optim: Mapping[str, Any], model: nn.Module, backbone_lr_scale: float | None = None
+) -> torch.optim.Optimizer:
+    """Instantiate the partial optimiser config on ``model``'s trainable parameters; with
+    ``backbone_lr_scale``, ``model.backbone``'s parameters form a second group whose learning
+    rate is the optimiser's times that factor (fine-tuning a pretrained backbone)."""
+    factory = instantiate(dict(optim))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if backbone_lr_scale is None:
+        return factory(trainable)
+    backbone = getattr(model, "backbone", None)
+    if not isinstance(backbone, nn.Module):
+        raise ValueError(
+            f"model.backbone_lr_scale={backbone_lr_scale} needs a model with a backbone; "
+            f"{type(model).__name__} has none (use model.arch=serial)"
+        )
+    if not backbone_lr_scale > 0:
+        raise ValueError(f"model.backbone_lr_scale must be > 0, got {backbone_lr_scale!r}")
+    own = {id(p) for p in backbone.parameters()}
+    groups = [
+        {"params": [p for p in trainable if id(p) not in own]},
+        {"params": [p for p in trainable if id(p) in own], "lr": optim["lr"] * backbone_lr_scale},
+    ]
+    return factory([g for g in groups if g["params"]])
+
+
+def build_sinks(
+    logger_cfg: Mapping[str, Any], directory: Path, config: Mapping[str, Any]
+) -> list[Sink]:
+    """Instantiate the logger config (``_target_``: a function of ``experiments.engine.sinks``)."""
+    return list(instantiate(dict(logger_cfg), _partial_=True)(directory, dict(config)))

@@ -1,0 +1,170 @@
+"""Checkpoint files that are written atomically and verified when read.
+
+A checkpoint file is one header line ``implicit-ham-checkpoint v1 sha256=<hex> bytes=<n>``
+followed by the ``torch.save`` payload. Writing goes to a temporary file in the same directory,
+which is flushed, fsynced and then renamed over the final name, so a reader (or a resumed run)
+sees either the old set of files or the new one, never half a file. Reading checks the header,
+the payload size (truncation) and its SHA-256 (silent corruption) before unpickling with
+``weights_only=True``.
+
+``CheckpointStore`` keeps the ``keep`` newest checkpoints of a run as ``step-<step>.pt`` in one
+directory; the newest is read back and verified before older ones are pruned, and ``latest()``
+falls back to the newest *good* file, moving a bad one aside as ``<name>.corrupt``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from implicit_ham._core.validation import check_positive_int
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"implicit-ham-checkpoint v1"
+HEADER = re.compile(rb"^implicit-ham-checkpoint v1 sha256=([0-9a-f]{64}) bytes=(\d+)$")
+NAME = re.compile(r"^step-(\d+)\.pt$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is missing, truncated, corrupted or not a checkpoint."""
+
+
+def write_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
+    """Serialise ``payload`` (tensors, numbers, strings, containers) to ``path`` atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    data = buffer.getvalue()
+    header = MAGIC + f" sha256={hashlib.sha256(data).hexdigest()} bytes={len(data)}\n".encode()
+    with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as fh:
+        fh.write(header)
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+        tmp = fh.name
+    os.replace(tmp, path)
+    _fsync_directory(path.parent)
+    return path
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The payload of the checkpoint at ``path``; ``CheckpointError`` naming the file if it is
+    not a checkpoint, truncated, or fails its SHA-256 check."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise CheckpointError(f"cannot read checkpoint {path}: {err}") from err
+    header, newline, data = raw.partition(b"\n")
+    match = HEADER.match(header)
+    if match is None and not newline and (raw.startswith(MAGIC) or MAGIC.startswith(raw)):
+        raise CheckpointError(
+            f"checkpoint {path} is truncated inside its header ({len(raw)} bytes). Delete it to "
+            "resume from an older one."
+        )
+    if match is None:
+        raise CheckpointError(
+            f"{path} is not an implicit-ham checkpoint (bad header); it was not written by "
+            "CheckpointStore, or its beginning is damaged. Delete it to resume from an older one."
+        )
+    digest, size = match.group(1).decode(), int(match.group(2))
+    if len(data) != size:
+        raise CheckpointError(
+            f"checkpoint {path} is truncated: {len(data)} of {size} payload bytes. Delete it "
+            "to resume from an older one."
+        )
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise CheckpointError(
+            f"checkpoint {path} is corrupted: its SHA-256 does not match the one recorded when "
+            "it was written. Delete it to resume from an older one."
+        )
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename durable (POSIX); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        logger.debug("fsync of directory %s not supported", directory)
+    finally:
+        os.close(fd)
+
+
+class CheckpointStore:
+    """The checkpoints of one run: ``directory/step-<step>.pt``, the ``keep`` newest kept.
+
+    Args:
+        directory: where the files live (created on the first save).
+        keep: how many checkpoints to keep (>= 1; 2 keeps a previous good one beside the
+            newest).
+    """
+
+    def __init__(self, directory: str | Path, keep: int = 2) -> None:
+        check_positive_int("CheckpointStore", "keep", keep)
+        self.directory = Path(directory)
+        self.keep = keep
+
+    def paths(self) -> list[Path]:
+        """The checkpoint files present, oldest first (by step)."""
+        if not self.directory.is_dir():
+            return []
+        found = [
+            (int(m.group(1)), p) for p in self.directory.iterdir() if (m := NAME.match(p.name))
+        ]
+        return [p for _, p in sorted(found)]
+
+    def save(self, step: int, payload: dict[str, Any]) -> Path:
+        """Write the checkpoint of ``step``, verify it on disk, then prune the oldest files."""
+        path = write_checkpoint(self.directory / f"step-{step:09d}.pt", payload)
+        read_checkpoint(path)
+        for old in self.paths()[: -self.keep]:
+            old.unlink(missing_ok=True)
+        return path
+
+    def latest(self) -> tuple[Path, dict[str, Any]] | None:
+        """The newest checkpoint that verifies, with its payload; None when there is none.
+
+        A file that fails verification is logged (error, naming it), renamed to
+        ``<name>.corrupt`` and skipped; temporary files of an interrupted write are removed
+        (call it only while no process writes to this store). Raises ``CheckpointError``
+        naming every bad file when checkpoints exist but none verifies.
+        """
+        if self.directory.is_dir():
+            for partial in self.directory.glob("*.tmp"):
+                partial.unlink(missing_ok=True)
+        bad: list[str] = []
+        for path in reversed(self.paths()):
+            try:
+                return path, read_checkpoint(path)
+            except CheckpointError as err:
+                logger.error("%s (moved aside to %s.corrupt; trying an older one)", err, path.name)
+                bad.append(str(err))
+                path.replace(path.with_name(path.name + ".corrupt"))
+        if bad:
+            raise CheckpointError(
+                "no usable checkpoint in "
+                f"{self.directory}: "
+                + " | ".join(bad)
+                + " Start over with reliability.resume=false or restore a good file."
+            )
+        return None
+
+    def clear(self) -> None:
+        """Delete every checkpoint file (e.g. when a run starts over in the same directory)."""
+        for path in self.paths():
+            path.unlink()

@@ -1,0 +1,139 @@
+"""Data-parallel training under ``torchrun``: the process group, the model wrapper and the few
+collectives the training loop needs.
+
+``DistributedContext.from_env`` reads what torchrun sets (``WORLD_SIZE``, ``RANK``,
+``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``) and joins the process group: ``nccl`` on CUDA
+(one GPU per process, ``cuda:LOCAL_RANK``), ``gloo`` on the CPU. Without torchrun (or with one
+process) it is the trivial single-process context and every collective is the identity, so the
+loop has one code path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from experiments.engine.sync_batchnorm import convert_batchnorm
+
+
+@dataclass(frozen=True)
+class DistributedContext:
+    """This process's place in the job.
+
+    Attributes:
+        rank: global rank (0 is the main process: it logs, checkpoints and writes results).
+        world_size: number of processes.
+        local_rank: rank on this node (selects the GPU).
+        device: the device this process trains on.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def enabled(self) -> bool:
+        """Whether more than one process takes part."""
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this is rank 0."""
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls, device: str) -> DistributedContext:
+        """Join torchrun's process group if ``WORLD_SIZE > 1``; else the single-process context.
+
+        Args:
+            device: the configured device ("cpu", "cuda", "cuda:0", ...). Under torchrun a CUDA
+                device becomes ``cuda:LOCAL_RANK``.
+        """
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if world_size <= 1:
+            return cls(device=torch.device(device))
+        rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+        target = torch.device(device)
+        if target.type == "cuda":
+            target = torch.device("cuda", local_rank)
+            torch.cuda.set_device(target)
+        elif target.type != "cpu":
+            raise ValueError(
+                f"distributed training supports device=cpu (gloo) or cuda (nccl), got "
+                f"{device!r}; set device=cpu or device=cuda."
+            )
+        if not dist.is_initialized():
+            backend = "nccl" if target.type == "cuda" else "gloo"
+            dist.init_process_group(backend, device_id=target if target.type == "cuda" else None)
+        return cls(rank, world_size, local_rank, target)
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """``model`` (already on ``device``) with BatchNorm synchronised across processes and
+        wrapped in ``DistributedDataParallel``; unchanged in a single process."""
+        if not self.enabled:
+            return model
+        model = convert_batchnorm(model)
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+
+    def max_code(self, code: int) -> int:
+        """The largest ``code`` over all processes (a decision every rank takes together)."""
+        if not self.enabled:
+            return code
+        value = torch.tensor([code], dtype=torch.int64, device=self.collective_device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return int(value.item())
+
+    def sum(self, values: list[float]) -> list[float]:
+        """Element-wise sums of ``values`` over all processes (float64)."""
+        if not self.enabled:
+            return list(values)
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.collective_device)
+        dist.all_reduce(tensor)
+        return tensor.tolist()
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every process (picklable objects)."""
+        if not self.enabled:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather(self, obj: Any) -> list[Any]:
+        """``[obj of rank 0, obj of rank 1, ...]`` on every process."""
+        if not self.enabled:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    @property
+    def collective_device(self) -> torch.device:
+        """Where small collective tensors live (nccl needs the GPU)."""
+        return self.device if self.device.type == "cuda" else torch.device("cpu")
+
+    def close(self) -> None:
+        """Wait for every process, then leave the process group (no-op in one process)."""
+        if self.enabled and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
+
+def state_digest(module: nn.Module) -> str:
+    """SHA-256 of every tensor of ``module.state_dict()`` (parameters and buffers, in key
+    order): equal digests on two ranks mean bit-identical replicas."""
+    digest = hashlib.sha256()
+    for key, tensor in module.state_dict().items():
+        digest.update(key.encode())
+        digest.update(tensor.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+

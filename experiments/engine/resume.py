@@ -1,0 +1,231 @@
+"""Checkpoint and resume of an ``experiments.train`` job.
+
+A job's checkpoints live in ``<job dir>/checkpoints/step-<step>.pt`` (see
+``training.checkpoint``). Each holds the model, optimiser and scheduler states, the
+``TrainState`` (epoch, batch within the epoch, step, running loss, best metric), every rank's
+RNG states and failure counts, the number of rows each metric file had, and the config. Running
+the same command again in the same directory resumes from the newest good checkpoint: the
+metric files are cut back to their rows at that checkpoint (so rows logged after it and before
+the crash do not appear twice), and training continues as if it had never stopped.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from experiments.engine.checkpoint import CheckpointStore, read_checkpoint
+from experiments.engine.distributed import DistributedContext
+from experiments.engine.loop import TrainState
+from experiments.engine.results import RESULTS_FILE, read_results
+from implicit_ham.reliability.failures import FailureMonitor
+from implicit_ham.reliability.guard import unwrap
+from implicit_ham.reliability.rng import capture_rng_state, restore_rng_state
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "checkpoints"
+# Settings that may differ between a run and its resumption (they change no number).
+RUN_SETTINGS = ("progress", "threads", "log_every", "logger", "diagnostics")
+RUN_RELIABILITY = ("resume", "checkpoint_every", "keep", "warn_first", "warn_every")
+
+
+class ResumeConflictError(ValueError):
+    """The job directory holds checkpoints of another run (different config or process count);
+    the directory is left untouched."""
+
+
+def comparable_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The config without the settings a resumed run may change (``RUN_SETTINGS``); the default
+    ``dtype`` (float32) is left out too, so checkpoints written before that option existed
+    still match."""
+    out = {k: v for k, v in cfg.items() if k not in RUN_SETTINGS}
+    if out.get("dtype") == "float32":
+        del out["dtype"]
+    if isinstance(out.get("reliability"), Mapping):
+        out["reliability"] = {
+            k: v for k, v in out["reliability"].items() if k not in RUN_RELIABILITY
+        }
+    return out
+
+
+def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested configs."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        keys = sorted(set(old) | set(new))
+        return [
+            d for k in keys for d in config_differences(old.get(k), new.get(k), f"{prefix}{k}.")
+        ]
+    return [] if old == new else [prefix.rstrip(".")]
+
+
+class JobCheckpoints:
+    """Saves and restores the training state of one job (collective under data parallelism:
+    every rank calls ``save``/``restore`` at the same step; rank 0 reads and writes files).
+
+    Args:
+        output_dir: the job directory.
+        cfg: the resolved config (``reliability.keep`` and ``reliability.resume`` are read).
+        model, optimizer, scheduler: what is saved and restored (the model may be wrapped).
+        monitor: the failure monitor whose counts are saved.
+        dist: the process group context.
+    """
+
+    def __init__(
+        self,
+        output_dir: Path,
+        cfg: Mapping[str, Any],
+        *,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        monitor: FailureMonitor,
+        dist: DistributedContext,
+    ) -> None:
+        self.output_dir, self.cfg, self.dist = output_dir, cfg, dist
+        self.model, self.optimizer, self.scheduler, self.monitor = (
+            model,
+            optimizer,
+            scheduler,
+            monitor,
+        )
+        reliability = cfg["reliability"]
+        self.store = CheckpointStore(output_dir / CHECKPOINT_DIR, keep=int(reliability["keep"]))
+        self.resume = bool(reliability["resume"])
+
+    def save(self, state: TrainState) -> None:
+        """Write a checkpoint of ``state`` (rank 0), with every rank's RNG and failure counts."""
+        ranks = self.dist.gather(
+            {"rng": capture_rng_state(), "failures": self.monitor.state_dict()}
+        )
+        if not self.dist.is_main:
+            return
+        payload = {
+            "config": comparable_config(self.cfg),
+            "world_size": self.dist.world_size,
+            "train_state": state.state_dict(),
+            "model": unwrap(self.model).state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+            "ranks": ranks,
+            "logs": log_rows(self.output_dir),
+        }
+        path = self.store.save(state.step, payload)
+        logger.debug("checkpoint %s (epoch %d, batch %d)", path, state.epoch, state.batch)
+
+    def finished_results(self) -> dict[str, Any] | None:
+        """The results of this job when it already finished with this config (results.json
+        says ok and the newest checkpoint is past the last epoch), else None."""
+        if not self.resume:
+            return None
+        done = None
+        if self.dist.is_main and (self.output_dir / RESULTS_FILE).exists():
+            results = read_results(self.output_dir)
+            latest = self.store.latest() if results.get("status") == "ok" else None
+            if (
+                latest is not None
+                and latest[1]["train_state"]["epoch"] > int(self.cfg["epochs"])
+                and not config_differences(latest[1]["config"], comparable_config(self.cfg))
+            ):
+                done = results
+        return self.dist.broadcast(done)
+
+    def restore(self) -> TrainState | None:
+        """Load the newest good checkpoint into the model, optimiser, scheduler, RNGs and
+        monitor and return its ``TrainState``; None when starting from scratch (no checkpoint,
+        or ``reliability.resume=false``, which deletes the old checkpoints)."""
+        path = None
+        if self.dist.is_main:
+            if not self.resume:
+                self.store.clear()
+            else:
+                latest = self.store.latest()
+                path = None if latest is None else str(latest[0])
+        path = self.dist.broadcast(path)
+        if path is None:
+            return None
+        payload = read_checkpoint(path)
+        self._check_compatible(Path(path), payload)
+        unwrap(self.model).load_state_dict(payload["model"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        if self.scheduler is not None and payload["scheduler"] is not None:
+            self.scheduler.load_state_dict(payload["scheduler"])
+        mine = payload["ranks"][self.dist.rank]
+        restore_rng_state(mine["rng"])
+        self.monitor.load_state_dict(mine["failures"])
+        if self.dist.is_main:
+            rewind_logs(self.output_dir, payload["logs"])
+        state = TrainState.from_state_dict(payload["train_state"])
+        logger.info(
+            "resuming from %s: epoch %d, batch %d, step %d",
+            path,
+            state.epoch,
+            state.batch,
+            state.step,
+        )
+        return state
+
+    def _check_compatible(self, path: Path, payload: Mapping[str, Any]) -> None:
+        differences = config_differences(payload["config"], comparable_config(self.cfg))
+        if differences:
+            raise ResumeConflictError(
+                f"{path} was written by a run with a different config ({', '.join(differences)}"
+                "); resuming would mix two experiments. Use another output directory "
+                "(hydra.run.dir / hydra.sweep.dir), or reliability.resume=false to start over "
+                "here."
+            )
+        if payload["world_size"] != self.dist.world_size:
+            raise ResumeConflictError(
+                f"{path} was written by {payload['world_size']} processes, this run has "
+                f"{self.dist.world_size}; resume with the same --nproc_per_node (the data order "
+                "and the RNG states are per rank)."
+            )
+
+
+def _sink_files(directory: Path) -> list[Path]:
+    """The metric files the file sinks write in a job directory."""
+    files = [directory / "metrics.jsonl", directory / "metrics.csv"]
+    tables = directory / "tables"
+    if tables.is_dir():
+        files += sorted(p for p in tables.iterdir() if p.suffix in (".jsonl", ".csv"))
+    return [p for p in files if p.is_file()]
+
+
+def log_rows(directory: Path) -> dict[str, int]:
+    """Rows (JSON lines, or CSV data rows) of every metric file, by path relative to
+    ``directory``."""
+    out = {}
+    for path in _sink_files(directory):
+        with path.open(newline="", encoding="utf-8") as fh:
+            if path.suffix == ".csv":
+                rows = max(sum(1 for _ in csv.reader(fh)) - 1, 0)
+            else:
+                rows = sum(1 for line in fh if line.strip())
+        out[str(path.relative_to(directory))] = rows
+    return out
+
+
+def rewind_logs(directory: Path, rows: Mapping[str, int]) -> None:
+    """Cut every metric file back to ``rows`` (from ``log_rows``); files created later are
+    removed."""
+    for path in _sink_files(directory):
+        keep = rows.get(str(path.relative_to(directory)))
+        if keep is None:
+            path.unlink()
+            continue
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        if path.suffix == ".csv":
+            with path.open(newline="", encoding="utf-8") as fh:
+                table = list(csv.reader(fh))[: keep + 1]
+            with tmp.open("w", newline="", encoding="utf-8") as fh:
+                csv.writer(fh).writerows(table)
+        else:
+            lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            tmp.write_text("".join(line + "\n" for line in lines[:keep]), encoding="utf-8")
+        tmp.replace(path)

@@ -1,0 +1,225 @@
+"""``run_training``: the whole training job of ``experiments.train``, from a resolved config."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from hydra.utils import instantiate
+from torch import nn
+
+from experiments.config.groups import ReliabilityConf, check_train_config
+from experiments.engine.build import (
+    build_context,
+    build_datasets,
+    build_loaders,
+    build_model,
+    build_optimizer,
+    build_sinks,
+    context_channels,
+)
+from experiments.engine.checkpoint import write_checkpoint
+from experiments.engine.determinism import configure_determinism
+from experiments.engine.distributed import DistributedContext, state_digest
+from experiments.engine.loop import Task, TrainState, fit
+from experiments.engine.results import write_results
+from experiments.engine.resume import JobCheckpoints
+from experiments.engine.schedule import poly_lr_hooks
+from implicit_ham._core.validation import check_choice
+from implicit_ham.adjoints.layers import find_implicit_layers
+from implicit_ham.diagnostics import DiagnosticsCallback
+from implicit_ham.reliability.failures import FailureMonitor, check_policy
+from implicit_ham.reliability.guard import GuardedStep, StepHooks, unwrap
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (CPU and any accelerator)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def run_training(cfg: Mapping[str, Any], output_dir: str | Path) -> dict[str, Any]:
+    """Train and evaluate the configured model; write ``results.json`` and ``checkpoint.pt``.
+
+    Reliability (``cfg["reliability"]``, defaults of ``schema.ReliabilityConf`` where absent):
+    failures of implicit layers are handled by ``on_failure`` and counted; checkpoints go to
+    ``output_dir/checkpoints`` every ``checkpoint_every`` steps and at every epoch end; a job
+    started again in the same directory resumes from its newest good checkpoint (or returns its
+    results when it had finished). Under torchrun the job trains data-parallel and only rank 0
+    logs and writes files.
+
+    Args:
+        cfg: the resolved config (see ``schema.TrainConfig``) as a plain mapping.
+        output_dir: the job's directory.
+
+    Returns:
+        The results: ``config``, final ``metrics``, ``best`` validation loss, ``failures``
+        (counts), ``parameters``, ``train_time_s``, ``world_size``, ``state_digests`` (SHA-256
+        of the model state on each rank: all equal when the replicas are in sync), and the last
+        forward solve statistics of each implicit layer (``solver``).
+    """
+    check_train_config(cfg)
+    reliability = {**dataclasses.asdict(ReliabilityConf()), **(cfg.get("reliability") or {})}
+    cfg = {**cfg, "reliability": reliability}
+    check_policy(reliability["on_failure"])
+    check_choice("config", "dtype", cfg.get("dtype", "float32"), tuple(DTYPES))
+    dist = DistributedContext.from_env(cfg["device"])
+    results = _train(cfg, Path(dist.broadcast(str(output_dir))), dist)
+    dist.close()
+    return results
+
+
+def _train(cfg: dict[str, Any], output_dir: Path, dist: DistributedContext) -> dict[str, Any]:
+    reliability = cfg["reliability"]
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg["threads"]))
+    if not dist.is_main:
+        logging.getLogger().setLevel(logging.WARNING)
+    configure_determinism(bool(reliability["deterministic"]), dist.device)
+    seed_everything(int(cfg["seed"]))
+    device = dist.device
+    train_set, val_set, info = build_datasets(cfg["data"])
+    train_loader, val_loader = build_loaders(
+        train_set,
+        val_set,
+        int(cfg["batch_size"]),
+        int(cfg["seed"]),
+        rank=dist.rank,
+        world_size=dist.world_size,
+    )
+    solver, adjoint = instantiate(dict(cfg["solver"])), instantiate(dict(cfg["adjoint"]))
+    context = build_context(cfg["context"], context_channels(info, cfg["model"]), solver, adjoint)
+    dtype = DTYPES[cfg.get("dtype", "float32")]
+    model = build_model(info, context, cfg["model"]).to(device=device, dtype=dtype)
+    optimizer = build_optimizer(cfg["optim"], model, cfg["model"].get("backbone_lr_scale"))
+    model = dist.wrap(model)
+    sinks = build_sinks(cfg["logger"], output_dir, cfg) if dist.is_main else []
+    monitor = FailureMonitor(
+        sinks, warn_first=int(reliability["warn_first"]), warn_every=int(reliability["warn_every"])
+    )
+    checkpoints = JobCheckpoints(
+        output_dir,
+        cfg,
+        model=model,
+        optimizer=optimizer,
+        scheduler=None,
+        monitor=monitor,
+        dist=dist,
+    )
+    finished = checkpoints.finished_results()
+    if finished is not None:
+        logger.info("%s finished earlier with this config; not retrained", output_dir)
+        for sink in sinks:
+            sink.close()
+        return finished
+    state = checkpoints.restore()
+    hooks, callback = _diagnostics(cfg["diagnostics"], unwrap(model), sinks, optimizer)
+    if cfg.get("lr_poly_power") is not None:
+        total = int(cfg["epochs"]) * len(train_loader)
+        hooks = poly_lr_hooks(hooks, optimizer, total, float(cfg["lr_poly_power"]))
+    if callback is not None and state is not None:
+        callback.close()
+        callback.prepare(state.step)
+    task = Task(
+        info.kind, info.num_classes, info.ignore_index if info.ignore_index is not None else -100
+    )
+    step_fn = GuardedStep(
+        model,
+        task,
+        optimizer,
+        policy=reliability["on_failure"],
+        monitor=monitor,
+        hooks=hooks,
+        dist=dist,
+    )
+    state = state or TrainState()
+    start = time.perf_counter()
+    try:
+        metrics = fit(
+            model,
+            train_loader,
+            val_loader,
+            task,
+            optimizer,
+            epochs=int(cfg["epochs"]),
+            device=device,
+            dtype=dtype,
+            sinks=sinks,
+            show_progress=bool(cfg.get("progress", True)) and dist.is_main,
+            log_every=int(cfg.get("log_every", 10)),
+            state=state,
+            step_fn=step_fn,
+            checkpoint=checkpoints.save,
+            checkpoint_every=int(reliability["checkpoint_every"]),
+            dist=dist,
+        )
+    finally:
+        step_fn.close()
+        if callback is not None:
+            callback.close()
+        for sink in sinks:
+            sink.close()
+    failures = FailureMonitor()
+    failures.merge(dist.gather(monitor.state_dict()))
+    results = {
+        "status": "ok",
+        "config": dict(cfg),
+        "metrics": metrics,
+        "best": state.best,
+        "failures": {**failures.summary(), "skipped_batches": state.skipped},
+        "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "train_time_s": time.perf_counter() - start,
+        "world_size": dist.world_size,
+        "state_digests": dist.gather(state_digest(unwrap(model))),
+        "solver": _solver_summaries(unwrap(model)),
+    }
+    logger.info("failures: %s", results["failures"])
+    if dist.is_main:
+        write_checkpoint(
+            output_dir / "checkpoint.pt",
+            {
+                "model": unwrap(model).state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "config": dict(cfg),
+            },
+        )
+        write_results(output_dir, results)
+    return results
+
+
+def _diagnostics(
+    diag: Mapping[str, Any], model: nn.Module, sinks: list, optimizer: torch.optim.Optimizer
+) -> tuple[StepHooks, DiagnosticsCallback | None]:
+    if not diag.get("enabled", True) or not sinks:
+        return StepHooks(), None
+    callback = DiagnosticsCallback(
+        model,
+        sinks,
+        every=int(diag["every"]),
+        optimizer=optimizer,
+        layer_hooks=bool(diag.get("layer_hooks", True)),
+        conditioning_every=diag.get("conditioning_every"),
+    )
+    return StepHooks(after_backward=callback.on_backward), callback
+
+
+def _solver_summaries(model: nn.Module) -> dict[str, Any]:
+    out = {}
+    for name, layer in find_implicit_layers(model).items():
+        solution = getattr(layer, "last_solution", None)
+        if solution is not None:
+            out[name] = solution.stats.summary()
+    return out

@@ -1,0 +1,266 @@
+"""Turn a multirun directory into a markdown table (mean ± std over seeds) and PNG plots.
+
+Each job directory holds ``results.json`` (written by every job, also by a failed one, with
+``status`` and ``error``) and Hydra's ``.hydra/overrides.yaml``. Jobs are grouped by their
+overrides minus ``seed``; each group becomes one row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from experiments.engine.results import RESULTS_FILE, read_results
+
+DEFAULT_METRICS = ("val/miou", "val/blob_acc", "val/pixel_acc", "val/accuracy", "train_time_s")
+IGNORED_OVERRIDES = ("seed",)
+
+
+@dataclass
+class Job:
+    """One job of a sweep: its overrides, status, final metrics, per-epoch history, failure
+    counts by kind (``results.json``'s ``failures.by_kind``) and resolved config."""
+
+    directory: Path
+    overrides: dict[str, str]
+    status: str
+    metrics: dict[str, float]
+    error: str | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    failures: dict[str, int] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Row:
+    """One group of jobs (same overrides but the seed)."""
+
+    overrides: dict[str, str]
+    jobs: list[Job]
+
+    def values(self, metric: str) -> list[float]:
+        """The finite values of ``metric`` over the group's successful jobs."""
+        out = []
+        for job in self.jobs:
+            value = job.metrics.get(metric)
+            if job.status == "ok" and isinstance(value, (int, float)) and math.isfinite(value):
+                out.append(float(value))
+        return out
+
+    def mean_std(self, metric: str) -> tuple[float, float] | None:
+        """(mean, sample std) of ``metric``; std is 0 for one seed; None without values."""
+        values = self.values(metric)
+        if not values:
+            return None
+        return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def collect_jobs(sweep_dir: str | Path) -> list[Job]:
+    """Every job under ``sweep_dir`` (any depth) that has a results.json or Hydra overrides."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise FileNotFoundError(
+            f"sweep directory {sweep_dir} does not exist; pass the multirun folder that holds "
+            "the numbered job directories (e.g. multirun/demo)"
+        )
+    dirs = {p.parent for p in sweep_dir.rglob(RESULTS_FILE)}
+    dirs |= {p.parent.parent for p in sweep_dir.rglob(".hydra/overrides.yaml")}
+    jobs = [_read_job(d) for d in sorted(dirs, key=_job_sort_key)]
+    if not jobs:
+        raise FileNotFoundError(
+            f"no jobs (results.json or .hydra/overrides.yaml) under {sweep_dir}"
+        )
+    return jobs
+
+
+def group_jobs(jobs: Iterable[Job], ignore: Sequence[str] = IGNORED_OVERRIDES) -> list[Row]:
+    """Group jobs by their overrides without the ``ignore`` keys, in first-seen order."""
+    rows: dict[tuple[tuple[str, str], ...], Row] = {}
+    for job in jobs:
+        key_items = {k: v for k, v in job.overrides.items() if k not in ignore}
+        key = tuple(sorted(key_items.items()))
+        rows.setdefault(key, Row(key_items, [])).jobs.append(job)
+    return list(rows.values())
+
+
+def markdown_table(
+    rows: Sequence[Row], metrics: Sequence[str] | None = None, digits: int = 3
+) -> str:
+    """A markdown table: one column per swept key, ``n`` (ok / all), then mean ± std per metric.
+
+    Only metrics present in at least one job are shown (``DEFAULT_METRICS`` by default).
+    """
+    keys = sorted({k for row in rows for k in row.overrides})
+    wanted = metrics or DEFAULT_METRICS
+    shown = [m for m in wanted if any(row.values(m) for row in rows)]
+    header = [*keys, "n", *shown]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        ok = sum(job.status == "ok" for job in row.jobs)
+        cells = [row.overrides.get(k, "") for k in keys] + [f"{ok}/{len(row.jobs)}"]
+        for metric in shown:
+            stats = row.mean_std(metric)
+            cells.append("–" if stats is None else f"{stats[0]:.{digits}f} ± {stats[1]:.{digits}f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def failures_table(jobs: Sequence[Job]) -> str:
+    """A markdown list of failed jobs with their overrides and error, or "" when none failed."""
+    failed = [job for job in jobs if job.status != "ok"]
+    if not failed:
+        return ""
+    lines = ["| job | overrides | error |", "|---|---|---|"]
+    for job in failed:
+        overrides = " ".join(f"{k}={v}" for k, v in job.overrides.items())
+        error = (job.error or job.status).replace("|", "/").replace("\n", " ")[:200]
+        lines.append(f"| {job.directory.name} | {overrides} | {error} |")
+    return "\n".join(lines)
+
+
+def write_report(
+    sweep_dir: str | Path,
+    output: str | Path | None = None,
+    metrics: Sequence[str] | None = None,
+    title: str | None = None,
+) -> Path:
+    """Write ``report.md`` (table, failures, plots) for ``sweep_dir``; return its path."""
+    from experiments.reports.plots import plot_curves, plot_metric_bars
+
+    sweep_dir = Path(sweep_dir)
+    out_dir = Path(output) if output is not None else sweep_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jobs = collect_jobs(sweep_dir)
+    rows = group_jobs(jobs)
+    parts = [
+        f"# {title or 'Sweep report'}",
+        "",
+        f"Source: `{sweep_dir}` ({len(jobs)} jobs).",
+        "",
+        markdown_table(rows, metrics),
+        "",
+    ]
+    failures = failures_table(jobs)
+    if failures:
+        parts += ["## Failed jobs", "", failures, ""]
+    for metric in ("val/blob_acc", "val/miou", "val/accuracy"):
+        if any(row.values(metric) for row in rows):
+            name = metric.replace("/", "_")
+            plot_metric_bars(rows, metric, out_dir / f"{name}.png")
+            plot_curves(rows, metric, out_dir / f"{name}_curves.png")
+            parts += [
+                f"![{metric}]({name}.png)",
+                "",
+                f"![{metric} per epoch]({name}_curves.png)",
+                "",
+            ]
+    path = out_dir / "report.md"
+    path.write_text("\n".join(parts))
+    return path
+
+
+def find_job(sweep_dir: str | Path, **overrides: str) -> Job:
+    """The one successful job of ``sweep_dir`` whose overrides include all of ``overrides``
+    (values compared as the strings Hydra recorded; a leading ``+`` of a key is ignored).
+
+    Raises:
+        LookupError: no job or several jobs match, or the one match did not finish with status
+            "ok" (the message lists the candidates' overrides or the job's error).
+    """
+    wanted = {k.lstrip("+"): str(v) for k, v in overrides.items()}
+    jobs = collect_jobs(sweep_dir)
+    found = [j for j in jobs if all(j.overrides.get(k) == v for k, v in wanted.items())]
+    if len(found) != 1:
+        shown = "; ".join(" ".join(f"{k}={v}" for k, v in j.overrides.items()) for j in found[:5])
+        raise LookupError(
+            f"{len(found)} jobs in {sweep_dir} match {wanted} (need exactly one)"
+            + (f": {shown}" if found else "; add or correct the key=value pairs")
+        )
+    if found[0].status != "ok":
+        raise LookupError(
+            f"the job matching {wanted} ({found[0].directory}) has status {found[0].status!r}: "
+            f"{found[0].error}; rerun the sweep to finish it"
+        )
+    return found[0]
+
+
+def label(overrides: Mapping[str, str]) -> str:
+    """A short label of a row's overrides (``key=value`` joined by spaces)."""
+    return " ".join(f"{k.split('.')[-1]}={v}" for k, v in sorted(overrides.items())) or "default"
+
+
+def _read_job(directory: Path) -> Job:
+    overrides = _read_overrides(directory / ".hydra" / "overrides.yaml")
+    history = _read_history(directory / "metrics.jsonl")
+    if not (directory / RESULTS_FILE).exists():
+        return Job(
+            directory, overrides, "missing", {}, "no results.json (killed or running)", history
+        )
+    results = read_results(directory)
+    metrics = {
+        k: v for k, v in (results.get("metrics") or {}).items() if isinstance(v, (int, float))
+    }
+    for key in ("train_time_s", "parameters"):
+        if isinstance(results.get(key), (int, float)):
+            metrics[key] = results[key]
+    failures = (results.get("failures") or {}).get("by_kind") or {}
+    return Job(
+        directory,
+        overrides,
+        results.get("status", "ok"),
+        metrics,
+        results.get("error"),
+        history,
+        {str(k): int(v) for k, v in failures.items()},
+        results.get("config") or {},
+    )
+
+
+def _read_overrides(path: Path) -> dict[str, str]:
+    if not path.exists():
+        return {}
+    items = yaml.safe_load(path.read_text()) or []
+    out = {}
+    for item in items:
+        key, _, value = str(item).partition("=")
+        out[key.lstrip("+~")] = value
+    return out
+
+
+def _read_history(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [row for row in rows if "epoch" in row]
+
+
+def _job_sort_key(path: Path) -> tuple[int, str]:
+    return (int(path.name), str(path)) if path.name.isdigit() else (1 << 30, str(path))
+
+
+def planned_jobs(sweep_dir: Path) -> int | None:
+    """Jobs the sweep in ``sweep_dir`` launches: the product of the sizes of its sweeper's
+    comma-separated value lists in Hydra's ``multirun.yaml``; None when the file is absent."""
+    path = sweep_dir / "multirun.yaml"
+    if not path.exists():
+        return None
+    hydra = (yaml.safe_load(path.read_text()) or {}).get("hydra") or {}
+    params = (hydra.get("sweeper") or {}).get("params") or {}
+    return math.prod(len(str(v).split(",")) for v in params.values())
+
+
+def sweep_span_s(sweep_dir: Path) -> float | None:
+    """Wall-clock seconds from the sweep's start (its ``multirun.yaml``) to its last
+    ``results.json``; None without them. A sweep resumed later counts the pause too."""
+    start = sweep_dir / "multirun.yaml"
+    ends = [p.stat().st_mtime for p in sweep_dir.glob("*/results.json")]
+    if not start.exists() or not ends:
+        return None
+    return max(ends) - start.stat().st_mtime

@@ -1,0 +1,138 @@
+"""A small name -> class registry that fails loudly on unknown names and unknown keys.
+
+Solvers, linear solvers, backward modes and decompositions are small dataclasses; config files
+and sweeps name them by string. A typo must never be silently ignored, so both an unknown name
+and an unknown keyword argument raise an error that lists the valid choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Maps config names to classes of one kind (e.g. "adjoint" -> Unroll, OneStep, ...)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, type[T]] = {}
+
+    def register(self, name: str) -> Callable[[type[T]], type[T]]:
+        """Class decorator: ``@REGISTRY.register("name")``. Re-registering a name is an error."""
+
+        def decorator(cls: type[T]) -> type[T]:
+            if name in self._entries and self._entries[name] is not cls:
+                raise ValueError(
+                    f"{self.kind} name {name!r} is already registered to "
+                    f"{self._entries[name].__qualname__}; choose another name."
+                )
+            self._entries[name] = cls
+            return cls
+
+        return decorator
+
+    def names(self) -> list[str]:
+        """The registered names, sorted."""
+        return sorted(self._entries)
+
+    def get(self, name: str) -> type[T]:
+        """The class registered under ``name``; unknown names list the valid ones."""
+        if name not in self._entries:
+            raise KeyError(
+                f"unknown {self.kind} {name!r}; valid choices: {', '.join(self.names())}"
+            )
+        return self._entries[name]
+
+    def name_of(self, obj: object) -> str | None:
+        """The registered name of ``obj``'s class, or None."""
+        for name, cls in self._entries.items():
+            if type(obj) is cls:
+                return name
+        return None
+
+    def make(self, name: str, **kwargs: Any) -> T:
+        """Instantiate the class registered under ``name``, rejecting unknown keyword arguments."""
+        cls = self.get(name)
+        check_options(cls, kwargs, f"{self.kind} {name!r}")
+        return cls(**kwargs)
+
+    def make_function(self, function: str, module: str) -> Callable[..., T]:
+        """A module-level ``make_<kind>(name, **options)`` for this registry (the public entry
+        point; ``module`` is where it is documented)."""
+
+        def make(name: str, **options: Any) -> T:
+            return self.make(name, **options)
+
+        make.__name__ = make.__qualname__ = function
+        make.__module__ = module
+        make.__doc__ = (
+            f"Build the {self.kind} registered as ``name`` with constructor ``options``; an "
+            "unknown name or option raises an error listing the valid choices."
+        )
+        return make
+
+    def register_function(
+        self, function: str, module: str
+    ) -> Callable[[str], Callable[[type[T]], type[T]]]:
+        """A module-level ``register_<kind>(name)`` class decorator for this registry."""
+
+        def register(name: str) -> Callable[[type[T]], type[T]]:
+            return self.register(name)
+
+        register.__name__ = register.__qualname__ = function
+        register.__module__ = module
+        register.__doc__ = (
+            f"Class decorator: register a {self.kind} under ``name`` (usable from configs and "
+            "``make_*``); re-registering a name to another class is an error."
+        )
+        return register
+
+    def resolve(self, spec: T | str, base: type) -> T:
+        """Accept an instance of ``base`` or a registered name; anything else is an error."""
+        if isinstance(spec, str):
+            return self.make(spec)
+        if not isinstance(spec, base):
+            raise TypeError(
+                f"expected a {self.kind} ({base.__name__} instance or one of "
+                f"{', '.join(self.names())}), got {type(spec).__name__}"
+            )
+        return spec
+
+
+def check_options(cls: type, kwargs: dict[str, Any], owner: str) -> None:
+    """Raise TypeError naming the keys of ``kwargs`` that ``cls(...)`` does not accept, with the
+    valid ones (``owner`` names the thing being built in the message)."""
+    valid = parameter_names(cls)
+    unknown = sorted(set(kwargs) - set(valid))
+    if unknown:
+        raise TypeError(
+            f"unknown option(s) {', '.join(unknown)} for {owner}; "
+            f"valid options: {', '.join(valid) or '(none)'}"
+        )
+
+
+def parameter_names(cls: type) -> list[str]:
+    """The keyword names ``cls(...)`` accepts: a dataclass's init fields, or the named
+    parameters of ``__init__`` followed up the class chain while they forward ``**kwargs``."""
+    if dataclasses.is_dataclass(cls):
+        return [f.name for f in dataclasses.fields(cls) if f.init]
+    names: list[str] = []
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(vars(klass)["__init__"]).parameters.values()
+        names += [
+            p.name
+            for p in params
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            and p.name != "self"
+            and p.name not in names
+        ]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names

@@ -1,0 +1,160 @@
+"""Statistics of forward solves and backward (adjoint) solves, and the recorder that builds them.
+
+Forward statistics are kept on the device as tensors and built without a host synchronisation
+per step; reading them (``summary()``) synchronises once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from implicit_ham._core.errors import NonFiniteError
+from implicit_ham._core.state import (
+    State,
+    combine_norms,
+    finite_flags,
+    per_sample_norm,
+    per_tensor_norms,
+)
+
+
+@dataclass
+class SolverStats:
+    """What a forward solve did.
+
+    Attributes:
+        solver: the solver's name.
+        steps: iterations taken (evaluations of the solver's step).
+        residuals: (steps, B) absolute residual ``||f(z_k) - z_k||`` of each iterate, per sample;
+            (1, B), the last step only, for a ``FixedPointIteration`` without tolerance and
+            without ``trace=True`` (its per-step trace is opt-in).
+        abs_residual: (B,) the last absolute residual.
+        rel_residual: (B,) the last residual divided by the norm of the iterate it produced.
+        converged: (B,) bool, ``rel/abs residual <= tol``; None when the solver had no tolerance.
+    """
+
+    solver: str
+    steps: int
+    residuals: Tensor
+    abs_residual: Tensor
+    rel_residual: Tensor
+    converged: Tensor | None
+
+    def summary(self) -> dict[str, str | float | int | bool | None]:
+        """Plain numbers (max over the batch); synchronises with the device once."""
+        return {
+            "solver": self.solver,
+            "steps": self.steps,
+            "abs_residual": _worst(self.abs_residual),
+            "rel_residual": _worst(self.rel_residual),
+            "converged": None if self.converged is None else bool(self.converged.all()),
+        }
+
+
+def _worst(values: Tensor) -> float:
+    """The largest of the (B,) non-negative values; 0.0 for an empty batch."""
+    return float(values.max()) if values.numel() else 0.0
+
+
+@dataclass
+class BackwardStats:
+    """What one backward solve of an implicit-type adjoint did.
+
+    Attributes:
+        adjoint: the backward mode (e.g. "implicit", "neumann").
+        linear_solver: the linear solver's name ("neumann_series" for Neumann).
+        steps: matrix-vector products (VJPs) spent in the solve.
+        abs_residual: ``||g - J^T g - v||`` at the returned adjoint vector g.
+        rel_residual: ``abs_residual / ||v||``.
+        converged: whether ``rel_residual <= tol``; None for a fixed truncation (Neumann).
+        cond: κ(I - J) when the solver obtained it (dense: exact; GMRES: a lower bound).
+        fallback: True when ``on_divergence="fallback"`` replaced the solve's result (or, at a
+            point that is not a fixed point, the solve itself) by the one-step gradient (g = v).
+        forward_residual: ``||f(z*) - z*|| / ||f(z*)||`` at the point differentiated (worst
+            sample); None when not measured.
+        at_fixed_point: whether that residual is within the mode's ``fixed_point_tol`` (None
+            when not checked).
+    """
+
+    adjoint: str
+    linear_solver: str
+    steps: int
+    abs_residual: float
+    rel_residual: float
+    converged: bool | None
+    cond: float | None = None
+    fallback: bool = False
+    forward_residual: float | None = None
+    at_fixed_point: bool | None = None
+
+
+@dataclass
+class TraceRecorder:
+    """Accumulates per-step residuals and finiteness flags on the device (no host sync)."""
+
+    solver: str
+    scale: float = 1.0
+    residuals: list[Tensor] = field(default_factory=list)
+    rel: list[Tensor] = field(default_factory=list)
+    finite: list[Tensor] = field(default_factory=list)
+
+    def record(self, z_prev: State, z_next: State) -> Tensor:
+        """Record one step ``z_prev -> z_next``; return its (B,) absolute residual.
+
+        A state tensor counts as non-finite at this step if the norm of its change is NaN / inf:
+        that catches a NaN / inf in the new iterate (the previous one was checked already) and a
+        change whose size overflows, in the same reduction that measures the residual.
+
+        ``scale`` undoes a damping factor: for ``z' = a f(z) + (1-a) z``, ``||f(z) - z|| =
+        ||z' - z|| / a``.
+        """
+        with torch.no_grad():
+            prev = tuple(t.detach() for t in z_prev)
+            nxt = tuple(t.detach() for t in z_next)
+            parts = per_tensor_norms(tuple(x - y for x, y in zip(nxt, prev, strict=True)))
+            res = combine_norms(parts) / self.scale
+            self.residuals.append(res)
+            self.rel.append(res / (per_sample_norm(nxt) + torch.finfo(res.dtype).tiny))
+            self.finite.append(torch.isfinite(parts).all(0))
+        return res
+
+    def check_finite(self, z0: State, steps_offset: int = 0) -> None:
+        """Raise NonFiniteError naming the first step and state tensor that went non-finite."""
+        flags = torch.stack([finite_flags(tuple(t.detach() for t in z0)), *self.finite])
+        if bool(flags.all()):
+            return
+        bad = (~flags).nonzero()[0].tolist()
+        step, tensor = bad[0], bad[1]
+        where = "the initial state z0" if step == 0 else f"forward step {step + steps_offset}"
+        raise NonFiniteError(
+            f"{self.solver}: non-finite value (NaN or inf, or a step whose size overflows) in "
+            f"state[{tensor}] at {where}. Check f for overflow or division by zero, damp the "
+            "iteration, or use float64."
+        )
+
+    def build(
+        self,
+        batch: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        tol: float | None,
+        stop_mode: str,
+    ) -> SolverStats:
+        """The SolverStats of everything recorded so far."""
+        if self.residuals:
+            residuals = torch.stack(self.residuals)
+            rel = torch.stack(self.rel)
+        else:
+            residuals = torch.zeros(0, batch, device=device, dtype=dtype)
+            rel = residuals
+        last_abs = residuals[-1] if len(residuals) else torch.full((batch,), float("nan"))
+        last_rel = rel[-1] if len(rel) else last_abs
+        converged = None
+        if tol is not None:
+            converged = (last_rel if stop_mode == "rel" else last_abs) <= tol
+        return SolverStats(
+            self.solver, len(self.residuals), residuals, last_abs, last_rel, converged
+        )

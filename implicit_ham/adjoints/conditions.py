@@ -1,0 +1,116 @@
+"""``root``: the layer ``z* : g(z*, *args) = 0``, differentiated through its optimality condition.
+
+Forward: a root solver (``Newton`` with any linear solver of the library) or any fixed-point
+solver (``FixedPointIteration``, ``Anderson``, ``Broyden``) applied to ``z <- z - g(z)``.
+Backward: the library's backward modes. ``Implicit`` / ``Neumann`` differentiate ``g(z*, θ) = 0``
+by the implicit-function theorem, ``dz*/dθ = -(dg/dz)^{-1} dg/dθ``: the backward pass solves
+``(dg/dz)^T w = v`` with the chosen linear solver and hands ``-w`` to g's graph
+(``implicit_backward.attach_root_gradient``, the same Function as the fixed-point layers').
+``Unroll`` / ``Truncated`` / ``OneStep`` differentiate the solver's iterations (fixed-point
+solvers only; Newton's linear solves are not differentiable steps). ``Phantom`` is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from implicit_ham._core.grad_guard import guard_gradient
+from implicit_ham._core.state import State, StateSpec, StepFn
+from implicit_ham._core.stats import BackwardStats, SolverStats
+from implicit_ham._core.transforms import active_transforms
+from implicit_ham.adjoints.implicit_backward import (
+    FixedPointCheck,
+    attach_fixed_point_gradient,
+    attach_root_gradient,
+)
+from implicit_ham.adjoints.modes import (
+    Adjoint,
+    AtFixedPoint,
+    ThroughIterations,
+)
+from implicit_ham.solvers.base import FixedPointSolver
+from implicit_ham.solvers.newton import RootSolver
+
+
+def guarded_inputs(
+    z0: Tensor | Sequence[Tensor], args: tuple[Any, ...], where: str
+) -> tuple[StateSpec, State, tuple[Any, ...]]:
+    """The state's spec, z0 as a tuple and args, each input guarded against a non-finite
+    gradient (as in ``fixed_point``)."""
+    spec = StateSpec.of(z0)
+    if spec.batch == 0:
+        raise ValueError(f"{where}: z0 has an empty batch (B = 0); there is nothing to solve")
+    args = tuple(guard_gradient(a, f"{where}, args[{i}]") for i, a in enumerate(args))
+    z0_t = tuple(guard_gradient(t, f"{where}, z0[{i}]") for i, t in enumerate(spec.as_tuple(z0)))
+    return spec, z0_t, args
+
+
+@dataclass(frozen=True)
+class Condition:
+    """The optimality condition an at-point backward mode differentiates.
+
+    Attributes:
+        fn: g (a root, ``root_of`` set) or f (a fixed point ``z = f(z)``, ``root_of=None``),
+            tuples in and out.
+        root_of: the name of g in messages, or None for a fixed point.
+        label: the system's name in messages ("dg/dz", "Hessian", "I - J").
+    """
+
+    fn: StepFn
+    root_of: str | None
+    label: str
+
+
+def differentiate(
+    run: Callable[[int], tuple[State, SolverStats]],
+    solver: RootSolver | FixedPointSolver | Any,
+    adjoint: Adjoint,
+    condition: Condition,
+    spec: StateSpec,
+) -> tuple[State, SolverStats, list[BackwardStats]]:
+    """Run the solve (``run(grad_steps)``) under ``adjoint``: through-iteration modes get
+    their trailing steps with gradient (how many: ``adjoint.grad_steps(solver)``, which reads
+    the solver's ``max_steps``); at-point modes solve without gradient and attach the implicit
+    gradient of ``condition`` at the solution."""
+    if isinstance(adjoint, ThroughIterations):
+        z, stats = run(adjoint.grad_steps(solver))  # type: ignore[arg-type]  # reads max_steps
+        return z, stats, []
+    if not isinstance(adjoint, AtFixedPoint):
+        raise ValueError(
+            f"{adjoint.name} is not available for root / argmin layers; use Implicit, Neumann "
+            "(at the solution) or Unroll, Truncated, OneStep (through the iterations)"
+        )
+    if active_transforms():
+        raise NotImplementedError(
+            f"{adjoint.name} in a root / argmin layer under torch.func "
+            f"({' > '.join(active_transforms())}): these solvers differentiate the problem with "
+            "torch.autograd inside (Newton's Jacobian, the minimizers' gradients), which "
+            "torch.func transforms cannot trace. Use torch.autograd (loss.backward(), "
+            "torch.autograd.grad; create_graph=True for second derivatives)."
+        )
+    ridge: float = getattr(adjoint, "ridge", 0.0)
+    if condition.root_of is not None and ridge:
+        raise ValueError(
+            "Implicit(ridge > 0) discounts a fixed-point map's Jacobian and has no meaning for "
+            "a root / minimum; use ridge=0 (regularise the problem itself instead)"
+        )
+    with torch.no_grad():
+        z, stats = run(0)
+    log: list[BackwardStats] = []
+    check = FixedPointCheck(
+        adjoint.name, adjoint.fixed_point_tol, adjoint.on_divergence, condition.root_of
+    )
+    solve, rule = adjoint.backward_solve, adjoint.second_order()
+    if condition.root_of is None:
+        z = attach_fixed_point_gradient(condition.fn, z, spec, solve, log, check, rule)
+    else:
+        z = attach_root_gradient(
+            condition.fn, z, spec, solve, log, check, condition.label, rule
+        )
+    return z, stats, log
+

@@ -1,0 +1,300 @@
+"""Backward modes: how the gradient of a fixed-point solution is computed.
+
+A backward mode never changes the forward value, only the gradient. Two families:
+
+* through iterations (autograd over trailing iterations of the forward solve): ``Unroll`` (all K
+  steps, BPTT), ``Truncated(k)`` (the last k), ``OneStep`` (the last one; Hamburger's / JFB's
+  gradient); ``k`` larger than the solver's ``max_steps`` is clipped (all steps carry gradient);
+* after the solve: ``Phantom(k, tau)`` (k damped steps ``p <- tau f(p) + (1 - tau) p`` from the
+  solution carry the gradient, the value stays the solution);
+* at the fixed point (``autograd.Function`` around z*, memory flat in K): ``Implicit`` (solve
+  ``g = J^T g + v`` with a chosen linear solver) and ``Neumann(k, tau)`` (the truncated Neumann
+  series ``g = tau * sum_{i<k} B^T^i v`` with ``B = tau J + (1 - tau) I``). Both assume z* is a
+  fixed point and check it: see ``fixed_point_tol``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from implicit_ham._core.registry import Registry
+from implicit_ham._core.state import State, StateSpec, StepFn, detached, with_gradient_of
+from implicit_ham._core.stats import BackwardStats, SolverStats
+from implicit_ham._core.transforms import host_checks
+from implicit_ham._core.validation import (
+    check_choice,
+    check_nonnegative,
+    check_positive_int,
+    check_tolerance,
+    check_unit_interval,
+)
+from implicit_ham.adjoints.implicit_backward import (
+    ON_DIVERGENCE,
+    FixedPointCheck,
+    SecondOrder,
+    attach_fixed_point_gradient,
+    finish_backward,
+)
+from implicit_ham.linalg.operator import LINEAR_SOLVERS, AdjointOperator, LinearSolver, discounted
+from implicit_ham.solvers.base import FixedPointSolver, damped
+
+ADJOINTS: Registry[Adjoint] = Registry("adjoint")
+make_adjoint = ADJOINTS.make_function("make_adjoint", __name__)
+register_adjoint = ADJOINTS.register_function("register_adjoint", __name__)
+
+
+class Adjoint(ABC):
+    """A backward mode (a small frozen dataclass in every concrete case)."""
+
+    @abstractmethod
+    def run(
+        self, f: StepFn, z0: State, spec: StateSpec, solver: FixedPointSolver
+    ) -> tuple[State, SolverStats, list[BackwardStats]]:
+        """Solve with ``solver`` and return (value carrying this mode's gradient, forward
+        statistics, a list that each backward pass appends its statistics to)."""
+
+    @property
+    def name(self) -> str:
+        """The registry name of this backward mode."""
+        return ADJOINTS.name_of(self) or type(self).__name__
+
+
+class ThroughIterations(Adjoint):
+    """Base of the modes that backpropagate through trailing iterations of the solver itself."""
+
+    @abstractmethod
+    def grad_steps(self, solver: FixedPointSolver) -> int:
+        """How many trailing iterations carry gradient."""
+
+    def run(
+        self, f: StepFn, z0: State, spec: StateSpec, solver: FixedPointSolver
+    ) -> tuple[State, SolverStats, list[BackwardStats]]:
+        z, stats = solver.solve(f, z0, spec, self.grad_steps(solver))
+        return z, stats, []
+
+
+@ADJOINTS.register("unroll")
+@dataclass(frozen=True)
+class Unroll(ThroughIterations):
+    """Backpropagation through every iteration (BPTT). Memory grows linearly in K; the only
+    mode in which the initial state z0 receives a gradient."""
+
+    def grad_steps(self, solver: FixedPointSolver) -> int:
+        return solver.max_steps
+
+
+@ADJOINTS.register("truncated")
+@dataclass(frozen=True)
+class Truncated(ThroughIterations):
+    """The last ``k`` iterations carry gradient; the earlier ones run without it."""
+
+    k: int = 1
+
+    def __post_init__(self) -> None:
+        check_positive_int("Truncated", "k", self.k)
+
+    def grad_steps(self, solver: FixedPointSolver) -> int:
+        return self.k
+
+
+@ADJOINTS.register("one_step")
+@dataclass(frozen=True)
+class OneStep(ThroughIterations):
+    """Only the last iteration carries gradient: ``Truncated(1)``, the one-step / JFB gradient."""
+
+    def grad_steps(self, solver: FixedPointSolver) -> int:
+        return 1
+
+
+@ADJOINTS.register("phantom")
+@dataclass(frozen=True)
+class Phantom(Adjoint):
+    """Unrolling-based phantom gradient (Geng et al., NeurIPS 2021): after the solve (without
+    gradient), ``k`` damped steps ``p <- tau f(p) + (1 - tau) p`` from the solution z* carry the
+    gradient; the value stays the solver's z* (``value = z* + (p - p.detach())``). The k steps
+    are extra evaluations of ``f``, spent for the gradient only. ``k = 1, tau = 1`` is the
+    one-step (JFB) gradient at z*."""
+
+    k: int = 5
+    tau: float = 0.5
+
+    def __post_init__(self) -> None:
+        check_positive_int("Phantom", "k", self.k)
+        check_unit_interval("Phantom", "tau", self.tau)
+
+    def run(
+        self, f: StepFn, z0: State, spec: StateSpec, solver: FixedPointSolver
+    ) -> tuple[State, SolverStats, list[BackwardStats]]:
+        with torch.no_grad():
+            z, stats = solver.solve(f, z0, spec, 0)
+        if not torch.is_grad_enabled():
+            return z, stats, []
+        step, p = damped(f, self.tau), detached(z)  # detached: no forward-mode tangent either
+        for _ in range(self.k):
+            p = step(p)
+        return with_gradient_of(z, p), stats, []
+
+
+class AtFixedPoint(Adjoint):
+    """Base of the modes that differentiate at the solution z* (memory flat in K).
+
+    Subclasses are dataclasses with the fields ``fixed_point_tol`` (the largest relative
+    residual ``||f(z*) - z*|| / ||f(z*)||`` at which z* counts as a fixed point; None: no
+    check) and ``on_divergence`` (what a failed check or solve does: "warn", "raise",
+    "fallback" to the one-step gradient).
+    """
+
+    fixed_point_tol: float | None = 1e-3
+    on_divergence: str = "warn"
+
+    @abstractmethod
+    def backward_solve(self, op: AdjointOperator, v: Tensor) -> tuple[Tensor, BackwardStats]:
+        """Map the incoming gradient v (M,) to the adjoint vector g (M,) fed to ``f``'s graph."""
+
+    def second_order(self) -> SecondOrder | None:
+        """How ``create_graph=True`` differentiates ``backward_solve`` (see
+        ``implicit_ham.adjoints.second_order``); None (the default) refuses with
+        ``SecondOrderError``."""
+        return None
+
+    def run(
+        self, f: StepFn, z0: State, spec: StateSpec, solver: FixedPointSolver
+    ) -> tuple[State, SolverStats, list[BackwardStats]]:
+        with torch.no_grad():
+            z, stats = solver.solve(f, z0, spec, 0)
+        log: list[BackwardStats] = []
+        check = FixedPointCheck(self.name, self.fixed_point_tol, self.on_divergence)
+        value = attach_fixed_point_gradient(
+            f, z, spec, self.backward_solve, log, check, self.second_order()
+        )
+        return value, stats, log
+
+
+@ADJOINTS.register("implicit")
+@dataclass(frozen=True)
+class Implicit(AtFixedPoint):
+    """Implicit differentiation: solve ``g = J^T g + v`` at z*, then ``grad = (df/dθ)^T g``.
+
+    Args:
+        linear_solver: a ``LinearSolver`` or its name ("gmres", "fixed_point", "anderson",
+            "broyden", "dense").
+        max_steps: budget of VJPs for the linear solve.
+        tol: target relative residual ``||g - J^T g - v|| / ||v||``.
+        on_divergence: when z* is not a fixed point (see ``fixed_point_tol``), or the solve
+            misses ``tol`` or returns a non-finite adjoint: "warn" (default; a non-finite
+            adjoint still raises), "raise" (``NotFixedPointError`` / ``BackwardSolveError``), or
+            "fallback" (warn and use the one-step gradient g = v for this backward; the stats
+            say ``fallback=True``).
+        fixed_point_tol: the largest relative residual ``||f(z*) - z*|| / ||f(z*)||`` (worst
+            sample, measured on the evaluation of ``f`` this mode makes anyway) at which z*
+            counts as a fixed point; above it the implicit gradient is wrong and
+            ``on_divergence`` applies. None disables the check.
+        cond_threshold: warn ``ConditioningWarning`` when the linear solver reports κ(I - J)
+            above this (Dense: exact; GMRES: a lower bound from its Arnoldi matrices); None
+            disables the check.
+        ridge: λ >= 0. With λ > 0 the solve is ``g = J^T g / (1 + λ) + v`` (the Neumann series
+            discounted by ``1 / (1 + λ)`` per term): a biased gradient between the implicit one
+            (λ = 0) and the one-step one (λ -> inf), for iterations whose ``I - J`` is
+            (near-)singular, such as NMF's. If J's spectral radius is ρ <= 1, the system's
+            eigenvalues are at least ``1 - ρ / (1 + λ)`` away from zero. Tolerance, residual and
+            κ then refer to the regularised system ``I - J / (1 + λ)``.
+    """
+
+    linear_solver: LinearSolver | str = "gmres"
+    max_steps: int = 100
+    tol: float = 1e-5
+    on_divergence: str = "warn"
+    cond_threshold: float | None = 1e6
+    ridge: float = 0.0
+    fixed_point_tol: float | None = 1e-3
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "linear_solver", LINEAR_SOLVERS.resolve(self.linear_solver, LinearSolver)
+        )
+        check_positive_int("Implicit", "max_steps", self.max_steps)
+        check_tolerance("Implicit", "tol", self.tol)
+        check_choice("Implicit", "on_divergence", self.on_divergence, ON_DIVERGENCE)
+        check_tolerance("Implicit", "fixed_point_tol", self.fixed_point_tol, optional=True)
+        check_tolerance("Implicit", "cond_threshold", self.cond_threshold, optional=True)
+        check_nonnegative("Implicit", "ridge", self.ridge, "the exact implicit gradient")
+
+    def second_order(self) -> SecondOrder:
+        """The adjoint vector is differentiated implicitly: its own gradient solves the
+        transposed system with the same linear solver (``ridge`` is already in the system)."""
+        transposed = dataclasses.replace(self, ridge=0.0, cond_threshold=None)
+        vmappable = not self.linear_solver.iterative  # type: ignore[union-attr]
+        return SecondOrder(
+            "solve", transposed.backward_solve, 1.0 / (1.0 + self.ridge), vmappable
+        )
+
+    def backward_solve(self, op: AdjointOperator, v: Tensor) -> tuple[Tensor, BackwardStats]:
+        solver: LinearSolver = self.linear_solver  # type: ignore[assignment]
+        if self.ridge:
+            op = discounted(op, 1.0 / (1.0 + self.ridge))
+        if host_checks() and not bool(v.any()):
+            g, steps, cond = torch.zeros_like(v), 0, None
+        else:
+            g, steps, cond = solver.solve(op, v, self.max_steps, self.tol)
+        return finish_backward(
+            op,
+            v,
+            g,
+            adjoint=self.name,
+            linear_solver=solver.name,
+            steps=steps,
+            tol=self.tol,
+            cond=cond,
+            on_divergence=self.on_divergence,
+            cond_threshold=self.cond_threshold,
+        )
+
+
+@ADJOINTS.register("neumann")
+@dataclass(frozen=True)
+class Neumann(AtFixedPoint):
+    """Neumann-series phantom gradient: ``g = tau * sum_{i<k} (B^T)^i v``,
+    ``B = tau J + (1 - tau) I``; ``k -> inf`` recovers ``Implicit``.
+
+    Args:
+        k, tau: the number of terms and the damping.
+        fixed_point_tol, on_divergence: the fixed-point check, as for ``Implicit``.
+    """
+
+    k: int = 5
+    tau: float = 0.5
+    fixed_point_tol: float | None = 1e-3
+    on_divergence: str = "warn"
+
+    def __post_init__(self) -> None:
+        check_positive_int("Neumann", "k", self.k)
+        check_unit_interval("Neumann", "tau", self.tau)
+        check_tolerance("Neumann", "fixed_point_tol", self.fixed_point_tol, optional=True)
+        check_choice("Neumann", "on_divergence", self.on_divergence, ON_DIVERGENCE)
+
+    def second_order(self) -> SecondOrder:
+        """The k-term series is differentiated as computed (its products carry a graph)."""
+        return SecondOrder("series", vmappable=True)
+
+    def backward_solve(self, op: AdjointOperator, v: Tensor) -> tuple[Tensor, BackwardStats]:
+        term, total = v, v
+        for _ in range(self.k - 1):
+            term = self.tau * op.vjp(term) + (1 - self.tau) * term
+            total = total + term
+        g = self.tau * total
+        return finish_backward(
+            op,
+            v,
+            g,
+            adjoint=self.name,
+            linear_solver="neumann_series",
+            steps=self.k - 1,
+            tol=None,
+            cond=None,
+            on_divergence=self.on_divergence,
+        )

@@ -1,0 +1,188 @@
+"""Second derivatives through the at-fixed-point modes: their backward pass, made differentiable.
+
+Notation: z* the solution (the output of the Function, saved for backward: in a later backward
+pass its derivative is the mode's own first-order one, the recursion the chain rule asks for),
+θ the tensors the map depends on (``fixed_point``'s args and the leaves it closes over), v the
+incoming gradient, ``A^T`` the adjoint system (``I - J^T`` for a fixed point, ``(dg/dz)^T`` for
+a root) and u the adjoint vector. The first derivative is ``∂_θ f(z*, θ)^T u`` (``-u`` fed to
+g's graph for a root). Under ``create_graph=True`` each of its dependencies is differentiable:
+
+1. **u.** ``"solve"`` rule (``Implicit``): the configured linear solver finds u without a
+   graph; u is the root of ``r(u) = A(z*, θ)^T u - v``, and gets that root's implicit gradient
+   from the same Function (``attach_root_gradient``), whose own backward pass solves the
+   transposed system ``A y = c`` with the same linear solver (``J y`` as a VJP of a VJP).
+   ``"series"`` rule (``Neumann``): the k-term series is a fixed sequence of VJPs and is
+   differentiated as computed; Neumann's second derivative is the derivative of its k-term
+   series, in which z*'s own derivative is again Neumann's k-term series (not the exact
+   implicit one), so it tends to Implicit's as k grows.
+2. **θ at fixed z\\*.** The graph of f at z* built in forward carries u to θ.
+3. **z\\* inside ∂_θ f(z\\*, θ).** A cross term ``C = ∂_θ <∂_z <f(z, θ), u>, z* - sg(z*)>``,
+   zero in value, whose derivative along z* is the mixed second derivative of f; it is handed
+   to the explicit inputs and to the leaves f closes over (extra inputs of the Function).
+
+Limits: a third derivative is refused (``SecondOrderError``), and so is a mode without a rule
+(a plug-in that defines only ``backward_solve``). A non-leaf tensor that f closes over (instead
+of receiving it through args) gets no cross term: second derivatives reach the leaves behind it
+correctly, but one taken with respect to that tensor itself misses term 3; pass it in args.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from implicit_ham._core.state import BoundStep, State, StateSpec
+from implicit_ham._core.stats import BackwardStats
+from implicit_ham.linalg.operator import AdjointOperator
+
+BackwardSolve = Callable[[AdjointOperator, Tensor], tuple[Tensor, BackwardStats]]
+SECOND_ORDER_KINDS = ("solve", "series")
+
+
+@dataclass(frozen=True)
+class SecondOrder:
+    """How an at-fixed-point mode's backward pass is differentiated (``create_graph=True``).
+
+    Attributes:
+        kind: "solve" (``backward_solve`` returns the solution of its system: differentiated
+            implicitly) or "series" (a fixed sequence of operator products: differentiated as
+            computed).
+        solve: for "solve", the ``BackwardSolve`` of the transposed system (the adjoint
+            vector's own implicit gradient), e.g. the same linear solver.
+        discount: for "solve" on a fixed point, the factor of ``J^T`` in the system
+            ``I - discount * J^T`` (``Implicit(ridge=λ)``: ``1 / (1 + λ)``).
+        vmappable: whether ``backward_solve`` has no value-dependent control flow, so that it
+            runs under ``torch.func.vmap`` (and jacrev / jacfwd): an exact dense solve or a
+            fixed series, not an iteration that stops on a tolerance.
+    """
+
+    kind: str
+    solve: BackwardSolve | None = None
+    discount: float = 1.0
+    vmappable: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in SECOND_ORDER_KINDS:
+            raise ValueError(
+                f"SecondOrder: kind must be one of {SECOND_ORDER_KINDS}, got {self.kind!r}"
+            )
+        if self.kind == "solve" and self.solve is None:
+            raise ValueError("SecondOrder: kind='solve' needs the solve of the transposed system")
+
+
+def as_bound(f: Callable[[State], State]) -> BoundStep:
+    """``f`` itself when it keeps its inputs (``BoundStep``), else ``f`` with no explicit ones."""
+    return f if isinstance(f, BoundStep) else BoundStep(lambda z, _inputs: f(z), ())
+
+
+def vjp(spec: StateSpec, out: State, at: State, g: Tensor, create_graph: bool) -> Tensor:
+    """(M,) -> (M,): ``(d out / d at)^T g`` flattened, in g's dtype (the graph runs in the
+    state's dtype); zeros where ``out`` does not depend on a part of ``at``."""
+    grads = torch.autograd.grad(
+        out,
+        at,
+        spec.unflatten(g.to(spec.dtype)),
+        retain_graph=True,
+        create_graph=create_graph,
+        allow_unused=True,
+    )
+    return spec.flatten(spec.zeros_like_missing(grads, at)).reshape(-1).to(g.dtype)
+
+
+def graph_operator(
+    spec: StateSpec, out: State, at: State, size: int, root: bool, label: str
+) -> AdjointOperator:
+    """The adjoint operator of ``out`` (f or g evaluated at ``at``) whose products carry a
+    graph (``create_graph=True``): differentiable in z*, θ and the vector."""
+
+    def product(x: Tensor) -> Tensor:
+        return vjp(spec, out, at, x, create_graph=True)
+
+    def rows(batch: Tensor) -> Tensor:
+        return torch.stack([product(r) for r in batch])
+
+    if not root:
+        return AdjointOperator(product, rows, size, label=label)
+    return AdjointOperator(
+        vjp=lambda x: x - product(x),
+        vjp_batched=lambda b: b - rows(b),
+        size=size,
+        system=product,
+        system_batched=rows,
+        label=label,
+    )
+
+
+def closure_leaves(out: State, own: State, inputs: Sequence[object]) -> list[Tensor]:
+    """The leaves requiring grad that ``out``'s graph reaches other than through ``own`` (the
+    state) and the explicit ``inputs``: the parameters the map closes over."""
+    stop = {id(t.grad_fn) for t in inputs if isinstance(t, Tensor) and t.grad_fn is not None}
+    known = {id(t) for t in own} | {id(t) for t in inputs if isinstance(t, Tensor)}
+    stack = [t.grad_fn for t in out if t.grad_fn is not None]
+    seen: set[int] = set()
+    leaves: list[Tensor] = []
+    while stack:
+        node = stack.pop()
+        if id(node) in seen or id(node) in stop:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)
+        if variable is not None:
+            if id(variable) not in known:
+                known.add(id(variable))
+                leaves.append(variable)
+            continue
+        stack.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
+    return leaves
+
+
+def differentiable_inputs(bound: BoundStep) -> dict[int, Tensor]:
+    """The explicit inputs that require grad, by position."""
+    return {
+        i: t for i, t in enumerate(bound.inputs) if isinstance(t, Tensor) and t.requires_grad
+    }
+
+
+def cross_term(
+    bound: BoundStep,
+    spec: StateSpec,
+    z_out: State,
+    adj: Tensor,
+    leaves: Sequence[Tensor],
+    partials: Callable[[Callable[[], tuple[Tensor | None, ...]]], tuple[Tensor | None, ...]],
+) -> tuple[Tensor | None, ...]:
+    """``C = ∂_θ <∂_z <f(z, θ), adj>, z* - sg(z*)>`` for θ = (the differentiable explicit
+    inputs, ``leaves``): zero in value, the mixed second derivative along z* (term 3 of the
+    module docstring). ``partials(run)`` runs ``run`` while the Function returns no gradient
+    (so the derivative taken here is partial in θ, at fixed z*).
+
+    Args:
+        z_out: the Function's output z* (its graph leads back to the Function).
+        adj: (M,) the adjoint vector fed to f's graph, without a graph.
+    """
+    positions = differentiable_inputs(bound)
+    if not positions and not leaves:
+        return ()
+    z_c = tuple(t.detach().requires_grad_() for t in z_out)
+    copies = {i: t.detach().requires_grad_() for i, t in positions.items()}
+    inputs = tuple(copies.get(i, t) for i, t in enumerate(bound.inputs))
+    with torch.enable_grad():
+        out = bound.at(z_c, inputs)
+        dz_term = torch.autograd.grad(
+            out, z_c, spec.unflatten(adj.to(spec.dtype)), create_graph=True, allow_unused=True
+        )
+        terms = [
+            (j * (z - z.detach())).sum()
+            for j, z in zip(dz_term, z_out, strict=True)
+            if j is not None
+        ]
+    targets = list(copies.values()) + list(leaves)
+    if not terms or not any(t.requires_grad for t in terms):
+        return (None,) * len(targets)
+    total = torch.stack(terms).sum()
+    return partials(
+        lambda: torch.autograd.grad(total, targets, create_graph=True, allow_unused=True)
+    )

@@ -1,0 +1,223 @@
+"""Native Anderson acceleration and Broyden's method on batched flat states (B, N).
+
+The same algorithms as torchdeq's ``anderson_solver`` and ``broyden_solver`` (no line search),
+written for this library's solver contract:
+
+* the returned point is an iterate at which ``f`` was evaluated, so its residual
+  ``||f(x) - x||`` is known exactly and no evaluation is spent to measure it (torchdeq's
+  Anderson returns ``f(x_k)``, whose residual is unknown without one more evaluation);
+* per sample, the iterate with the lowest residual (in the stopping metric) is returned;
+* the residual history of Anderson lives in preallocated buffers and its Gram matrix is
+  updated by one row per step (O(m N) instead of O(m^2 N)); the mixing system is solved with
+  ``torch.linalg.solve_ex`` (no exception, no host synchronisation; a singular system shows up
+  as a non-finite iterate);
+* one host synchronisation per evaluation when there is a tolerance (the stopping decision,
+  which also detects NaN / inf), none per evaluation without one (one at the end).
+
+``Iterate`` is the shared result; ``anderson`` and ``broyden`` are plain functions of
+``f: (B, N) -> (B, N)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from implicit_ham._core.precision import working_dtype
+
+FlatMap = Callable[[Tensor], Tensor]
+
+
+@dataclass
+class Iterate:
+    """Result of a native accelerated solve.
+
+    Attributes:
+        x: (B, N) per sample the evaluated iterate with the lowest residual.
+        abs_residual, rel_residual: (B,) ``||f(x) - x||`` and that over ``||f(x)||`` at ``x``.
+        residuals, rel_residuals: (evaluations, B) the residual of every evaluated iterate.
+        failed_at: None, or the index (0-based) of the first evaluation whose residual was
+            NaN / inf (then ``x`` must not be trusted).
+    """
+
+    x: Tensor
+    abs_residual: Tensor
+    rel_residual: Tensor
+    residuals: Tensor
+    rel_residuals: Tensor
+    failed_at: int | None
+
+    @property
+    def evaluations(self) -> int:
+        """Evaluations of ``f`` spent."""
+        return self.residuals.shape[0]
+
+
+class _Tracker:
+    """Per-sample best iterate and the residual trace, kept on the device."""
+
+    def __init__(self, x0: Tensor, tol: float | None, stop_mode: str) -> None:
+        self.tol, self.use_rel = tol, stop_mode == "rel"
+        self.best = x0.clone()
+        batch = x0.shape[0]
+        self.best_abs = x0.new_full((batch,), float("inf"))
+        self.best_rel = x0.new_full((batch,), float("inf"))
+        self.abs: list[Tensor] = []
+        self.rel: list[Tensor] = []
+        self.finite = torch.ones((), dtype=torch.bool, device=x0.device)
+        self.failed_at: int | None = None
+
+    def add(self, x: Tensor, fx: Tensor, gx: Tensor) -> bool:
+        """Record the evaluation ``fx = f(x)`` with residual ``gx = fx - x``; True to stop."""
+        abs_res = torch.linalg.vector_norm(gx, dim=1)
+        rel_res = abs_res / (torch.linalg.vector_norm(fx, dim=1) + torch.finfo(x.dtype).tiny)
+        self.abs.append(abs_res)
+        self.rel.append(rel_res)
+        metric = rel_res if self.use_rel else abs_res
+        best_metric = self.best_rel if self.use_rel else self.best_abs
+        better = metric < best_metric
+        self.best = torch.where(better[:, None], x, self.best)
+        self.best_abs = torch.where(better, abs_res, self.best_abs)
+        self.best_rel = torch.where(better, rel_res, self.best_rel)
+        if self.tol is None:
+            self.finite = self.finite & torch.isfinite(metric).all()
+            return False
+        worst = float(metric.max())  # the evaluation's one host synchronisation
+        if worst != worst or worst == float("inf"):
+            self.failed_at = len(self.abs) - 1
+            return True
+        return worst <= self.tol
+
+    def result(self) -> Iterate:
+        if self.tol is None and self.failed_at is None and not bool(self.finite):
+            rows = torch.stack(self.abs)
+            bad = ~torch.isfinite(rows).all(dim=1)
+            self.failed_at = int(bad.nonzero()[0, 0])
+        return Iterate(
+            self.best,
+            self.best_abs,
+            self.best_rel,
+            torch.stack(self.abs),
+            torch.stack(self.rel),
+            self.failed_at,
+        )
+
+
+def anderson(
+    f: FlatMap,
+    x0: Tensor,
+    *,
+    max_evals: int,
+    tol: float | None,
+    stop_mode: str = "rel",
+    m: int = 5,
+    lam: float = 1e-4,
+    damping: float = 1.0,
+) -> Iterate:
+    """Anderson acceleration of ``x <- f(x)`` for x (B, N), at most ``max_evals`` evaluations.
+
+    Step k evaluates ``f`` at x_k; with ``n = min(k + 1, m)`` stored residuals ``G = F - X``,
+    the weights alpha (summing to 1) minimise ``||alpha G||^2 + lam ||alpha||^2`` and
+    ``x_{k+1} = damping * alpha F + (1 - damping) * alpha X`` (``x_1 = f(x_0)``), as in
+    torchdeq. Stops once the worst sample's residual (``stop_mode``) is ``<= tol``.
+    """
+    batch, size = x0.shape
+    xs = x0.new_empty(batch, m, size)
+    fs = x0.new_empty(batch, m, size)
+    gs = x0.new_empty(batch, m, size)
+    small = working_dtype(x0.dtype)  # the m x m mixing system in float32 for half states
+    gram = x0.new_zeros(batch, m, m, dtype=small)
+    system = x0.new_zeros(batch, m + 1, m + 1, dtype=small)
+    system[:, 0, 1:] = 1
+    system[:, 1:, 0] = 1
+    rhs = x0.new_zeros(batch, m + 1, 1, dtype=small)
+    rhs[:, 0] = 1
+    ridge = lam * torch.eye(m, dtype=small, device=x0.device)
+    tracker = _Tracker(x0, tol, stop_mode)
+    x = x0
+    for k in range(max_evals):
+        fx = f(x)
+        slot = k % m
+        xs[:, slot] = x
+        fs[:, slot] = fx
+        gx = torch.sub(fx, x, out=gs[:, slot])
+        if tracker.add(x, fx, gx) or k == max_evals - 1:
+            break
+        n = min(k + 1, m)
+        if n == 1:
+            x = fx
+            gram[:, 0, 0] = torch.linalg.vector_norm(gx, dim=1).square().to(small)
+            continue
+        row = torch.bmm(gs[:, :n], gx[:, :, None])[:, :, 0].to(small)  # (B, n): <g_i, g_new>
+        gram[:, slot, :n] = row
+        gram[:, :n, slot] = row
+        system[:, 1 : n + 1, 1 : n + 1] = gram[:, :n, :n] + ridge[:n, :n]
+        solution, _ = torch.linalg.solve_ex(system[:, : n + 1, : n + 1], rhs[:, : n + 1])
+        alpha = solution[:, 1 : n + 1, 0][:, None].to(x0.dtype)  # (B, 1, n)
+        x = torch.bmm(alpha, fs[:, :n])[:, 0]
+        if damping != 1.0:
+            x = damping * x + (1 - damping) * torch.bmm(alpha, xs[:, :n])[:, 0]
+    return tracker.result()
+
+
+def broyden(
+    f: FlatMap,
+    x0: Tensor,
+    *,
+    max_evals: int,
+    tol: float | None,
+    stop_mode: str = "rel",
+) -> Iterate:
+    """Broyden's ("good") method on ``g(x) = f(x) - x`` for x (B, N), without line search, at
+    most ``max_evals`` evaluations of ``f``: the inverse Jacobian estimate ``-I + U V^T`` is
+    built from rank-one updates u_i, v_i, kept as rows of two preallocated (B, L, N) buffers
+    (only the filled rows are read, so they are not zeroed; each product reads contiguous
+    rows). Stops once the worst sample's residual (``stop_mode``) is ``<= tol``."""
+    batch, size = x0.shape
+    limit = max(max_evals - 1, 1)
+    us = x0.new_empty(batch, limit, size)
+    vts = x0.new_empty(batch, limit, size)
+    tracker = _Tracker(x0, tol, stop_mode)
+    x = x0
+    fx = f(x)
+    gx = fx - x
+    if tracker.add(x, fx, gx) or max_evals == 1:
+        return tracker.result()
+    update = gx
+    for step in range(1, max_evals):
+        x_new = x + update
+        fx = f(x_new)
+        gx_new = fx - x_new
+        if tracker.add(x_new, fx, gx_new) or step == max_evals - 1:
+            break
+        delta_x, delta_g = update, gx_new - gx
+        x, gx = x_new, gx_new
+        us_k, vts_k = us[:, : step - 1], vts[:, : step - 1]
+        vt = _rmatvec(us_k, vts_k, delta_x)
+        denom = torch.bmm(vt[:, None], delta_g[:, :, None])[:, 0]
+        # a sample that has converged (delta_g ~ 0) gets no update rather than an inf / NaN one
+        usable = denom.abs() > torch.finfo(denom.dtype).tiny
+        u = (delta_x - _matvec(us_k, vts_k, delta_g)) / torch.where(usable, denom, 1.0)
+        vts[:, step - 1] = vt.masked_fill_(~usable | vt.isnan(), 0)
+        us[:, step - 1] = u.masked_fill_(~usable | u.isnan(), 0)
+        update = -_matvec(us[:, :step], vts[:, :step], gx)
+    return tracker.result()
+
+
+def _matvec(us: Tensor, vts: Tensor, x: Tensor) -> Tensor:
+    """``(-I + U V^T) x`` for x (B, N), with the rows of us / vts (B, k, N) the u_i / v_i."""
+    if us.shape[1] == 0:
+        return -x
+    coeffs = torch.bmm(vts, x[:, :, None])  # (B, k, 1): v_i . x
+    return torch.baddbmm(x[:, None], coeffs.mT, us, alpha=1, beta=-1)[:, 0]
+
+
+def _rmatvec(us: Tensor, vts: Tensor, x: Tensor) -> Tensor:
+    """``x^T (-I + U V^T)`` for x (B, N)."""
+    if us.shape[1] == 0:
+        return -x
+    coeffs = torch.bmm(us, x[:, :, None])  # (B, k, 1): u_i . x
+    return torch.baddbmm(x[:, None], coeffs.mT, vts, alpha=1, beta=-1)[:, 0]

@@ -1,0 +1,66 @@
+"""Linear solvers for the implicit backward pass: find g with ``g = J^T g + v``.
+
+The same solvers serve the root-finding and argmin layers (``ih.root``, ``ih.minimize``), whose
+systems are posed directly as ``A^T g = v`` (``A = dg/dz``, the Hessian for a minimum):
+``AdjointOperator.system`` then gives ``A^T x`` without forming ``I - (I - A^T)`` (no cancellation),
+and ``vjp`` is its Richardson form ``x - A^T x`` for the solvers that iterate on ``J^T``. ``CG``
+needs a symmetric positive-definite system and stops with an error on negative curvature.
+
+``J = df/dz`` at the fixed point is never formed (except by ``Dense``); a solver sees it only as
+``AdjointOperator.vjp``, one vector-Jacobian product per call, on the whole batch flattened to one
+vector of length M = B * N (so samples coupled inside ``f``, e.g. by batch statistics, are handled
+correctly). Every solver has the signature
+``solve(op, v, max_steps, tol) -> LinearSolve(g, steps, cond)`` (a named tuple); the caller
+checks the residual at the returned g itself, so no solver can report a false success.
+A solver that meets a non-finite product returns a NaN vector; the caller applies the policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from implicit_ham._core.errors import NonFiniteError
+from implicit_ham._core.transforms import host_checks
+from implicit_ham.linalg.operator import LINEAR_SOLVERS, AdjointOperator, LinearSolve, LinearSolver
+
+
+@LINEAR_SOLVERS.register("dense")
+@dataclass(frozen=True)
+class Dense(LinearSolver):
+    """Materialise ``I - J^T`` (M VJPs) and solve it exactly; reports κ(I - J).
+
+    For small problems and as a reference. ``max_size`` bounds M (the matrix is M x M).
+    """
+
+    max_size: int = 4096
+    iterative: ClassVar[bool] = False
+
+    def solve(
+        self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float
+    ) -> LinearSolve:
+        if op.size > self.max_size:
+            raise ValueError(
+                f"Dense: the state has M={op.size} entries (batch included), above "
+                f"max_size={self.max_size}; use linear_solver='gmres' or raise max_size"
+            )
+        eye = torch.eye(op.size, dtype=v.dtype, device=v.device)
+        system = op.system_matrix(eye)
+        if not host_checks():  # under vmap / while compiling: no value-dependent branches
+            return LinearSolve(torch.linalg.solve(system, v), op.size, None)
+        if not bool(torch.isfinite(system).all()):
+            return LinearSolve(torch.full_like(v, float("nan")), op.size, None)
+        cond = float(torch.linalg.cond(system.detach()))
+        try:
+            g = torch.linalg.solve(system, v)
+        except torch.linalg.LinAlgError as err:
+            raise NonFiniteError(
+                f"Dense: the system {op.label} is singular (condition number {cond:.3e}); the "
+                "solution is not isolated (e.g. NMF's scaling symmetry). Use a damped / "
+                "regularised map or problem."
+            ) from err
+        return LinearSolve(g, op.size, cond)
+

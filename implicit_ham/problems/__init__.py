@@ -1,0 +1,9 @@
+"""The entry points: ``fixed_point`` (``z = f(z, *args)``), ``root`` (``g(z, *args) = 0``),
+``minimize`` / ``least_squares`` (argmin), each returning a ``Solution`` whose value carries the
+gradient of the chosen backward mode."""
+
+from implicit_ham.problems.fixed_point import FixedPointProblem, Solution, fixed_point
+from implicit_ham.problems.minimize import least_squares, minimize
+from implicit_ham.problems.root import root
+
+__all__ = ["FixedPointProblem", "Solution", "fixed_point", "least_squares", "minimize", "root"]

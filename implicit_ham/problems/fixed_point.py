@@ -1,0 +1,118 @@
+"""``fixed_point``: the entry point that turns an iteration ``z <- f(z, *args)`` into a layer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+from implicit_ham._core.grad_guard import guard_gradient
+from implicit_ham._core.state import BoundStep, State, StateSpec
+from implicit_ham._core.stats import BackwardStats, SolverStats
+from implicit_ham.adjoints.modes import ADJOINTS, Adjoint, OneStep
+from implicit_ham.solvers.base import SOLVERS, FixedPointSolver
+from implicit_ham.solvers.iteration import FixedPointIteration
+
+
+@dataclass
+class Solution:
+    """The result of ``fixed_point``.
+
+    Attributes:
+        value: the solution, same structure as ``z0``, carrying the backward mode's gradient.
+        stats: forward statistics (steps, residual trace, final residuals, converged flag).
+        backward_log: statistics of every backward pass through ``value`` (implicit-type modes
+            append one entry per backward; the other modes leave it empty).
+    """
+
+    value: Tensor | tuple[Tensor, ...]
+    stats: SolverStats
+    backward_log: list[BackwardStats] = field(default_factory=list)
+
+    @property
+    def backward_stats(self) -> BackwardStats | None:
+        """The latest backward statistics, or None before any backward pass."""
+        return self.backward_log[-1] if self.backward_log else None
+
+
+@dataclass(frozen=True)
+class FixedPointProblem:
+    """A fixed-point problem ``z = f(z, *args)`` with its initial state, as data.
+
+    Layers expose the problem they solve (e.g. a decomposition's ``implicit_problem(x)``) so
+    that diagnostics can re-solve it under other solvers / backward modes and probe ``f``.
+
+    Attributes:
+        f: ``f(z, *args) -> z'``. z0: initial state (Tensor or tuple, batch first). args: inputs.
+    """
+
+    f: Callable[..., Tensor | Sequence[Tensor]]
+    z0: Tensor | tuple[Tensor, ...]
+    args: tuple[Any, ...] = ()
+
+    def solve(
+        self, solver: FixedPointSolver | str | None = None, adjoint: Adjoint | str | None = None
+    ) -> Solution:
+        """``fixed_point(self.f, self.z0, *self.args, solver=solver, adjoint=adjoint)``."""
+        return fixed_point(self.f, self.z0, *self.args, solver=solver, adjoint=adjoint)
+
+
+def fixed_point(
+    f: Callable[..., Tensor | Sequence[Tensor]],
+    z0: Tensor | Sequence[Tensor],
+    *args: Any,
+    solver: FixedPointSolver | str | None = None,
+    adjoint: Adjoint | str | None = None,
+) -> Solution:
+    """Solve ``z = f(z, *args)`` from ``z0``; differentiate it with the chosen backward mode.
+
+    Args:
+        f: ``f(z, *args) -> z'`` with ``z'`` shaped like ``z`` (a Tensor or tuple of Tensors,
+            batch first). Tensors the gradient must reach go in ``args`` or are parameters
+            ``f`` closes over.
+        z0: initial state, (B, ...) or a tuple of (B, ...) tensors sharing B and dtype.
+        *args: extra inputs of ``f``.
+        solver: forward solver or its registry name; default ``FixedPointIteration()``.
+        adjoint: backward mode or its registry name; default ``OneStep()``.
+
+    Returns:
+        A ``Solution``. The backward mode changes only the gradient: with the same solver
+        settings ``value`` is identical under Unroll, Truncated, OneStep, Phantom(tau=1),
+        Implicit and Neumann (exactly so for FixedPointIteration; the torchdeq solvers spend
+        the last k of their budget on plain steps under the through-iteration modes).
+        A NaN / inf gradient reaching ``args`` or ``z0`` raises ``NonFiniteError``.
+    """
+    if not callable(f):
+        raise TypeError(f"f must be callable, got {type(f).__name__}")
+    solver = SOLVERS.resolve(FixedPointIteration() if solver is None else solver, FixedPointSolver)
+    adjoint = ADJOINTS.resolve(OneStep() if adjoint is None else adjoint, Adjoint)
+    spec = StateSpec.of(z0)
+    where = f"fixed_point (adjoint={adjoint.name})"
+    args = tuple(guard_gradient(a, f"{where}, args[{i}]") for i, a in enumerate(args))
+    z0 = spec.restore(
+        tuple(guard_gradient(t, f"{where}, z0[{i}]") for i, t in enumerate(spec.as_tuple(z0)))
+    )
+
+    def call(z: State, inputs: tuple[Any, ...]) -> State:
+        return spec.check(f(spec.restore(z), *inputs), where="fixed_point")
+
+    step = BoundStep(call, args)
+
+    if spec.batch == 0:
+        return _empty_batch(step, spec.as_tuple(z0), spec, solver)
+    z, stats, log = adjoint.run(step, spec.as_tuple(z0), spec, solver)
+    return Solution(spec.restore(z), stats, log)
+
+
+def _empty_batch(
+    step: Callable[[State], State], z0: State, spec: StateSpec, solver: FixedPointSolver
+) -> Solution:
+    """An empty batch (B = 0): ``f(z0)`` (empty, but connected to ``f``'s parameters, whose
+    gradient is then zero) and the statistics of a solve that took no step."""
+    value = step(z0)
+    trace, last = value[0].detach().new_zeros(0, 0), value[0].detach().new_zeros(0)
+    converged = None if solver.tol is None else last.bool()
+    stats = SolverStats(solver.name, 0, trace, last, last, converged)
+    return Solution(spec.restore(value), stats)

@@ -1,0 +1,205 @@
+"""``minimize`` and ``least_squares``: argmin layers, differentiated through their optimality
+condition.
+
+The at-point backward modes (``Implicit``, ``Neumann``) differentiate ``grad_z loss(z*, θ) = 0``:
+the backward pass solves ``H w = v`` (H the Hessian at z*, applied by double backward, never
+formed except by ``Dense``) and hands ``-w`` to the gradient's graph, i.e.
+``dL/dθ = -(d grad_z loss / dθ)^T H^{-1} v`` (the root layer with ``g = grad_z loss``). The
+default linear solver is CG, which refuses an indefinite Hessian with
+``NotPositiveDefiniteError``; use GMRES for an indefinite or non-symmetric system, Dense for
+small problems. Under a constraint (projected gradient descent) they differentiate the fixed
+point ``z* = P(z* - lr grad_z loss(z*))`` instead, with the fixed-point machinery.
+``Unroll`` / ``Truncated`` / ``OneStep`` differentiate the iterations of ``GradientDescent``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torch import Tensor
+
+from implicit_ham._core.state import BoundStep, State, StateSpec
+from implicit_ham.adjoints.conditions import Condition, differentiate, guarded_inputs
+from implicit_ham.adjoints.modes import ADJOINTS, Adjoint, Implicit
+from implicit_ham.linalg.krylov import CG
+from implicit_ham.problems.fixed_point import Solution
+from implicit_ham.solvers.minimizers import (
+    LBFGS,
+    MINIMIZERS,
+    GaussNewton,
+    GradientDescent,
+    Minimizer,
+    Objective,
+)
+from implicit_ham.solvers.projections import CONSTRAINTS, Constraint
+
+LossFn = Callable[..., Tensor]
+
+
+def minimize(
+    loss: LossFn,
+    z0: Tensor | Sequence[Tensor],
+    *args: Any,
+    solver: Minimizer | str | None = None,
+    adjoint: Adjoint | str | None = None,
+    constraint: Constraint | str | None = None,
+) -> Solution:
+    """``z* = argmin_z loss(z, *args)`` from ``z0``, differentiated by the chosen mode.
+
+    Args:
+        loss: ``loss(z, *args) -> scalar`` (z a Tensor or tuple of Tensors, batch first; for
+            B independent problems, sum their losses). Tensors the gradient must reach go in
+            ``args`` or are closed over.
+        z0: initial point, (B, ...) or a tuple of (B, ...) tensors sharing B and dtype.
+            The whole state is one problem; stats are per sample (the gradient norm of each
+            sample's part).
+        *args: extra inputs of ``loss``.
+        solver: a ``Minimizer`` or a name from ``MINIMIZERS``; default ``LBFGS()``
+            (``GradientDescent()`` under a constraint).
+        adjoint: default ``Implicit(linear_solver=CG())``: differentiate ``grad_z loss = 0``
+            (Hessian-vector products; CG needs a positive-definite Hessian). Its
+            ``fixed_point_tol`` bounds ``||grad_z loss(z*)||`` (absolute, worst sample). Under
+            a constraint the default is ``Implicit()`` (GMRES: the projected map's ``I - J``
+            is not symmetric) and ``fixed_point_tol`` bounds the map's relative residual.
+        constraint: ``NonNegative()``, ``Box(lower, upper)`` or a name; None: unconstrained.
+            Needs ``GradientDescent`` (projected gradient).
+
+    Returns:
+        A ``Solution``; the value does not depend on the backward mode.
+    """
+    return _solve(loss, None, z0, args, solver, adjoint, constraint, "minimize")
+
+
+def least_squares(
+    residuals: Callable[..., Tensor],
+    z0: Tensor | Sequence[Tensor],
+    *args: Any,
+    solver: Minimizer | str | None = None,
+    adjoint: Adjoint | str | None = None,
+) -> Solution:
+    """``z* = argmin_z ½ ||residuals(z, *args)||²``: ``minimize`` of the sum of squares, with
+    the least-squares solvers ``GaussNewton`` (default) and ``LevenbergMarquardt`` available.
+
+    Args:
+        residuals: ``r(z, *args) -> Tensor`` of any shape (flattened to R entries).
+        z0, args, solver, adjoint: as for ``minimize``; the implicit gradient uses the full
+            Hessian of ``½||r||²`` (not the Gauss-Newton approximation).
+    """
+
+    def loss(z: Any, *a: Any) -> Tensor:
+        r = residuals(z, *a)
+        return 0.5 * (r * r).sum()
+
+    return _solve(loss, residuals, z0, args, solver, adjoint, None, "least_squares")
+
+
+def _solve(
+    loss: LossFn,
+    residuals: Callable[..., Tensor] | None,
+    z0: Tensor | Sequence[Tensor],
+    args: tuple[Any, ...],
+    solver: Minimizer | str | None,
+    adjoint: Adjoint | str | None,
+    constraint: Constraint | str | None,
+    where: str,
+) -> Solution:
+    if not callable(loss):
+        raise TypeError(f"{where}: the loss must be callable, got {type(loss).__name__}")
+    constraint = None if constraint is None else CONSTRAINTS.resolve(constraint, Constraint)
+    solver = _resolve_solver(solver, residuals is not None, constraint, where)
+    if adjoint is None:  # CG for the symmetric Hessian; the projected map's I - J is not
+        adjoint = Implicit(linear_solver=CG()) if constraint is None else Implicit()
+    adjoint = ADJOINTS.resolve(adjoint, Adjoint)
+    spec, z0_t, args = guarded_inputs(z0, args, f"{where} (adjoint={adjoint.name})")
+
+    def objective_at(inputs: tuple[Any, ...]) -> Objective:
+        return Objective(
+            _scalar_loss(loss, spec, inputs, where),
+            spec,
+            None if residuals is None else _state_fn(residuals, spec, inputs),
+            constraint,
+        )
+
+    objective = objective_at(args)
+    z, stats, log = differentiate(
+        lambda grad_steps: solver.minimize(objective, z0_t, grad_steps),
+        solver,
+        adjoint,
+        _condition(objective_at, args, solver),
+        spec,
+    )
+    return Solution(spec.restore(z), stats, log)
+
+
+def _condition(
+    objective_at: Callable[[tuple[Any, ...]], Objective],
+    args: tuple[Any, ...],
+    solver: Minimizer,
+) -> Condition:
+    """``grad_z loss = 0``, or the projected-gradient fixed point under a constraint; a
+    ``BoundStep`` over ``args`` (second derivatives re-evaluate it at other inputs)."""
+    if objective_at(args).constraint is not None and isinstance(solver, GradientDescent):
+        step = solver
+
+        def projected(z: State, inputs: tuple[Any, ...]) -> State:
+            return step.step_map(objective_at(inputs))(z)
+
+        return Condition(BoundStep(projected, args), root_of=None, label="I - J")
+
+    def gradient(z: State, inputs: tuple[Any, ...]) -> State:
+        return objective_at(inputs).gradient(z)
+
+    return Condition(BoundStep(gradient, args), root_of="grad_z loss", label="Hessian")
+
+
+def _resolve_solver(
+    solver: Minimizer | str | None,
+    has_residuals: bool,
+    constraint: Constraint | None,
+    where: str,
+) -> Minimizer:
+    if solver is None:
+        default: Minimizer = GaussNewton() if has_residuals else LBFGS()
+        solver = GradientDescent() if constraint is not None else default
+    solver = MINIMIZERS.resolve(solver, Minimizer)
+    if solver.needs_residuals and not has_residuals:
+        raise ValueError(
+            f"{where}: {solver.name} needs the residuals of a sum of squares; call "
+            "ih.least_squares(residuals, z0, ...) instead of ih.minimize"
+        )
+    if constraint is not None and not solver.supports_constraints:
+        raise ValueError(
+            f"{where}: constraint={constraint.name} needs a projected solver; "
+            f"{solver.name} is unconstrained. Use solver=GradientDescent(lr=...)."
+        )
+    return solver
+
+
+def _scalar_loss(
+    loss: LossFn, spec: StateSpec, args: tuple[Any, ...], where: str
+) -> Callable[[State], Tensor]:
+    """``loss`` on the internal tuple state, checked to return a scalar of the state's dtype."""
+
+    def on_state(z: State) -> Tensor:
+        value = loss(spec.restore(z), *args)
+        if not isinstance(value, Tensor) or value.numel() != 1:
+            shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+            raise ValueError(
+                f"{where}: the loss must return a scalar Tensor, got {shape}; sum the losses "
+                "of independent problems"
+            )
+        if value.dtype != spec.dtype:
+            raise TypeError(
+                f"{where}: the loss has dtype {value.dtype}, z0 has {spec.dtype}; give z0 and "
+                "the arguments one dtype"
+            )
+        return value.reshape(())
+
+    return on_state
+
+
+def _state_fn(
+    fn: Callable[..., Tensor], spec: StateSpec, args: tuple[Any, ...]
+) -> Callable[[State], Tensor]:
+    return lambda z: fn(spec.restore(z), *args)

@@ -1,0 +1,21 @@
+"""What a training loop of implicit layers needs and no generic loop gives: ``GuardedStep``
+(one optimisation step under a failure policy) and ``FailureMonitor`` (every failure event
+counted by kind and layer). Use them in any loop: plain PyTorch, Lightning, the experiments'
+engine (see docs/reliability.md)."""
+
+from implicit_ham.reliability.failures import (
+    FAILURE_KINDS,
+    FAILURE_POLICIES,
+    FailureEvent,
+    FailureMonitor,
+)
+from implicit_ham.reliability.guard import GuardedStep, StepHooks
+
+__all__ = [
+    "FAILURE_KINDS",
+    "FAILURE_POLICIES",
+    "FailureEvent",
+    "FailureMonitor",
+    "GuardedStep",
+    "StepHooks",
+]

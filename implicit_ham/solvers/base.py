@@ -1,0 +1,204 @@
+"""Forward solvers: find z* = f(z*) from z0, spending the last ``grad_steps`` steps with gradient.
+
+Every solver shares one signature, ``solve(f, z0, spec, grad_steps)``, and returns the final
+state and a ``SolverStats``. The solver alone defines its iteration: the backward mode only says
+how many trailing iterations carry gradient (all of them for ``Unroll``, the last k for
+``Truncated(k)``, none for ``Implicit``), so the value cannot depend on the backward mode.
+``FixedPointIteration`` runs those steps with gradient; a solver whose steps are not plain steps
+of ``f`` (Anderson, Broyden) solves without gradient and attaches the gradient of ``grad_steps``
+plain steps of ``f`` taken from its solution, without changing the value (``with_gradient_of``).
+
+``FixedPointIteration`` with ``tol=None`` runs exactly ``max_steps`` steps with no host
+synchronisation per step (Hamburger's K steps); its per-step residual trace is recorded only
+when asked for (``trace=True``) or when a tolerance needs it. ``Anderson`` and ``Broyden`` are
+native (``implicit_ham.linalg.acceleration``): they return an evaluated iterate, so its residual is
+known
+without another evaluation of ``f``. torchdeq's solvers, guarded, are in ``torchdeq_solvers``
+(``TorchDEQAnderson``, ``TorchDEQBroyden``): the references the native ones are tested and
+benchmarked against.
+"""
+
+from __future__ import annotations
+
+import warnings
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from implicit_ham._core.errors import ConvergenceWarning, NonFiniteError
+from implicit_ham._core.registry import Registry
+from implicit_ham._core.state import (
+    State,
+    StateSpec,
+    StepFn,
+    finite_flags,
+    per_sample_norm,
+)
+from implicit_ham._core.stats import SolverStats
+from implicit_ham._core.transforms import host_checks, under_vmap
+
+SOLVERS: Registry[FixedPointSolver] = Registry("solver")
+make_solver = SOLVERS.make_function("make_solver", __name__)
+register_solver = SOLVERS.register_function("register_solver", __name__)
+
+
+STOP_MODES = ("rel", "abs")
+
+
+class FixedPointSolver(ABC):
+    """A forward fixed-point solver (a small dataclass in every concrete case)."""
+
+    max_steps: int
+    tol: float | None
+
+    @abstractmethod
+    def solve(
+        self,
+        f: StepFn,
+        z0: State,
+        spec: StateSpec,
+        grad_steps: int = 0,
+    ) -> tuple[State, SolverStats]:
+        """Solve ``z = f(z)`` from ``z0``.
+
+        Args:
+            f: the map, on tuples of tensors shaped like ``spec``.
+            z0: the initial state.
+            spec: the state's structure.
+            grad_steps: how many trailing iterations carry gradient (clipped to ``max_steps``);
+                the returned value must not depend on it (the conformance kit,
+                ``implicit_ham.testing.check_solver``, checks this).
+        """
+
+    @property
+    def name(self) -> str:
+        """The registry name of this solver."""
+        return SOLVERS.name_of(self) or type(self).__name__
+
+
+def refuse_vmap(solver: FixedPointSolver) -> None:
+    """NotImplementedError under vmap: an accelerated solver decides on values."""
+    if under_vmap():
+        raise NotImplementedError(
+            f"{type(solver).__name__} under torch.func.vmap: its steps decide on values "
+            "(convergence checks, the mixing system), which vmap cannot trace. Use "
+            "FixedPointIteration(tol=None) inside vmap."
+        )
+
+
+def refuse_unroll(solver: FixedPointSolver, grad_steps: int) -> None:
+    """ValueError when every step would need gradient (Unroll) through an accelerated solver."""
+    if grad_steps >= solver.max_steps:
+        raise ValueError(
+            f"{type(solver).__name__} runs without gradient and cannot be unrolled through all "
+            f"{solver.max_steps} steps; use FixedPointIteration with Unroll, or an adjoint with "
+            "fewer gradient steps (Truncated, OneStep, Phantom, Implicit, Neumann)."
+        )
+
+
+def raise_non_finite(solver: str, z0: State, evaluation: int) -> None:
+    flags = finite_flags(tuple(t.detach() for t in z0)).tolist()
+    if not all(flags):
+        where = f"state[{flags.index(False)}] at the initial state z0"
+    else:
+        where = f"forward evaluation {evaluation + 1} (after a retry where the solver has one)"
+    raise NonFiniteError(
+        f"{solver}: non-finite value (NaN or inf, or a step whose size overflows) at {where}. "
+        "Check f for overflow or division by zero, use FixedPointIteration, or float64."
+    )
+
+
+def damped(f: StepFn, weight: float) -> StepFn:
+    """The map ``z -> weight * f(z) + (1 - weight) * z`` (``f`` itself for weight 1)."""
+    if weight == 1.0:
+        return f
+    return lambda z: tuple(weight * fz + (1 - weight) * zi for fz, zi in zip(f(z), z, strict=True))
+
+
+def apply_steps(step: StepFn, z: State, n: int) -> State:
+    """``n`` steps of ``step`` from ``z``."""
+    for _ in range(n):
+        z = step(z)
+    return z
+
+
+def warn_if_not_converged(stats: SolverStats, tol: float | None) -> None:
+    """``ConvergenceWarning`` with the worst residual when a solve with a tolerance missed it."""
+    if tol is None or stats.converged is None or not host_checks() or bool(stats.converged.all()):
+        return
+    warnings.warn(
+        f"{stats.solver}: forward solve did not reach tol={tol:g} in {stats.steps} steps "
+        f"(worst relative residual {float(stats.rel_residual.max()):.3e}); raise max_steps "
+        "or use Anderson",
+        ConvergenceWarning,
+        stacklevel=4,
+    )
+
+
+@dataclass
+class ResidualTrace:
+    """Per-sample ``||g(z_k)||`` of a root / argmin solve (the rows of ``SolverStats``)."""
+
+    solver: str
+    rows: list[Tensor] | None = None
+    first: Tensor | None = None
+
+    def start(self, spec: StateSpec, flat_residual: Tensor) -> None:
+        """The residual at z0 (not a step; the reference of ``rel_residual``)."""
+        self.rows, self.first = [], self._norms(spec, flat_residual)
+        self._check(self.first, 0)
+
+    def record(self, spec: StateSpec, flat_residual: Tensor) -> None:
+        """The residual after one more step."""
+        assert self.rows is not None
+        self.rows.append(self._norms(spec, flat_residual))
+        self._check(self.rows[-1], len(self.rows))
+
+    def done(self, tol: float | None) -> bool:
+        """Whether every sample's latest residual is ``<= tol``."""
+        last = self.rows[-1] if self.rows else self.first
+        return tol is not None and last is not None and bool((last <= tol).all())
+
+    def build(self, tol: float | None) -> SolverStats:
+        """The ``SolverStats``; warns ``ConvergenceWarning`` when ``tol`` was missed."""
+        assert self.rows is not None and self.first is not None
+        last = self.rows[-1] if self.rows else self.first
+        trace = torch.stack(self.rows) if self.rows else self.first.new_zeros(0, len(last))
+        rel = last / (self.first + torch.finfo(last.dtype).tiny)
+        converged = None if tol is None else last <= tol
+        stats = SolverStats(self.solver, len(self.rows), trace, last, rel, converged)
+        if converged is not None and host_checks() and not bool(converged.all()):
+            warnings.warn(
+                f"{self.solver}: did not reach tol={tol:g} in {stats.steps} steps (worst "
+                f"residual {float(last.max()):.3e}); raise max_steps or change the solver",
+                ConvergenceWarning,
+                stacklevel=4,
+            )
+        return stats
+
+    @staticmethod
+    def _norms(spec: StateSpec, flat_residual: Tensor) -> Tensor:
+        return per_sample_norm((flat_residual.detach().reshape(spec.batch, -1),))
+
+    def _check(self, norms: Tensor, step: int) -> None:
+        if host_checks() and not bool(torch.isfinite(norms).all()):
+            where = "the initial state z0" if step == 0 else f"step {step}"
+            raise NonFiniteError(
+                f"{self.solver}: non-finite residual (NaN or inf) at {where}. Check the "
+                "problem for overflow, damp the steps, or use float64."
+            )
+
+
+def refuse_grad_steps(solver: str, grad_steps: int) -> None:
+    """ValueError for a through-iteration backward mode on a solver without differentiable
+    steps (the same refusal as torchdeq's solvers under Unroll)."""
+    if grad_steps > 0:
+        raise ValueError(
+            f"{solver}: its steps (inner linear solves, line searches) are not differentiable "
+            "steps, so it cannot carry a through-iteration gradient (Unroll, Truncated, "
+            "OneStep). Use adjoint=Implicit(...) or Neumann(...), or a solver whose steps "
+            "are plain maps (a fixed-point solver for root, GradientDescent for minimize)."
+        )
+

@@ -1,0 +1,411 @@
+"""Forward solvers of ``minimize`` / ``least_squares``: find ``argmin_z loss(z)``.
+
+Every minimizer shares ``minimize(objective, z0, spec, grad_steps) -> (z, SolverStats)``; the
+stats' residuals are ``||grad_z loss||`` per sample after each step (for ``GradientDescent``
+under a constraint, the projected-gradient mapping ``||z - P(z - lr grad)|| / lr``),
+``rel_residual`` the same relative to its value at z0, ``converged`` the residual ``<= tol``.
+
+* ``GradientDescent(lr)``: ``z <- P(z - lr grad)`` (P the constraint's projection, identity
+  without one), run by ``FixedPointIteration``: its steps are plain maps, so ``Unroll`` /
+  ``Truncated`` / ``OneStep`` differentiate them and the value never depends on the mode.
+* ``LBFGS``: the two-loop recursion with an Armijo backtracking search, on the flat state
+  (torch.optim.LBFGS keeps its line-search state per ``step`` call and was unreliable when
+  stepped one iteration at a time, which the per-step statistics need).
+* ``NewtonCG``: Newton steps from CG on Hessian-vector products (double backward), truncated
+  at negative curvature, with a backtracking (Armijo) line search.
+* ``GaussNewton``, ``LevenbergMarquardt``: for a sum of squares ``½||r(z)||²``
+  (``least_squares`` only), with the dense Jacobian of r (``torch.func.jacrev``): small
+  problems (curve fits), not images.
+
+All but ``GradientDescent`` refuse the through-iteration modes (ValueError): their steps
+(line searches, inner solves) are not differentiable maps; use ``Implicit``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from implicit_ham._core.registry import Registry
+from implicit_ham._core.state import State, StateSpec
+from implicit_ham._core.stats import SolverStats
+from implicit_ham._core.validation import check_positive_int, check_tolerance
+from implicit_ham.solvers.base import ResidualTrace, refuse_grad_steps
+from implicit_ham.solvers.iteration import FixedPointIteration
+from implicit_ham.solvers.projections import Constraint
+
+MINIMIZERS: Registry[Minimizer] = Registry("minimizer")
+make_minimizer = MINIMIZERS.make_function("make_minimizer", __name__)
+register_minimizer = MINIMIZERS.register_function("register_minimizer", __name__)
+
+
+@dataclass(frozen=True)
+class Objective:
+    """``loss(z)`` on the state, with the derivatives the minimizers need.
+
+    Attributes:
+        loss: state (tuple) -> scalar Tensor.
+        spec: the state's structure.
+        residuals: for a sum of squares, state -> residual vector r with ``loss = ½||r||²``;
+            None otherwise.
+        constraint: the feasible set (projected gradient only), or None.
+    """
+
+    loss: Callable[[State], Tensor]
+    spec: StateSpec
+    residuals: Callable[[State], Tensor] | None = None
+    constraint: Constraint | None = None
+
+    def flat(self, z: State) -> Tensor:
+        """(M,): the whole state as one vector."""
+        return self.spec.flatten(z).reshape(-1)
+
+    def state(self, x: Tensor) -> State:
+        """Inverse of ``flat``."""
+        return self.spec.unflatten(x.reshape(self.spec.batch, -1))
+
+    def value(self, x: Tensor) -> Tensor:
+        """The loss at the flat point x (a scalar)."""
+        return self.loss(self.state(x))
+
+    def gradient(self, z: State) -> State:
+        """``grad_z loss`` at z; differentiable (``create_graph``) when grad mode is on, so
+        through-iteration modes and the implicit backward can differentiate it again."""
+        create = torch.is_grad_enabled()
+        with torch.enable_grad():
+            zr = tuple(t if t.requires_grad else t.detach().requires_grad_() for t in z)
+            grads = torch.autograd.grad(self.loss(zr), zr, create_graph=create, allow_unused=True)
+        out = self.spec.zeros_like_missing(grads, zr)
+        return out if create else tuple(t.detach() for t in out)
+
+    def flat_gradient(self, x: Tensor) -> Tensor:
+        """(M,): ``grad loss`` at x, without graph."""
+        with torch.no_grad():
+            return self.flat(self.gradient(self.state(x)))
+
+    def hvp(self, x: Tensor) -> Callable[[Tensor], Tensor]:
+        """``v -> H v`` at x (double backward; H symmetric), without graph."""
+        with torch.enable_grad():
+            xr = x.detach().requires_grad_()
+            (grad,) = torch.autograd.grad(self.value(xr), xr, create_graph=True)
+
+        def product(v: Tensor) -> Tensor:
+            (hv,) = torch.autograd.grad(grad, xr, v, retain_graph=True, allow_unused=True)
+            return torch.zeros_like(v) if hv is None else hv.detach()
+
+        return product
+
+    def residual_jacobian(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(r (R,), dr/dx (R, M)) at x, dense (``torch.func.jacrev``), without graph."""
+        assert self.residuals is not None
+        fn = self.residuals
+
+        def flat_r(y: Tensor) -> Tensor:
+            return fn(self.state(y)).reshape(-1)
+
+        with torch.no_grad():
+            jac = torch.func.jacrev(flat_r)(x)
+            return flat_r(x), jac
+
+
+class Minimizer(ABC):
+    """A forward solver of ``argmin_z loss(z)`` (a small frozen dataclass)."""
+
+    max_steps: int
+    tol: float | None
+    needs_residuals: ClassVar[bool] = False
+    supports_constraints: ClassVar[bool] = False
+
+    @abstractmethod
+    def minimize(
+        self, objective: Objective, z0: State, grad_steps: int = 0
+    ) -> tuple[State, SolverStats]:
+        """Minimise from ``z0``; the last ``grad_steps`` steps carry gradient (refused with a
+        ValueError by solvers whose steps are not differentiable)."""
+
+    @property
+    def name(self) -> str:
+        """The registry name of this minimizer."""
+        return MINIMIZERS.name_of(self) or type(self).__name__
+
+
+@MINIMIZERS.register("gradient_descent")
+@dataclass(frozen=True)
+class GradientDescent(Minimizer):
+    """(Projected) gradient descent ``z <- P(z - lr grad_z loss(z))`` with a fixed step.
+
+    Args:
+        lr: the step; converges for ``lr < 2 / L`` (L the gradient's Lipschitz constant).
+        max_steps: iterations. tol: stop when every sample's (projected) gradient norm is
+            ``<= tol``; None runs exactly ``max_steps`` steps.
+    """
+
+    lr: float = 0.1
+    max_steps: int = 500
+    tol: float | None = 1e-8
+    supports_constraints: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        check_tolerance("GradientDescent", "lr", self.lr)
+        check_positive_int("GradientDescent", "max_steps", self.max_steps)
+        check_tolerance("GradientDescent", "tol", self.tol, optional=True)
+
+    def step_map(self, objective: Objective) -> Callable[[State], State]:
+        """``z -> P(z - lr grad(z))``: the map whose fixed point is the (constrained) minimum."""
+        project = objective.constraint.project if objective.constraint else (lambda z: z)
+
+        def step(z: State) -> State:
+            grad = objective.gradient(z)
+            return project(tuple(t - self.lr * d for t, d in zip(z, grad, strict=True)))
+
+        return step
+
+    def minimize(
+        self, objective: Objective, z0: State, grad_steps: int = 0
+    ) -> tuple[State, SolverStats]:
+        tol = None if self.tol is None else self.lr * self.tol
+        loop = FixedPointIteration(max_steps=self.max_steps, tol=tol, stop_mode="abs")
+        z, stats = loop.solve(self.step_map(objective), z0, objective.spec, grad_steps)
+        return z, dataclasses.replace(
+            stats,
+            solver=self.name,
+            residuals=stats.residuals / self.lr,
+            abs_residual=stats.abs_residual / self.lr,
+        )
+
+
+@MINIMIZERS.register("lbfgs")
+@dataclass(frozen=True)
+class LBFGS(Minimizer):
+    """L-BFGS (two-loop recursion) with an Armijo backtracking line search, on the flat state.
+
+    Args:
+        max_steps: iterations. tol: stop when every sample's gradient norm is ``<= tol``.
+        history: the number of curvature pairs kept.
+    """
+
+    max_steps: int = 200
+    tol: float | None = 1e-8
+    history: int = 10
+
+    def __post_init__(self) -> None:
+        check_positive_int("LBFGS", "max_steps", self.max_steps)
+        check_tolerance("LBFGS", "tol", self.tol, optional=True)
+        check_positive_int("LBFGS", "history", self.history)
+
+    def minimize(
+        self, objective: Objective, z0: State, grad_steps: int = 0
+    ) -> tuple[State, SolverStats]:
+        refuse_grad_steps(self.name, grad_steps)
+        spec, trace = objective.spec, ResidualTrace(self.name)
+        pairs: deque[tuple[Tensor, Tensor]] = deque(maxlen=self.history)
+        x = objective.flat(z0).detach()
+        grad = objective.flat_gradient(x)
+        trace.start(spec, grad)
+        for _ in range(self.max_steps):
+            if trace.done(self.tol):
+                break
+            direction = -_two_loop(grad, pairs)
+            if not pairs or float(torch.dot(direction, grad)) >= 0:
+                pairs.clear()
+                direction = -grad / grad.norm().clamp_min(torch.finfo(grad.dtype).tiny)
+            x_new = _armijo(objective, x, grad, direction)
+            grad_new = objective.flat_gradient(x_new)
+            s_k, y_k = x_new - x, grad_new - grad
+            if float(torch.dot(s_k, y_k)) > 1e-10 * float(s_k.norm() * y_k.norm()):
+                pairs.append((s_k, y_k))
+            x, grad = x_new, grad_new
+            trace.record(spec, grad)
+        return objective.state(x), trace.build(self.tol)
+
+
+def _two_loop(grad: Tensor, pairs: deque[tuple[Tensor, Tensor]]) -> Tensor:
+    """The L-BFGS inverse-Hessian approximation applied to ``grad`` (Nocedal & Wright 7.4)."""
+    q, alphas = grad.clone(), list[Tensor]()
+    for s_k, y_k in reversed(pairs):
+        alpha = torch.dot(s_k, q) / torch.dot(y_k, s_k)
+        q, alphas = q - alpha * y_k, [alpha, *alphas]
+    if pairs:
+        s_k, y_k = pairs[-1]
+        q = q * (torch.dot(s_k, y_k) / torch.dot(y_k, y_k))
+    for (s_k, y_k), alpha in zip(pairs, alphas, strict=True):
+        beta = torch.dot(y_k, q) / torch.dot(y_k, s_k)
+        q = q + (alpha - beta) * s_k
+    return q
+
+
+@MINIMIZERS.register("newton_cg")
+@dataclass(frozen=True)
+class NewtonCG(Minimizer):
+    """Truncated Newton: CG on ``H p = -grad`` (Hessian-vector products), stopped at negative
+    curvature (then the CG iterate so far, or ``-grad``), and an Armijo backtracking search.
+
+    Args:
+        max_steps: Newton iterations. tol: stop when every sample's gradient norm ``<= tol``.
+        cg_max_steps: CG iterations per Newton step.
+    """
+
+    max_steps: int = 50
+    tol: float | None = 1e-8
+    cg_max_steps: int = 100
+
+    def __post_init__(self) -> None:
+        check_positive_int("NewtonCG", "max_steps", self.max_steps)
+        check_tolerance("NewtonCG", "tol", self.tol, optional=True)
+        check_positive_int("NewtonCG", "cg_max_steps", self.cg_max_steps)
+
+    def minimize(
+        self, objective: Objective, z0: State, grad_steps: int = 0
+    ) -> tuple[State, SolverStats]:
+        refuse_grad_steps(self.name, grad_steps)
+        spec, trace = objective.spec, ResidualTrace(self.name)
+        x = objective.flat(z0).detach()
+        grad = objective.flat_gradient(x)
+        trace.start(spec, grad)
+        for _ in range(self.max_steps):
+            if trace.done(self.tol):
+                break
+            direction = _truncated_cg(objective.hvp(x), grad, self.cg_max_steps)
+            x = _armijo(objective, x, grad, direction)
+            grad = objective.flat_gradient(x)
+            trace.record(spec, grad)
+        return objective.state(x), trace.build(self.tol)
+
+
+def _truncated_cg(hvp: Callable[[Tensor], Tensor], grad: Tensor, max_steps: int) -> Tensor:
+    """An approximate solution of ``H p = -grad``, stopped at negative curvature (Steihaug)."""
+    p, r = torch.zeros_like(grad), -grad
+    d, rr = r, torch.dot(r, r)
+    target = min(0.5, float(grad.norm()) ** 0.5) ** 2 * rr
+    for _ in range(max_steps):
+        hd = hvp(d)
+        curvature = torch.dot(d, hd)
+        if float(curvature) <= 0:
+            return p if bool(p.any()) else -grad
+        alpha = rr / curvature
+        p, r = p + alpha * d, r - alpha * hd
+        rr_next = torch.dot(r, r)
+        if bool(rr_next <= target):
+            break
+        d, rr = r + (rr_next / rr) * d, rr_next
+    return p
+
+
+def _armijo(objective: Objective, x: Tensor, grad: Tensor, direction: Tensor) -> Tensor:
+    """``x + t d`` with the first ``t = 1, 1/2, ...`` (30 tries) giving sufficient decrease."""
+    with torch.no_grad():
+        f0, slope, t = float(objective.value(x)), float(torch.dot(grad, direction)), 1.0
+        for _ in range(30):
+            candidate = x + t * direction
+            if float(objective.value(candidate)) <= f0 + 1e-4 * t * slope:
+                return candidate
+            t /= 2
+        return x + t * direction
+
+
+@MINIMIZERS.register("gauss_newton")
+@dataclass(frozen=True)
+class GaussNewton(Minimizer):
+    """Gauss-Newton for ``½||r(z)||²``: ``Δ = argmin ||J Δ + r||`` (least squares on the
+    dense Jacobian), halved until the loss decreases (30 tries).
+
+    Args:
+        max_steps: iterations. tol: stop when every sample's gradient ``J^T r`` has norm
+            ``<= tol``.
+    """
+
+    max_steps: int = 50
+    tol: float | None = 1e-10
+    needs_residuals: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        check_positive_int("GaussNewton", "max_steps", self.max_steps)
+        check_tolerance("GaussNewton", "tol", self.tol, optional=True)
+
+    def minimize(
+        self, objective: Objective, z0: State, grad_steps: int = 0
+    ) -> tuple[State, SolverStats]:
+        refuse_grad_steps(self.name, grad_steps)
+        spec, trace = objective.spec, ResidualTrace(self.name)
+        x = objective.flat(z0).detach()
+        r, jac = objective.residual_jacobian(x)
+        trace.start(spec, jac.T @ r)
+        for _ in range(self.max_steps):
+            if trace.done(self.tol):
+                break
+            delta = torch.linalg.lstsq(jac, -r[:, None], driver="gelsd").solution[:, 0]
+            x = _decrease(objective, x, 0.5 * float(r @ r), delta)
+            r, jac = objective.residual_jacobian(x)
+            trace.record(spec, jac.T @ r)
+        return objective.state(x), trace.build(self.tol)
+
+
+def _decrease(objective: Objective, x: Tensor, loss: float, delta: Tensor) -> Tensor:
+    """``x + t Δ`` with the first ``t = 1, 1/2, ...`` (30 tries) that does not raise the loss."""
+    with torch.no_grad():
+        t = 1.0
+        for _ in range(30):
+            if float(objective.value(x + t * delta)) <= loss:
+                return x + t * delta
+            t /= 2
+        return x
+
+
+@MINIMIZERS.register("levenberg_marquardt")
+@dataclass(frozen=True)
+class LevenbergMarquardt(Minimizer):
+    """Levenberg-Marquardt for ``½||r(z)||²``: ``(J^T J + μ I) Δ = -J^T r`` on the dense
+    Jacobian, μ adapted by the gain ratio (Nielsen's rule); a rejected step raises μ.
+
+    Args:
+        max_steps: iterations (accepted or rejected). tol: stop when every sample's gradient
+            ``J^T r`` has norm ``<= tol``. mu0: the initial damping, relative to
+            ``max diag(J^T J)``.
+    """
+
+    max_steps: int = 100
+    tol: float | None = 1e-10
+    mu0: float = 1e-3
+    needs_residuals: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        check_positive_int("LevenbergMarquardt", "max_steps", self.max_steps)
+        check_tolerance("LevenbergMarquardt", "tol", self.tol, optional=True)
+        check_tolerance("LevenbergMarquardt", "mu0", self.mu0)
+
+    def minimize(
+        self, objective: Objective, z0: State, grad_steps: int = 0
+    ) -> tuple[State, SolverStats]:
+        refuse_grad_steps(self.name, grad_steps)
+        spec, trace = objective.spec, ResidualTrace(self.name)
+        x = objective.flat(z0).detach()
+        r, jac = objective.residual_jacobian(x)
+        gram, grad = jac.T @ jac, jac.T @ r
+        mu, nu = self.mu0 * float(gram.diagonal().max()), 2.0
+        trace.start(spec, grad)
+        for _ in range(self.max_steps):
+            if trace.done(self.tol):
+                break
+            eye = torch.eye(len(x), dtype=x.dtype, device=x.device)
+            delta = torch.linalg.solve(gram + mu * eye, -grad)
+            with torch.no_grad():
+                r_new = objective.residuals(objective.state(x + delta)).reshape(-1)  # type: ignore[misc]
+            actual = 0.5 * float(r @ r - r_new @ r_new)
+            predicted = 0.5 * float(delta @ (mu * delta - grad))
+            if predicted > 0 and actual >= 0:  # 0: no change to round-off, near the minimum
+                x = x + delta
+                r, jac = objective.residual_jacobian(x)
+                gram, grad = jac.T @ jac, jac.T @ r
+                mu *= max(1 / 3, 1 - (2 * actual / predicted - 1) ** 3)
+                nu = 2.0
+            else:
+                mu, nu = mu * nu, 2 * nu
+            trace.record(spec, grad)
+        return objective.state(x), trace.build(self.tol)

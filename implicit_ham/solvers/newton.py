@@ -1,0 +1,152 @@
+"""``root``: the layer ``z* : g(z*, *args) = 0``, differentiated through its optimality condition.
+
+Forward: a root solver (``Newton`` with any linear solver of the library) or any fixed-point
+solver (``FixedPointIteration``, ``Anderson``, ``Broyden``) applied to ``z <- z - g(z)``.
+Backward: the library's backward modes. ``Implicit`` / ``Neumann`` differentiate ``g(z*, θ) = 0``
+by the implicit-function theorem, ``dz*/dθ = -(dg/dz)^{-1} dg/dθ``: the backward pass solves
+``(dg/dz)^T w = v`` with the chosen linear solver and hands ``-w`` to g's graph
+(``implicit_backward.attach_root_gradient``, the same Function as the fixed-point layers').
+``Unroll`` / ``Truncated`` / ``OneStep`` differentiate the solver's iterations (fixed-point
+solvers only; Newton's linear solves are not differentiable steps). ``Phantom`` is refused.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from implicit_ham._core.registry import Registry
+from implicit_ham._core.state import State, StateSpec, StepFn
+from implicit_ham._core.stats import SolverStats
+from implicit_ham._core.validation import check_positive_int, check_tolerance, check_unit_interval
+from implicit_ham.linalg.operator import LINEAR_SOLVERS, AdjointOperator, LinearSolver
+from implicit_ham.solvers.base import ResidualTrace, refuse_grad_steps
+
+ROOT_SOLVERS: Registry[RootSolver] = Registry("root solver")
+make_root_solver = ROOT_SOLVERS.make_function("make_root_solver", __name__)
+register_root_solver = ROOT_SOLVERS.register_function("register_root_solver", __name__)
+
+
+class RootSolver(ABC):
+    """A solver of ``g(z) = 0`` (a small frozen dataclass in every concrete case).
+
+    ``solve`` returns the root and a ``SolverStats`` whose residuals are ``||g(z_k)||`` per
+    sample after each step, ``rel_residual = ||g(z)|| / ||g(z0)||`` and ``converged`` the
+    absolute residual ``<= tol``.
+    """
+
+    max_steps: int
+    tol: float | None
+
+    @abstractmethod
+    def solve(
+        self, g: StepFn, z0: State, spec: StateSpec, grad_steps: int = 0
+    ) -> tuple[State, SolverStats]:
+        """Solve ``g(z) = 0`` from ``z0``; ``grad_steps > 0`` is refused by solvers whose steps
+        are not differentiable (ValueError naming the modes that work)."""
+
+    @property
+    def name(self) -> str:
+        """The registry name of this solver."""
+        return ROOT_SOLVERS.name_of(self) or type(self).__name__
+
+
+@ROOT_SOLVERS.register("newton")
+@dataclass(frozen=True)
+class Newton(RootSolver):
+    """Newton's method: ``z <- z + damping * Δ`` with ``(dg/dz) Δ = -g(z)`` solved by a linear
+    solver of the library on Jacobian-vector products (``torch.func.jvp``).
+
+    Args:
+        linear_solver: "gmres" (default), "dense" (small problems), "cg" (symmetric
+            positive-definite dg/dz only), ... or a ``LinearSolver``.
+        max_steps: Newton iterations. tol: stop when every sample's ``||g(z)|| <= tol``.
+        linear_max_steps, linear_tol: the inner solve's budget and relative tolerance.
+        damping: step size in (0, 1].
+    """
+
+    linear_solver: LinearSolver | str = "gmres"
+    max_steps: int = 20
+    tol: float | None = 1e-8
+    linear_max_steps: int = 200
+    linear_tol: float = 1e-10
+    damping: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "linear_solver", LINEAR_SOLVERS.resolve(self.linear_solver, LinearSolver)
+        )
+        check_positive_int("Newton", "max_steps", self.max_steps)
+        check_tolerance("Newton", "tol", self.tol, optional=True)
+        check_positive_int("Newton", "linear_max_steps", self.linear_max_steps)
+        check_tolerance("Newton", "linear_tol", self.linear_tol)
+        check_unit_interval("Newton", "damping", self.damping)
+
+    def solve(
+        self, g: StepFn, z0: State, spec: StateSpec, grad_steps: int = 0
+    ) -> tuple[State, SolverStats]:
+        refuse_grad_steps(self.name, grad_steps)
+        solver: LinearSolver = self.linear_solver  # type: ignore[assignment]
+        trace = ResidualTrace(self.name)
+        x = spec.flatten(z0).reshape(-1)
+
+        def flat_g(y: Tensor) -> Tensor:
+            return spec.flatten(g(spec.unflatten(y.reshape(spec.batch, -1)))).reshape(-1)
+
+        with torch.no_grad():
+            gx = flat_g(x)
+            trace.start(spec, gx)
+            for _ in range(self.max_steps):
+                if trace.done(self.tol):
+                    break
+                op = jacobian_operator(flat_g, x, "dg/dz")
+                delta, _, _ = solver.solve(op, -gx, self.linear_max_steps, self.linear_tol)
+                x = x + self.damping * delta
+                gx = flat_g(x)
+                trace.record(spec, gx)
+        return spec.unflatten(x.reshape(spec.batch, -1)), trace.build(self.tol)
+
+
+def jacobian_operator(fn: Callable[[Tensor], Tensor], x: Tensor, label: str) -> AdjointOperator:
+    """The linear operator ``A = d fn / dx`` at x (M,), posed for the linear solvers as the
+    system ``A Δ = b`` (``system``; ``vjp = I - A`` its Richardson form).
+
+    ``fn`` is evaluated once; each product ``A v`` is the derivative of the VJP
+    ``u -> A^T u`` in the direction v (double backward on the retained graph), cheaper than
+    re-tracing ``fn`` with ``torch.func.jvp`` per product.
+    """
+    with torch.enable_grad():
+        x_req = x.detach().requires_grad_()
+        out = fn(x_req)
+        u = torch.zeros_like(out, requires_grad=True)
+        (transposed,) = torch.autograd.grad(out, x_req, u, create_graph=True, allow_unused=True)
+    if transposed is None or not transposed.requires_grad:  # fn is affine or constant in x
+        dense = torch.func.jacrev(fn)(x.detach()) if transposed is not None else None
+
+        def jvp(v: Tensor) -> Tensor:
+            return torch.zeros_like(v) if dense is None else dense @ v.to(dense.dtype)
+
+    else:
+
+        def jvp(v: Tensor) -> Tensor:
+            (product,) = torch.autograd.grad(
+                transposed, u, v.to(x.dtype), retain_graph=True, allow_unused=True
+            )
+            return (torch.zeros_like(v) if product is None else product.detach()).to(v.dtype)
+
+    def jvp_rows(rows: Tensor) -> Tensor:
+        return torch.stack([jvp(r) for r in rows])
+
+    return AdjointOperator(
+        vjp=lambda v: v - jvp(v),
+        vjp_batched=lambda rows: rows - jvp_rows(rows),
+        size=x.numel(),
+        system=jvp,
+        system_batched=jvp_rows,
+        label=label,
+    )
+

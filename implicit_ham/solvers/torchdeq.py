@@ -1,0 +1,228 @@
+"""torchdeq 0.1.0's Anderson and Broyden, guarded against its known pitfalls (see
+docs/solvers.md): plain keyword arguments only, no ``indexing``, the residual recomputed at the
+returned point, a singular Anderson system retried with stronger regularisation, and a
+non-finite result reported instead of returned. They are the references the native solvers
+(``Anderson``, ``Broyden`` in ``solvers``) are tested and benchmarked against, and stay
+selectable as "torchdeq_anderson" / "torchdeq_broyden".
+
+torchdeq is an optional extra (``pip install implicit-ham[torchdeq]``): it is imported when one
+of these solvers is built, and building one without it raises an ImportError naming the extra.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from abc import abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+from torch import Tensor
+
+from implicit_ham._core.errors import NonFiniteError
+from implicit_ham._core.state import State, StateSpec, StepFn, detached, with_gradient_of
+from implicit_ham._core.stats import SolverStats, TraceRecorder
+from implicit_ham.solvers.accelerated import check_anderson_options, check_broyden_options
+from implicit_ham.solvers.base import (
+    SOLVERS,
+    FixedPointSolver,
+    apply_steps,
+    refuse_unroll,
+    refuse_vmap,
+    warn_if_not_converged,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def torchdeq_solver(name: str) -> Callable[..., Any]:
+    """torchdeq's ``anderson_solver`` / ``broyden_solver``, imported on first use."""
+    try:
+        from torchdeq import solver
+    except ImportError as err:
+        raise ImportError(
+            f"{name} needs torchdeq, an optional extra: pip install 'implicit-ham[torchdeq]' "
+            "(or use the native Anderson / Broyden solvers)"
+        ) from err
+    return cast(Callable[..., Any], getattr(solver, name))
+
+
+class _TorchDEQSolver(FixedPointSolver):
+    """Shared guard around a torchdeq solver working on flattened (B, N) states.
+
+    The solver spends ``max_steps - 1`` evaluations of ``f``, then evaluates ``f`` once more at
+    its solution z* to measure the residual. Under a through-iteration backward mode that
+    evaluation runs with gradient and is followed by ``grad_steps - 1`` more plain steps; the
+    result carries their gradient and z*'s value (``with_gradient_of``), so the value is the
+    same under every backward mode. ``Unroll`` (``grad_steps >= max_steps``) is refused: the
+    accelerated iterations are not differentiable steps.
+    """
+
+    max_steps: int
+    tol: float | None
+    stop_mode: str
+
+    @abstractmethod
+    def _run(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, max_iter: int) -> Tensor:
+        """Call the torchdeq solver with plain keyword arguments; return the (B, N) solution."""
+
+    def solve(
+        self,
+        f: StepFn,
+        z0: State,
+        spec: StateSpec,
+        grad_steps: int = 0,
+    ) -> tuple[State, SolverStats]:
+        refuse_vmap(self)
+        refuse_unroll(self, grad_steps)
+        budget = self.max_steps - 1
+        rec = TraceRecorder(self.name)
+
+        def flat_f(x: Tensor) -> Tensor:
+            z = spec.unflatten(x)
+            fz = f(z)
+            rec.record(z, fz)
+            return spec.flatten(fz)
+
+        with torch.no_grad():
+            x = self._run(flat_f, spec.flatten(z0), budget)
+        z = detached(spec.unflatten(x))
+        tail = grad_steps > 0 and torch.is_grad_enabled()
+        with torch.set_grad_enabled(tail):
+            fz = f(z)  # the residual check at z*, and the first gradient step when tail
+        rec.record(z, fz)
+        rec.check_finite(z0)
+        if tail:
+            z = with_gradient_of(z, apply_steps(f, fz, grad_steps - 1))
+        stats = rec.build(spec.batch, x.device, x.dtype, self.tol, self.stop_mode)
+        warn_if_not_converged(stats, self.tol)
+        return z, stats
+
+    def _torchdeq_tol(self) -> float:
+        return -math.inf if self.tol is None else float(self.tol)
+
+
+@SOLVERS.register("torchdeq_anderson")
+@dataclass(frozen=True)
+class TorchDEQAnderson(_TorchDEQSolver):
+    """Anderson acceleration (torchdeq's ``anderson_solver``), guarded: the reference the
+    native ``Anderson`` is tested and benchmarked against.
+
+    Args:
+        max_steps: budget of ``f`` evaluations. tol: stopping tolerance (None: use the budget).
+        m: history size (>= 2). lam: Tikhonov regularisation of the mixing system.
+        damping: mixing step size in (0, 1]. stop_mode: "rel" or "abs".
+
+    A singular mixing system (torchdeq has no fallback) or a non-finite result is retried once
+    with ``lam`` raised to ``retry_lam``; if that fails too, NonFiniteError is raised.
+    """
+
+    max_steps: int = 50
+    tol: float | None = 1e-5
+    m: int = 5
+    lam: float = 1e-4
+    damping: float = 1.0
+    stop_mode: str = "rel"
+    retry_lam: float = 1e-2
+
+    def __post_init__(self) -> None:
+        check_anderson_options(type(self).__name__, self)
+        torchdeq_solver("anderson_solver")
+
+    def _run(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, max_iter: int) -> Tensor:
+        return guarded_anderson(
+            flat_f,
+            x0,
+            max_iter=max_iter,
+            tol=self._torchdeq_tol(),
+            stop_mode=self.stop_mode,
+            m=self.m,
+            lam=self.lam,
+            damping=self.damping,
+            retry_lam=self.retry_lam,
+        )
+
+
+@SOLVERS.register("torchdeq_broyden")
+@dataclass(frozen=True)
+class TorchDEQBroyden(_TorchDEQSolver):
+    """Broyden's method (torchdeq's ``broyden_solver``, no line search), guarded: the reference
+    the native ``Broyden`` is tested and benchmarked against.
+
+    Args:
+        max_steps: budget of ``f`` evaluations. tol: stopping tolerance (None: use the budget).
+        stop_mode: "rel" or "abs".
+    """
+
+    max_steps: int = 50
+    tol: float | None = 1e-5
+    stop_mode: str = "rel"
+
+    def __post_init__(self) -> None:
+        check_broyden_options(type(self).__name__, self)
+        torchdeq_solver("broyden_solver")
+
+    def _run(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, max_iter: int) -> Tensor:
+        # torchdeq evaluates f once at x0, then once per iteration: max_iter + 1 evaluations.
+        x, _, _ = torchdeq_solver("broyden_solver")(
+            flat_f,
+            x0,
+            max_iter=max_iter - 1,
+            tol=self._torchdeq_tol(),
+            stop_mode=self.stop_mode,
+            ls=False,
+        )
+        if not bool(torch.isfinite(x).all()):
+            raise NonFiniteError(
+                "Broyden: the solution is non-finite (a degenerate rank-one update); "
+                "use Anderson or FixedPointIteration, or a smaller max_steps."
+            )
+        return x.reshape_as(x0)
+
+
+def guarded_anderson(
+    flat_f: Callable[[Tensor], Tensor],
+    x0: Tensor,
+    *,
+    max_iter: int,
+    tol: float,
+    stop_mode: str,
+    m: int,
+    lam: float,
+    damping: float,
+    retry_lam: float,
+) -> Tensor:
+    """torchdeq's Anderson on (B, N) vectors, retried once with ``retry_lam`` when it fails.
+
+    Failure means a singular mixing system (``torch.linalg.LinAlgError``) or a non-finite
+    result; both come from a (near) rank-deficient residual history, e.g. a start at the fixed
+    point with ``lam = 0``.
+    """
+    for attempt, reg in enumerate((lam, max(retry_lam, lam))):
+        try:
+            x, _, _ = torchdeq_solver("anderson_solver")(
+                flat_f,
+                x0,
+                max_iter=max_iter,
+                tol=tol,
+                stop_mode=stop_mode,
+                m=m,
+                lam=reg,
+                tau=damping,
+            )
+        except torch.linalg.LinAlgError as err:
+            failure = f"singular mixing system ({err})"
+        else:
+            if bool(torch.isfinite(x).all()):
+                return x.reshape_as(x0)
+            failure = "non-finite result"
+        if attempt == 0:
+            logger.warning(
+                "Anderson: %s with lam=%g; retrying with lam=%g", failure, reg, max(retry_lam, lam)
+            )
+    raise NonFiniteError(
+        f"Anderson failed twice ({failure}), last with lam={max(retry_lam, lam):g}; "
+        "raise lam/retry_lam or use FixedPointIteration."
+    )
