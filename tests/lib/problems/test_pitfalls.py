@@ -10,9 +10,10 @@ import pytest
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
-from torchdeq.solver import anderson_solver
 
 import implicit_ham as ih
+
+anderson_solver = pytest.importorskip("torchdeq.solver").anderson_solver
 
 DT = torch.float64
 
