@@ -45,10 +45,9 @@ def root(
         z0: initial state, (B, ...) or a tuple of (B, ...) tensors sharing B and dtype. The
             whole state is one system (samples may be coupled); residuals are per sample.
         *args: extra inputs of ``g``.
-        solver: a ``RootSolver`` (default ``Newton()``), a fixed-point ``FixedPointSolver`` (applied
-        to
-            ``z <- z - g(z)``; damp it for a g whose Jacobian is not close to I), or a name
-            from ``ROOT_SOLVERS`` then ``SOLVERS``.
+        solver: a ``RootSolver`` (default ``Newton()``), a fixed-point ``FixedPointSolver``
+            (applied to ``z <- z - g(z)``; damp it for a g whose Jacobian is not close to I), or
+            a name from ``ROOT_SOLVERS`` then ``SOLVERS``.
         adjoint: default ``Implicit()`` (GMRES on ``(dg/dz)^T w = v``). Its
             ``fixed_point_tol`` bounds ``||g(z*)||`` here (absolute, worst sample).
             ``Unroll`` / ``Truncated`` / ``OneStep`` need a fixed-point solver.
