@@ -5,18 +5,24 @@ Arms: ``+arm=none|self_attention|nmf_one_step|nmf_unroll`` (the ``arm`` presets 
 ``python -m experiments.generate -m +experiment=generation`` (4 arms x 3 seeds, two jobs at a
 time), then ``python -m experiments.generation.page``. Running a command again skips finished
 jobs and resumes the others from their newest checkpoints. The logic lives in
-``experiments.generation.run``; this file only wires Hydra.
+``experiments.generation.run``; this file only wires Hydra and turns the composed config into
+the typed ``GenerateConfig`` it runs.
 """
 
 from __future__ import annotations
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from experiments.config.typed import as_container, typed_config
 from experiments.engine.results import write_results
 from experiments.engine.resume import ResumeConflictError
-from experiments.generation.config import check_generate_config, register_generate_configs
+from experiments.generation.config import (
+    GenerateConfig,
+    check_generate_config,
+    register_generate_configs,
+)
 from experiments.generation.run import run_generation
 
 register_generate_configs()
@@ -25,17 +31,21 @@ register_generate_configs()
 @hydra.main(version_base="1.3", config_path="../conf", config_name="generate")
 def main(cfg: DictConfig) -> float:
     """Run the job; return the final FID (for sweepers that minimise)."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    check_generate_config(resolved)  # before the job writes anything
+    config = typed_config(cfg, GenerateConfig)  # unset mandatory values fail here
+    check_generate_config(config)  # before the job writes anything
     output_dir = HydraConfig.get().runtime.output_dir
     try:
-        results = run_generation(resolved, output_dir)
+        results = run_generation(config, output_dir)
     except ResumeConflictError:
         raise  # the directory belongs to another run: leave its results.json as it is
     except Exception as err:
         write_results(
             output_dir,
-            {"status": "failed", "error": f"{type(err).__name__}: {err}", "config": resolved},
+            {
+                "status": "failed",
+                "error": f"{type(err).__name__}: {err}",
+                "config": as_container(config),
+            },
         )
         raise
     return float(results["metrics"]["fid"])

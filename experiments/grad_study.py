@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from experiments.config.groups import register_configs
+from experiments.config.groups import TrainConfig, register_configs
+from experiments.config.typed import typed_config
 from experiments.studies.model_studies import run_grad_study
 
 register_configs()
@@ -19,7 +20,7 @@ register_configs()
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     """Run the study and write its results into the job directory."""
-    run_grad_study(OmegaConf.to_container(cfg, resolve=True), HydraConfig.get().runtime.output_dir)
+    run_grad_study(typed_config(cfg, TrainConfig), HydraConfig.get().runtime.output_dir)
 
 
 if __name__ == "__main__":

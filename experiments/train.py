@@ -3,7 +3,8 @@
 Sweeps: ``python -m experiments.train -m adjoint=unroll,one_step,implicit context.steps=1,3,6``.
 Running the same command again resumes each job from its newest checkpoint; data parallel:
 ``torchrun --standalone --nproc_per_node=2 -m experiments.train hydra.run.dir=DIR ...``.
-The logic lives in ``experiments.run_training``; this file only wires Hydra.
+The logic lives in ``experiments.engine.run.run_training``; this file only wires Hydra and turns
+the composed config into the typed ``TrainConfig`` it runs.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import os
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from experiments.config.groups import check_train_config, register_configs
+from experiments.config.groups import TrainConfig, check_train_config, register_configs
+from experiments.config.typed import as_container, typed_config
 from experiments.engine.results import write_results
 from experiments.engine.resume import ResumeConflictError
 from experiments.engine.run import run_training
@@ -25,11 +27,11 @@ register_configs()
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float:
     """Run the job; return the validation loss (for sweepers that minimise)."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    check_train_config(resolved)  # before the job writes anything
+    config = typed_config(cfg, TrainConfig)  # unset mandatory values fail here
+    check_train_config(config)  # before the job writes anything
     output_dir = HydraConfig.get().runtime.output_dir
     try:
-        results = run_training(resolved, output_dir)
+        results = run_training(config, output_dir)
     except ResumeConflictError:
         raise  # the directory belongs to another run: leave its results.json as it is
     except Exception as err:
@@ -37,7 +39,11 @@ def main(cfg: DictConfig) -> float:
             raise  # under torchrun only rank 0 writes the job's files
         write_results(
             output_dir,
-            {"status": "failed", "error": f"{type(err).__name__}: {err}", "config": resolved},
+            {
+                "status": "failed",
+                "error": f"{type(err).__name__}: {err}",
+                "config": as_container(config),
+            },
         )
         raise
     return float(results["metrics"]["val/loss"])

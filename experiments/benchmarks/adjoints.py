@@ -21,6 +21,7 @@ import argparse
 import logging
 import warnings
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 
@@ -33,6 +34,7 @@ from experiments.benchmarks.measure import (
     interleaved_medians,
     saved_bytes,
 )
+from implicit_ham.decompositions.base import State
 from implicit_ham.diagnostics import Rows
 
 logger = logging.getLogger(__name__)
@@ -63,7 +65,8 @@ def problem_step(
         problem = ham.implicit_problem(x, init=bases)
         solution = problem.solve(solver, adjoint)
         latest[:] = [solution]
-        return ham.readout(problem.args[0], solution.value).sum()
+        state = cast(State, solution.value)  # a decomposition's state (D, C), as its z0
+        return ham.readout(problem.args[0], state).sum()
 
     def infer() -> torch.Tensor:
         with torch.no_grad():

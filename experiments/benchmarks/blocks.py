@@ -87,8 +87,13 @@ class Setup:
 def make_ham(name: str, setup: Setup, compile_: bool, **options: object) -> ih.Decomposition:
     """The decomposition ``name`` (registry name or reference name), K steps in training and
     evaluation."""
-    kwargs = dict(rank=setup.rank, steps=setup.steps, eval_steps=setup.steps, compile=compile_)
-    kwargs.update(options)
+    kwargs: dict[str, object] = {
+        "rank": setup.rank,
+        "steps": setup.steps,
+        "eval_steps": setup.steps,
+        "compile": compile_,
+        **options,
+    }
     if name in REFERENCES:
         return REFERENCES[name](**kwargs)  # type: ignore[arg-type]
     return ih.make_decomposition(name, **kwargs)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import warnings
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 import torch._dynamo as dynamo
@@ -62,13 +63,14 @@ class TanhLayer(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (B, width) -> z* (B, width)."""
-        return ih.fixed_point(
+        solution = ih.fixed_point(
             lambda z, x_: torch.tanh(z @ self.weight + x_),
             torch.zeros_like(x),
             x,
             solver=self.solver,
             adjoint=self.adjoint,
-        ).value
+        )
+        return cast(Tensor, solution.value)  # z0 is one tensor, so is the value
 
 
 def block(ham: str, adjoint: ih.plugins.Adjoint, channels: int, rank: int) -> nn.Module:

@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -50,7 +51,7 @@ class DEQLayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.last_solution = self.implicit_problem(x).solve(self.solver, self.adjoint)
-        return self.last_solution.value
+        return cast(torch.Tensor, self.last_solution.value)  # z0 is one tensor, so is the value
 
 
 def make_model(width: int = 64, inputs: int = 32, classes: int = 10) -> nn.Module:

@@ -26,8 +26,9 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -35,6 +36,8 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from implicit_ham.diagnostics.measure import SavedTensorBytes, synchronize
+
+Key = TypeVar("Key", bound=Hashable)
 
 MIB = 2.0**20
 Size = torch.Size
@@ -74,20 +77,20 @@ def clock_seconds(clock: str) -> Callable[[], float]:
 
 
 def interleaved_medians(
-    cases: Mapping[str, Callable[[], object]],
+    cases: Mapping[Key, Callable[[], object]],
     device: torch.device,
     repeats: int,
     warmup: int,
     clock: str = "wall",
-) -> dict[str, float]:
+) -> dict[Key, float]:
     """Median milliseconds of each case over ``repeats`` rounds after ``warmup`` rounds; in a
-    round every case runs once, in order."""
+    round every case runs once, in order. Results are keyed as ``cases``."""
     now = clock_seconds(clock)
     if clock == "cpu" and device.type != "cpu":
         raise ValueError(
             f"clock='cpu' measures host CPU time, not work on {device}; use clock='wall' there"
         )
-    samples: dict[str, list[float]] = {name: [] for name in cases}
+    samples: dict[Key, list[float]] = {name: [] for name in cases}
     for round_index in range(warmup + repeats):
         for name, case in cases.items():
             synchronize(device)

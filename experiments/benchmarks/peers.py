@@ -32,9 +32,10 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +48,7 @@ import implicit_ham as ih
 from experiments.benchmarks.official_hams import OFFICIAL
 from implicit_ham._core.state import StateSpec
 from implicit_ham.diagnostics.measure import SavedTensorBytes
-from implicit_ham.linalg.operator import AdjointOperator, LinearSolver
+from implicit_ham.linalg.operator import AdjointOperator, LinearSolve, LinearSolver
 
 GROUPS = ("hams", "solvers", "gmres", "deq_train")
 COLUMNS = ("target", "case", "peer", "ours_ms", "peer_ms", "ratio", "goal", "met", "notes")
@@ -82,7 +83,7 @@ _clock = [time.process_time]
 
 
 def medians(
-    cases: dict[str, Callable[[], object]], rounds: int, warmup: int = 2
+    cases: Mapping[str, Callable[[], object]], rounds: int, warmup: int = 2
 ) -> dict[str, float]:
     """Median milliseconds of each case over ``rounds`` interleaved rounds (``--clock``: the
     process CPU time by default, which on a shared host does not count the time other jobs
@@ -112,9 +113,15 @@ class MatmulRecorder(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.calls: list[tuple[object, list[object]]] = []
+        self.calls: list[tuple[Callable[..., Any], list[object]]] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(
+        self,
+        func: Callable[..., Any],
+        types: object,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         if func in MATMULS:
             layout = [
                 (tuple(a.shape), a.stride(), a.dtype) if isinstance(a, Tensor) else a for a in args
@@ -148,14 +155,18 @@ def _strided(layout: tuple[tuple[int, ...], tuple[int, ...], torch.dtype]) -> Te
     return torch.rand(max(extent, 1), dtype=dtype).as_strided(shape, stride)
 
 
-def ham_cases(name: str, size: int, channels: int, rank: int, steps: int):  # type: ignore[no-untyped-def]
+def ham_cases(
+    name: str, size: int, channels: int, rank: int, steps: int
+) -> tuple[dict[tuple[str, str], Callable[[], object]], dict[str, int]]:
+    """The timed cases ((who, "forward" | "train") -> step: the library's ham, the official
+    formulation and its matmul floor) and the bytes each side saves for backward."""
     ours = ih.make_decomposition(name, rank=rank, steps=steps, eval_steps=steps)
     official = OFFICIAL[name](rank=rank, steps=steps, eval_steps=steps)
     gen = torch.Generator().manual_seed(size)
     draw = torch.rand if ours.nonnegative else torch.randn
     x = draw((1, channels, size, size), generator=gen)
     x_grad = x.clone().requires_grad_()
-    cases = {}
+    cases: dict[tuple[str, str], Callable[[], object]] = {}
     for label, module in (("ours", ours), ("official", official)):
 
         def forward(module: nn.Module = module) -> None:
@@ -172,7 +183,7 @@ def ham_cases(name: str, size: int, channels: int, rank: int, steps: int):  # ty
         cases[(label, "train")] = train
     cases[("floor", "forward")] = matmul_floor(cases[("official", "forward")])
     cases[("floor", "train")] = matmul_floor(cases[("official", "train")])
-    memory = {}
+    memory: dict[str, int] = {}
     for label, module in (("ours", ours), ("official", official)):
         counter = SavedTensorBytes()
         x_grad.grad = None
@@ -249,7 +260,8 @@ def solver_cases(
     def ours(solver: ih.plugins.FixedPointSolver) -> Callable[[], Tensor]:
         def run() -> Tensor:
             with torch.no_grad():
-                return ih.fixed_point(problem.f, z0, solver=solver, adjoint=ih.Implicit()).value
+                solution = ih.fixed_point(problem.f, z0, solver=solver, adjoint=ih.Implicit())
+            return cast(Tensor, solution.value)  # z0 is one tensor, so is the value
 
         return run
 
@@ -301,7 +313,7 @@ class StackedGMRES(LinearSolver):
 
     restart = 30
 
-    def solve(self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float):  # type: ignore[no-untyped-def]
+    def solve(self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float) -> LinearSolve:
         def matvec(x: Tensor) -> Tensor:
             return x - op.vjp(x)
 
@@ -319,9 +331,11 @@ class StackedGMRES(LinearSolver):
                 break
             r = v - matvec(x)
             steps += 1
-        return x, steps, None
+        return LinearSolve(x, steps, None)
 
-    def _cycle(self, matvec, r, beta, target, budget):  # type: ignore[no-untyped-def]
+    def _cycle(
+        self, matvec: Callable[[Tensor], Tensor], r: Tensor, beta: float, target: float, budget: int
+    ) -> tuple[Tensor, Tensor, Tensor, bool]:
         dim = min(self.restart, budget)
         basis = [r / beta]
         hess = torch.zeros(dim + 1, dim, dtype=r.dtype)
@@ -414,15 +428,15 @@ def deq_train_cases(
         model.zero_grad(set_to_none=True)
         x.grad = None
         sol = ih.fixed_point(model.f, z0, x, solver=solver, adjoint=adjoint)
-        sol.value.square().sum().backward()
-        return model.weight.grad
+        cast(Tensor, sol.value).square().sum().backward()  # z0 is one tensor, so is the value
+        return cast(Tensor, model.weight.grad)  # set by the backward pass
 
     def peer() -> Tensor:
         peer_model.zero_grad(set_to_none=True)
         x.grad = None
         z_out, _ = deq(lambda z: peer_model.f(z, x), z0)
         z_out[-1].square().sum().backward()
-        return peer_model.weight.grad
+        return cast(Tensor, peer_model.weight.grad)  # set by the backward pass
 
     return ours, peer
 

@@ -7,14 +7,16 @@ decomposition and baseline context module (``context``, built by ``implicit_ham.
 has every constructor parameter as a field, with the library's default. The ``data`` and
 ``logger`` groups are generated from the signatures of ``experiments.data.splits`` and
 ``experiments.engine.sinks``. Each option is stored as ``base_<name>`` in its group; the YAML files
-in
-``conf/<group>/<name>.yaml`` extend it with the experiments' own settings. OmegaConf rejects a
+in ``conf/<group>/<name>.yaml`` extend it with the experiments' own settings. OmegaConf rejects a
 misspelt key or a wrong type at start-up, with its own message.
+
+The root schema ``TrainConfig`` types each group field by the base its options derive from
+(``experiments.config.typed``), so ``typed_config(cfg, TrainConfig)`` gives the engine one typed
+object: ``cfg.context.name``, ``cfg.optim.lr``, ``cfg.diagnostics.every``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +25,7 @@ from omegaconf import MISSING
 
 import implicit_ham
 from experiments.config.signatures import config_class, signature_parameters
+from experiments.config.typed import ContextConf, OptimConf, TargetConf
 from experiments.data import splits
 from experiments.engine import sinks
 from implicit_ham._core.registry import Registry
@@ -55,6 +58,7 @@ def context_configs() -> dict[str, type]:
         decomposition = DECOMPOSITIONS.get(name)
         configs[name] = config_class(
             implicit_ham.make_context,
+            base=ContextConf,
             name=f"{decomposition.__name__}ContextConf",
             exclude=("channels",),
             fixed={"name": name},
@@ -65,6 +69,7 @@ def context_configs() -> dict[str, type]:
         baseline = CONTEXTS.get(name)
         configs[name] = config_class(
             implicit_ham.make_context,
+            base=ContextConf,
             name=f"{baseline.__name__}ContextConf",
             exclude=("channels", "dual"),
             fixed={"name": name},
@@ -112,17 +117,19 @@ class ModelConf:
 
 
 @dataclass
-class AdamConf:
+class AdamConf(OptimConf):
+    """``torch.optim.AdamW``."""
+
     _target_: str = "torch.optim.AdamW"
-    _partial_: bool = True
     lr: float = 3e-3
     weight_decay: float = 1e-4
 
 
 @dataclass
-class SGDConf:
+class SGDConf(OptimConf):
+    """``torch.optim.SGD`` with momentum."""
+
     _target_: str = "torch.optim.SGD"
-    _partial_: bool = True
     lr: float = 0.05
     momentum: float = 0.9
     weight_decay: float = 1e-4
@@ -185,14 +192,14 @@ class TrainConfig:
     (None, the default: constant learning rate).
     """
 
-    context: Any = MISSING
-    adjoint: Any = MISSING
-    solver: Any = MISSING
-    data: Any = MISSING
+    context: ContextConf = MISSING
+    adjoint: TargetConf = MISSING
+    solver: TargetConf = MISSING
+    data: TargetConf = MISSING
     model: ModelConf = field(default_factory=ModelConf)
-    optim: Any = MISSING
-    logger: Any = MISSING
-    diagnostics: Any = MISSING
+    optim: OptimConf = MISSING
+    logger: TargetConf = MISSING
+    diagnostics: DiagnosticsConf = MISSING
     seed: int = 0
     device: str = "cpu"
     epochs: int = 4
@@ -207,12 +214,11 @@ class TrainConfig:
     reliability: ReliabilityConf = field(default_factory=ReliabilityConf)
 
 
-def check_train_config(cfg: Mapping[str, Any]) -> None:
+def check_train_config(cfg: TrainConfig) -> None:
     """Refuse values that typing cannot catch before a job starts: ``epochs`` and
     ``batch_size`` must be >= 1 (with ``epochs=0`` there would be no validation metrics to
-    report)."""
-    for key in ("epochs", "batch_size"):
-        value = cfg.get(key)
+    report). A config built by hand is not type-checked by OmegaConf, hence the type test."""
+    for key, value in (("epochs", cfg.epochs), ("batch_size", cfg.batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(
                 f"{key}={value!r}: must be an integer >= 1; e.g. {key}=1 on the command line"

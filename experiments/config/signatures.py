@@ -2,13 +2,18 @@
 
 ``config_class(target)`` reads the keyword parameters of a class (its ``__init__``, followed up
 the class chain while a constructor forwards ``**kwargs``, as ``implicit_ham._core.registry`` does)
-or
-of a function, with their type hints and defaults, and makes a dataclass with a ``_target_``
-field that Hydra's ConfigStore accepts. OmegaConf then checks every key and type at start-up.
+or of a function, with their type hints and defaults, and makes a dataclass with a ``_target_``
+field that Hydra's ConfigStore accepts, derived from a typed base of its group
+(``experiments.config.typed``). OmegaConf then checks every key and type at start-up.
 
-hydra-zen's ``builds(..., populate_full_signature=True)`` does the same for one signature but
-does not follow ``**kwargs`` up the chain (a decomposition such as ``CD(rank, *, beta,
-**kwargs)`` forwards the base options), hence this small generator.
+Why not hydra-zen's ``builds(..., populate_full_signature=True)``: tried as a replacement, it
+misses the decompositions' options (NMF, VQ and SVD get none, as it reads the inherited
+``Decomposition.__new__(cls, *args, **kwargs)``; ``CD(rank, *, beta, **kwargs)`` gets ``rank``
+and ``beta`` only, as it does not follow ``**kwargs`` up the class chain), types ``float | None``
+parameters ``Any`` (OmegaConf would accept ``solver.tol=abc``) and writes module paths as
+``_target_`` where the configs (and so the checkpoints resume compares against) hold the public
+``implicit_ham.<Name>``. The comparison, case by case: docs/experiments.md, "Configs generated
+from the library".
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 from omegaconf import MISSING
 
 import implicit_ham
+from experiments.config.typed import TargetConf
 
 PRIMITIVES = (bool, int, float, str)
 
@@ -109,6 +115,7 @@ def _field(parameter: Parameter) -> tuple[str, Any, Any]:
 def config_class(
     target: Callable[..., Any],
     *,
+    base: type[TargetConf] = TargetConf,
     name: str | None = None,
     exclude: Iterable[str] = (),
     fixed: Mapping[str, Any] | None = None,
@@ -123,6 +130,8 @@ def config_class(
 
     Args:
         target: a class or function.
+        base: the dataclass the config derives from, the type of its group's field in the
+            root schema (``TargetConf``, or ``ContextConf`` for ``make_context``).
         name: the dataclass's name (default ``<Target>Conf``).
         exclude: parameters left out (set by the caller at instantiation).
         fixed: fields put first with a fixed default (e.g. ``name`` for ``make_context``).
@@ -138,4 +147,4 @@ def config_class(
         if parameter.name not in skip and all(f[0] != parameter.name for f in fields):
             fields.append(_field(parameter))
     label = name or f"{getattr(target, '__name__', 'Target')}Conf"
-    return dataclasses.make_dataclass(label, fields)
+    return dataclasses.make_dataclass(label, fields, bases=(base,))

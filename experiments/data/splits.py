@@ -33,9 +33,12 @@ def legend_seg(
 ) -> Splits:
     """The embedded task: segment blobs by matching their texture to a legend strip;
     materialised as tensors (images (N, 3, S, S), masks (N, S, S))."""
-    shared = {"image_size": image_size, "num_classes": num_classes, "seed": seed}
-    train = LegendSegDataset(train_size, split="train", **shared)
-    val = LegendSegDataset(val_size, split="val", **shared)
+    train = LegendSegDataset(
+        train_size, split="train", image_size=image_size, num_classes=num_classes, seed=seed
+    )
+    val = LegendSegDataset(
+        val_size, split="val", image_size=image_size, num_classes=num_classes, seed=seed
+    )
     return Splits(
         TensorDataset(*train.materialize()),
         TensorDataset(*val.materialize()),
@@ -45,11 +48,10 @@ def legend_seg(
 
 def digits(val_fraction: float = 0.2, seed: int = 0) -> Splits:
     """scikit-learn's 8x8 digits, split by class-stratified ``val_fraction``."""
-    options = {"val_fraction": val_fraction, "seed": seed}
     return Splits(
-        make_dataset("digits", split="train", **options),
-        make_dataset("digits", split="val", **options),
-        task_of("digits", **options),
+        make_dataset("digits", split="train", val_fraction=val_fraction, seed=seed),
+        make_dataset("digits", split="val", val_fraction=val_fraction, seed=seed),
+        task_of("digits", val_fraction=val_fraction, seed=seed),
     )
 
 

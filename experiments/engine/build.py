@@ -1,12 +1,11 @@
-"""Build an experiment's parts (data, model, optimiser, sinks) from a resolved config.
+"""Build an experiment's parts (data, model, optimiser, sinks) from the typed run config.
 
-Functions take plain mappings (a resolved ``DictConfig`` converted to a dict, or a dict written
-by hand), so they work with or without Hydra.
+Functions take the nodes of a ``TrainConfig`` (``experiments.config.typed.typed_config``) or of
+``GenerateConfig``: dataclass instances, built with or without Hydra (``ModelConf(width=16)``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from experiments.config.groups import ModelConf
+from experiments.config.typed import ContextConf, OptimConf, TargetConf
 from experiments.data.factory import TaskInfo
 from experiments.data.splits import Splits
 from experiments.engine.sampler import EpochBatchSampler
@@ -30,13 +30,13 @@ from implicit_ham.decompositions.registry import DECOMPOSITIONS
 from implicit_ham.solvers.base import FixedPointSolver
 
 
-def build_datasets(data: Mapping[str, Any]) -> tuple[Dataset, Dataset, TaskInfo]:
+def build_datasets(data: TargetConf) -> tuple[Dataset, Dataset, TaskInfo]:
     """(train set, validation set, task) of the data config, instantiated by its ``_target_``
     (a function of ``experiments.data.splits``)."""
-    splits = instantiate(dict(data), _partial_=True)()  # its own errors, not Hydra's wrapper
+    splits = instantiate(data, _partial_=True)()  # its own errors, not Hydra's wrapper
     if not isinstance(splits, Splits):
         raise TypeError(
-            f"data config {dict(data)!r} built a {type(splits).__name__}; its _target_ must "
+            f"data config {data!r} built a {type(splits).__name__}; its _target_ must "
             "be a function of experiments.data.splits (or another function returning Splits)"
         )
     return splits.train, splits.val, splits.task
@@ -59,77 +59,67 @@ def build_loaders(
 
 
 def build_context(
-    context: Mapping[str, Any], channels: int, solver: FixedPointSolver, adjoint: Adjoint
+    context: ContextConf,
+    channels: int,
+    solver: FixedPointSolver | None,
+    adjoint: Adjoint | None,
 ) -> nn.Module:
     """Instantiate the context config (``_target_``: ``implicit_ham.make_context``) on
-    ``channels`` channels; decompositions get ``solver`` and ``adjoint``, baselines have
-    neither."""
+    ``channels`` channels; decompositions get ``solver`` and ``adjoint`` (None: the
+    decomposition's defaults), baselines have neither."""
     runtime: dict[str, Any] = {"channels": channels}
-    if context.get("name") in DECOMPOSITIONS.names():
+    if context.name in DECOMPOSITIONS.names():
         runtime.update(solver=solver, adjoint=adjoint)
-    return instantiate(dict(context), _partial_=True)(**runtime)  # objects, not configs
+    return instantiate(context, _partial_=True)(**runtime)  # objects, not configs
 
 
 SEGMENTER_ARCHS = ("two_stream", "serial")
 
 
-def _model_conf(model: Mapping[str, Any]) -> ModelConf:
-    """The model config with its defaults filled in; unknown keys or arch raise."""
-    try:
-        conf = ModelConf(**dict(model))
-    except TypeError as err:
-        raise ValueError(
-            f"model config {dict(model)!r}: {err}; valid keys: "
-            f"{', '.join(f.name for f in dataclasses.fields(ModelConf))}"
-        ) from err
-    check_choice("model", "arch", conf.arch, SEGMENTER_ARCHS)
-    return conf
-
-
-def context_channels(task: TaskInfo, model: Mapping[str, Any]) -> int:
+def context_channels(task: TaskInfo, model: ModelConf) -> int:
     """Channels of the context module that ``build_model(task, context, model)`` needs."""
-    conf = _model_conf(model)
-    if task.kind == "segmentation" and conf.arch == "two_stream":
-        return two_stream_channels(task.in_channels, conf.colour_bins, conf.position_grid)
-    return conf.width
+    check_choice("model", "arch", model.arch, SEGMENTER_ARCHS)
+    if task.kind == "segmentation" and model.arch == "two_stream":
+        return two_stream_channels(task.in_channels, model.colour_bins, model.position_grid)
+    return model.width
 
 
-def build_model(task: TaskInfo, context: nn.Module, model: Mapping[str, Any]) -> nn.Module:
-    """A segmenter (``model["arch"]``) or a classifier (by ``task.kind``) around ``context``,
+def build_model(task: TaskInfo, context: nn.Module, model: ModelConf) -> nn.Module:
+    """A segmenter (``model.arch``) or a classifier (by ``task.kind``) around ``context``,
     which must take ``context_channels(task, model)`` channels."""
-    conf = _model_conf(model)
+    check_choice("model", "arch", model.arch, SEGMENTER_ARCHS)
     if task.kind != "segmentation":
-        return ContextClassifier(task.in_channels, task.num_classes, context, width=conf.width)
-    if conf.arch == "serial":
-        segmenter = ContextSegmenter(task.in_channels, task.num_classes, context, width=conf.width)
-        if conf.pretrained is not None:
-            load_backbone(segmenter.backbone, conf.pretrained)
-        if conf.freeze_backbone:
+        return ContextClassifier(task.in_channels, task.num_classes, context, width=model.width)
+    if model.arch == "serial":
+        segmenter = ContextSegmenter(task.in_channels, task.num_classes, context, width=model.width)
+        if model.pretrained is not None:
+            load_backbone(segmenter.backbone, model.pretrained)
+        if model.freeze_backbone:
             segmenter.freeze_backbone()
         return segmenter
-    if (conf.pretrained, conf.freeze_backbone, conf.backbone_lr_scale) != (None, None, None):
+    if (model.pretrained, model.freeze_backbone, model.backbone_lr_scale) != (None, None, None):
         raise ValueError(
             f"model.pretrained / freeze_backbone / backbone_lr_scale apply to arch=serial only, "
-            f"not arch={conf.arch!r}; set model.arch=serial or leave them unset"
+            f"not arch={model.arch!r}; set model.arch=serial or leave them unset"
         )
     return TwoStreamSegmenter(
         task.in_channels,
         task.num_classes,
         context,
-        width=conf.width,
-        colour_bins=conf.colour_bins,
-        position_grid=conf.position_grid,
-        colour_scale=conf.colour_scale,
+        width=model.width,
+        colour_bins=model.colour_bins,
+        position_grid=model.position_grid,
+        colour_scale=model.colour_scale,
     )
 
 
 def build_optimizer(
-    optim: Mapping[str, Any], model: nn.Module, backbone_lr_scale: float | None = None
+    optim: OptimConf, model: nn.Module, backbone_lr_scale: float | None = None
 ) -> torch.optim.Optimizer:
     """Instantiate the partial optimiser config on ``model``'s trainable parameters; with
     ``backbone_lr_scale``, ``model.backbone``'s parameters form a second group whose learning
     rate is the optimiser's times that factor (fine-tuning a pretrained backbone)."""
-    factory = instantiate(dict(optim))
+    factory = instantiate(optim)
     trainable = [p for p in model.parameters() if p.requires_grad]
     if backbone_lr_scale is None:
         return factory(trainable)
@@ -142,15 +132,15 @@ def build_optimizer(
     if not backbone_lr_scale > 0:
         raise ValueError(f"model.backbone_lr_scale must be > 0, got {backbone_lr_scale!r}")
     own = {id(p) for p in backbone.parameters()}
-    groups = [
+    groups: list[dict[str, Any]] = [
         {"params": [p for p in trainable if id(p) not in own]},
-        {"params": [p for p in trainable if id(p) in own], "lr": optim["lr"] * backbone_lr_scale},
+        {"params": [p for p in trainable if id(p) in own], "lr": optim.lr * backbone_lr_scale},
     ]
     return factory([g for g in groups if g["params"]])
 
 
-def build_sinks(
-    logger_cfg: Mapping[str, Any], directory: Path, config: Mapping[str, Any]
-) -> list[Sink]:
-    """Instantiate the logger config (``_target_``: a function of ``experiments.engine.sinks``)."""
-    return list(instantiate(dict(logger_cfg), _partial_=True)(directory, dict(config)))
+def build_sinks(logger_cfg: TargetConf, directory: Path, config: Mapping[str, Any]) -> list[Sink]:
+    """Instantiate the logger config (``_target_``: a function of ``experiments.engine.sinks``)
+    for a job in ``directory``; ``config`` is the run's config as plain data
+    (``experiments.config.typed.as_container``), which a wandb sink records."""
+    return list(instantiate(logger_cfg, _partial_=True)(directory, dict(config)))

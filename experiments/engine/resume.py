@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from experiments.config.groups import TrainConfig
+from experiments.config.typed import as_container
 from experiments.engine.checkpoint import CheckpointStore, read_checkpoint
 from experiments.engine.distributed import DistributedContext
 from experiments.engine.loop import TrainState
@@ -42,9 +44,10 @@ class ResumeConflictError(ValueError):
 
 
 def comparable_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """The config without the settings a resumed run may change (``RUN_SETTINGS``); the default
-    ``dtype`` (float32) is left out too, so checkpoints written before that option existed
-    still match."""
+    """The config as plain data (``experiments.config.typed.as_container``, as checkpoints store
+    it) without the settings a resumed run may change (``RUN_SETTINGS``); the default ``dtype``
+    (float32) is left out too, so checkpoints written before that option existed still
+    match."""
     out = {k: v for k, v in cfg.items() if k not in RUN_SETTINGS}
     if out.get("dtype") == "float32":
         del out["dtype"]
@@ -71,7 +74,8 @@ class JobCheckpoints:
 
     Args:
         output_dir: the job directory.
-        cfg: the resolved config (``reliability.keep`` and ``reliability.resume`` are read).
+        cfg: the typed config (``reliability.keep`` and ``reliability.resume`` are read; its
+            ``comparable_config`` is stored and compared).
         model, optimizer, scheduler: what is saved and restored (the model may be wrapped).
         monitor: the failure monitor whose counts are saved.
         dist: the process group context.
@@ -80,7 +84,7 @@ class JobCheckpoints:
     def __init__(
         self,
         output_dir: Path,
-        cfg: Mapping[str, Any],
+        cfg: TrainConfig,
         *,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
@@ -89,15 +93,15 @@ class JobCheckpoints:
         dist: DistributedContext,
     ) -> None:
         self.output_dir, self.cfg, self.dist = output_dir, cfg, dist
+        self.config = comparable_config(as_container(cfg))
         self.model, self.optimizer, self.scheduler, self.monitor = (
             model,
             optimizer,
             scheduler,
             monitor,
         )
-        reliability = cfg["reliability"]
-        self.store = CheckpointStore(output_dir / CHECKPOINT_DIR, keep=int(reliability["keep"]))
-        self.resume = bool(reliability["resume"])
+        self.store = CheckpointStore(output_dir / CHECKPOINT_DIR, keep=cfg.reliability.keep)
+        self.resume = cfg.reliability.resume
 
     def save(self, state: TrainState) -> None:
         """Write a checkpoint of ``state`` (rank 0), with every rank's RNG and failure counts."""
@@ -107,7 +111,7 @@ class JobCheckpoints:
         if not self.dist.is_main:
             return
         payload = {
-            "config": comparable_config(self.cfg),
+            "config": self.config,
             "world_size": self.dist.world_size,
             "train_state": state.state_dict(),
             "model": unwrap(self.model).state_dict(),
@@ -130,8 +134,8 @@ class JobCheckpoints:
             latest = self.store.latest() if results.get("status") == "ok" else None
             if (
                 latest is not None
-                and latest[1]["train_state"]["epoch"] > int(self.cfg["epochs"])
-                and not config_differences(latest[1]["config"], comparable_config(self.cfg))
+                and latest[1]["train_state"]["epoch"] > self.cfg.epochs
+                and not config_differences(latest[1]["config"], self.config)
             ):
                 done = results
         return self.dist.broadcast(done)
@@ -172,7 +176,7 @@ class JobCheckpoints:
         return state
 
     def _check_compatible(self, path: Path, payload: Mapping[str, Any]) -> None:
-        differences = config_differences(payload["config"], comparable_config(self.cfg))
+        differences = config_differences(payload["config"], self.config)
         if differences:
             raise ResumeConflictError(
                 f"{path} was written by a run with a different config ({', '.join(differences)}"

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +13,8 @@ import torch
 from hydra.utils import instantiate
 from torch import nn
 
-from experiments.config.groups import ReliabilityConf, check_train_config
+from experiments.config.groups import DiagnosticsConf, TrainConfig, check_train_config
+from experiments.config.typed import as_container
 from experiments.engine.build import (
     build_context,
     build_datasets,
@@ -32,6 +31,7 @@ from experiments.engine.loop import Task, TrainState, fit
 from experiments.engine.results import write_results
 from experiments.engine.resume import JobCheckpoints
 from experiments.engine.schedule import poly_lr_hooks
+from implicit_ham._core.sinks import Sink
 from implicit_ham._core.validation import check_choice
 from implicit_ham.adjoints.layers import find_implicit_layers
 from implicit_ham.diagnostics import DiagnosticsCallback
@@ -50,65 +50,60 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def run_training(cfg: Mapping[str, Any], output_dir: str | Path) -> dict[str, Any]:
+def run_training(cfg: TrainConfig, output_dir: str | Path) -> dict[str, Any]:
     """Train and evaluate the configured model; write ``results.json`` and ``checkpoint.pt``.
 
-    Reliability (``cfg["reliability"]``, defaults of ``schema.ReliabilityConf`` where absent):
-    failures of implicit layers are handled by ``on_failure`` and counted; checkpoints go to
-    ``output_dir/checkpoints`` every ``checkpoint_every`` steps and at every epoch end; a job
-    started again in the same directory resumes from its newest good checkpoint (or returns its
-    results when it had finished). Under torchrun the job trains data-parallel and only rank 0
-    logs and writes files.
+    Reliability (``cfg.reliability``, a ``ReliabilityConf``): failures of implicit layers are
+    handled by ``on_failure`` and counted; checkpoints go to ``output_dir/checkpoints`` every
+    ``checkpoint_every`` steps and at every epoch end; a job started again in the same directory
+    resumes from its newest good checkpoint (or returns its results when it had finished). Under
+    torchrun the job trains data-parallel and only rank 0 logs and writes files.
 
     Args:
-        cfg: the resolved config (see ``schema.TrainConfig``) as a plain mapping.
+        cfg: the typed config (``experiments.config.typed.typed_config(cfg, TrainConfig)`` of
+            the composed one, or a ``TrainConfig`` built by hand).
         output_dir: the job's directory.
 
     Returns:
-        The results: ``config``, final ``metrics``, ``best`` validation loss, ``failures``
-        (counts), ``parameters``, ``train_time_s``, ``world_size``, ``state_digests`` (SHA-256
-        of the model state on each rank: all equal when the replicas are in sync), and the last
-        forward solve statistics of each implicit layer (``solver``).
+        The results: ``config`` (as plain data), final ``metrics``, ``best`` validation loss,
+        ``failures`` (counts), ``parameters``, ``train_time_s``, ``world_size``,
+        ``state_digests`` (SHA-256 of the model state on each rank: all equal when the replicas
+        are in sync), and the last forward solve statistics of each implicit layer
+        (``solver``).
     """
     check_train_config(cfg)
-    reliability = {**dataclasses.asdict(ReliabilityConf()), **(cfg.get("reliability") or {})}
-    cfg = {**cfg, "reliability": reliability}
-    check_policy(reliability["on_failure"])
-    check_choice("config", "dtype", cfg.get("dtype", "float32"), tuple(DTYPES))
-    dist = DistributedContext.from_env(cfg["device"])
+    check_policy(cfg.reliability.on_failure)
+    check_choice("config", "dtype", cfg.dtype, tuple(DTYPES))
+    dist = DistributedContext.from_env(cfg.device)
     results = _train(cfg, Path(dist.broadcast(str(output_dir))), dist)
     dist.close()
     return results
 
 
-def _train(cfg: dict[str, Any], output_dir: Path, dist: DistributedContext) -> dict[str, Any]:
-    reliability = cfg["reliability"]
+def _train(cfg: TrainConfig, output_dir: Path, dist: DistributedContext) -> dict[str, Any]:
+    reliability = cfg.reliability
+    config = as_container(cfg)  # what the files record
     output_dir.mkdir(parents=True, exist_ok=True)
-    if cfg.get("threads"):
-        torch.set_num_threads(int(cfg["threads"]))
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     if not dist.is_main:
         logging.getLogger().setLevel(logging.WARNING)
-    configure_determinism(bool(reliability["deterministic"]), dist.device)
-    seed_everything(int(cfg["seed"]))
+    configure_determinism(reliability.deterministic, dist.device)
+    seed_everything(cfg.seed)
     device = dist.device
-    train_set, val_set, info = build_datasets(cfg["data"])
+    train_set, val_set, info = build_datasets(cfg.data)
     train_loader, val_loader = build_loaders(
-        train_set,
-        val_set,
-        int(cfg["batch_size"]),
-        int(cfg["seed"]),
-        rank=dist.rank,
-        world_size=dist.world_size,
+        train_set, val_set, cfg.batch_size, cfg.seed, rank=dist.rank, world_size=dist.world_size
     )
-    solver, adjoint = instantiate(dict(cfg["solver"])), instantiate(dict(cfg["adjoint"]))
-    context = build_context(cfg["context"], context_channels(info, cfg["model"]), solver, adjoint)
-    dtype = DTYPES[cfg.get("dtype", "float32")]
-    model = build_model(info, context, cfg["model"]).to(device=device, dtype=dtype)
-    optimizer = build_optimizer(cfg["optim"], model, cfg["model"].get("backbone_lr_scale"))
+    solver, adjoint = instantiate(cfg.solver), instantiate(cfg.adjoint)
+    context = build_context(cfg.context, context_channels(info, cfg.model), solver, adjoint)
+    dtype = DTYPES[cfg.dtype]
+    model = build_model(info, context, cfg.model).to(device=device, dtype=dtype)
+    optimizer = build_optimizer(cfg.optim, model, cfg.model.backbone_lr_scale)
     model = dist.wrap(model)
-    sinks = build_sinks(cfg["logger"], output_dir, cfg) if dist.is_main else []
+    sinks = build_sinks(cfg.logger, output_dir, config) if dist.is_main else []
     monitor = FailureMonitor(
-        sinks, warn_first=int(reliability["warn_first"]), warn_every=int(reliability["warn_every"])
+        sinks, warn_first=reliability.warn_first, warn_every=reliability.warn_every
     )
     checkpoints = JobCheckpoints(
         output_dir,
@@ -126,10 +121,10 @@ def _train(cfg: dict[str, Any], output_dir: Path, dist: DistributedContext) -> d
             sink.close()
         return finished
     state = checkpoints.restore()
-    hooks, callback = _diagnostics(cfg["diagnostics"], unwrap(model), sinks, optimizer)
-    if cfg.get("lr_poly_power") is not None:
-        total = int(cfg["epochs"]) * len(train_loader)
-        hooks = poly_lr_hooks(hooks, optimizer, total, float(cfg["lr_poly_power"]))
+    hooks, callback = _diagnostics(cfg.diagnostics, unwrap(model), sinks, optimizer)
+    if cfg.lr_poly_power is not None:
+        total = cfg.epochs * len(train_loader)
+        hooks = poly_lr_hooks(hooks, optimizer, total, cfg.lr_poly_power)
     if callback is not None and state is not None:
         callback.close()
         callback.prepare(state.step)
@@ -140,7 +135,7 @@ def _train(cfg: dict[str, Any], output_dir: Path, dist: DistributedContext) -> d
         model,
         task,
         optimizer,
-        policy=reliability["on_failure"],
+        policy=reliability.on_failure,
         monitor=monitor,
         hooks=hooks,
         dist=dist,
@@ -154,16 +149,16 @@ def _train(cfg: dict[str, Any], output_dir: Path, dist: DistributedContext) -> d
             val_loader,
             task,
             optimizer,
-            epochs=int(cfg["epochs"]),
+            epochs=cfg.epochs,
             device=device,
             dtype=dtype,
             sinks=sinks,
-            show_progress=bool(cfg.get("progress", True)) and dist.is_main,
-            log_every=int(cfg.get("log_every", 10)),
+            show_progress=cfg.progress and dist.is_main,
+            log_every=cfg.log_every,
             state=state,
             step_fn=step_fn,
             checkpoint=checkpoints.save,
-            checkpoint_every=int(reliability["checkpoint_every"]),
+            checkpoint_every=reliability.checkpoint_every,
             dist=dist,
         )
     finally:
@@ -176,7 +171,7 @@ def _train(cfg: dict[str, Any], output_dir: Path, dist: DistributedContext) -> d
     failures.merge(dist.gather(monitor.state_dict()))
     results = {
         "status": "ok",
-        "config": dict(cfg),
+        "config": config,
         "metrics": metrics,
         "best": state.best,
         "failures": {**failures.summary(), "skipped_batches": state.skipped},
@@ -193,7 +188,7 @@ def _train(cfg: dict[str, Any], output_dir: Path, dist: DistributedContext) -> d
             {
                 "model": unwrap(model).state_dict(),
                 "optimizer": optimizer.state_dict(),
-                "config": dict(cfg),
+                "config": config,
             },
         )
         write_results(output_dir, results)
@@ -201,17 +196,17 @@ def _train(cfg: dict[str, Any], output_dir: Path, dist: DistributedContext) -> d
 
 
 def _diagnostics(
-    diag: Mapping[str, Any], model: nn.Module, sinks: list, optimizer: torch.optim.Optimizer
+    diag: DiagnosticsConf, model: nn.Module, sinks: list[Sink], optimizer: torch.optim.Optimizer
 ) -> tuple[StepHooks, DiagnosticsCallback | None]:
-    if not diag.get("enabled", True) or not sinks:
+    if not diag.enabled or not sinks:
         return StepHooks(), None
     callback = DiagnosticsCallback(
         model,
         sinks,
-        every=int(diag["every"]),
+        every=diag.every,
         optimizer=optimizer,
-        layer_hooks=bool(diag.get("layer_hooks", True)),
-        conditioning_every=diag.get("conditioning_every"),
+        layer_hooks=diag.layer_hooks,
+        conditioning_every=diag.conditioning_every,
     )
     return StepHooks(after_backward=callback.on_backward), callback
 

@@ -11,16 +11,26 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from experiments.engine.file_sinks import safe_name
 from implicit_ham._core.sinks import Sink, plain_metrics
 
+WandbMode = Literal["online", "offline", "disabled", "shared"]
+WANDB_MODES: tuple[WandbMode, ...] = ("online", "offline", "disabled", "shared")
 
-def resolve_mode(mode: str | None) -> str | None:
-    """The wandb mode to pass to ``wandb.init`` (None: let wandb read ``WANDB_MODE``)."""
+
+def resolve_mode(mode: str | None) -> WandbMode | None:
+    """The wandb mode to pass to ``wandb.init`` (None: let wandb read ``WANDB_MODE``); an
+    unknown ``mode`` raises before wandb starts."""
     if mode is not None:
-        return mode
+        for known in WANDB_MODES:
+            if mode == known:
+                return known
+        raise ValueError(
+            f"wandb mode {mode!r}: must be one of {', '.join(WANDB_MODES)} (or null: chosen "
+            "from the environment); e.g. logger.mode=offline on the command line"
+        )
     if os.environ.get("WANDB_MODE"):
         return None
     return None if os.environ.get("WANDB_API_KEY") else "offline"
@@ -92,7 +102,7 @@ class WandbSink(Sink):
         plain = [plain_metrics(r) for r in rows]
         columns = list(dict.fromkeys(k for r in plain for k in r))
         table = self._wandb.Table(
-            columns=columns, data=[[r.get(c) for c in columns] for r in plain]
+            columns=[*columns], data=[[r.get(c) for c in columns] for r in plain]
         )
         key = safe_name(name)
         if step is None:

@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from experiments.config.typed import as_container
 from experiments.engine.checkpoint import CheckpointStore
 from experiments.engine.results import RESULTS_FILE, read_results
 from experiments.engine.resume import (
@@ -20,6 +21,7 @@ from experiments.engine.resume import (
     log_rows,
     rewind_logs,
 )
+from experiments.generation.config import GenerateConfig
 from experiments.generation.trainer import GanTraining
 from implicit_ham.reliability.failures import FailureMonitor
 from implicit_ham.reliability.rng import capture_rng_state, restore_rng_state
@@ -31,23 +33,27 @@ class GanCheckpoints:
     """Saves and restores a ``GanTraining`` with everything else a resumed run needs.
 
     Args:
-        output_dir: the job directory. cfg: the resolved config (``reliability.keep`` and
-            ``reliability.resume`` are read). training: what is saved. monitor: the failure
-            monitor whose counts are saved.
+        output_dir: the job directory. cfg: the typed config (``reliability.keep`` and
+            ``reliability.resume`` are read; its ``comparable_config`` is stored and compared).
+            training: what is saved. monitor: the failure monitor whose counts are saved.
     """
 
     def __init__(
-        self, output_dir: Path, cfg: dict[str, Any], training: GanTraining, monitor: FailureMonitor
+        self,
+        output_dir: Path,
+        cfg: GenerateConfig,
+        training: GanTraining,
+        monitor: FailureMonitor,
     ) -> None:
         self.output_dir, self.cfg, self.training, self.monitor = output_dir, cfg, training, monitor
-        reliability = cfg["reliability"]
-        self.store = CheckpointStore(output_dir / CHECKPOINT_DIR, keep=int(reliability["keep"]))
-        self.resume = bool(reliability["resume"])
+        self.config = comparable_config(as_container(cfg))
+        self.store = CheckpointStore(output_dir / CHECKPOINT_DIR, keep=cfg.reliability.keep)
+        self.resume = cfg.reliability.resume
 
     def save(self, extra: dict[str, Any]) -> None:
         """Checkpoint the current step (``extra``: e.g. the accumulated training time)."""
         payload = {
-            "config": comparable_config(self.cfg),
+            "config": self.config,
             "training": self.training.state_dict(),
             "rng": capture_rng_state(),
             "failures": self.monitor.state_dict(),
@@ -64,8 +70,8 @@ class GanCheckpoints:
         latest = self.store.latest() if results.get("status") == "ok" else None
         if (
             latest is not None
-            and latest[1]["training"]["step"] >= int(self.cfg["steps"])
-            and not config_differences(latest[1]["config"], comparable_config(self.cfg))
+            and latest[1]["training"]["step"] >= self.cfg.steps
+            and not config_differences(latest[1]["config"], self.config)
         ):
             return results
         return None
@@ -81,7 +87,7 @@ class GanCheckpoints:
         if latest is None:
             return None
         path, payload = latest
-        differences = config_differences(payload["config"], comparable_config(self.cfg))
+        differences = config_differences(payload["config"], self.config)
         if differences:
             raise ResumeConflictError(
                 f"{path} was written by a run with a different config ({', '.join(differences)}"

@@ -9,13 +9,13 @@ keys and wrong types, ``check_generate_config`` the values typing cannot catch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import MISSING
 
 from experiments.config.groups import ReliabilityConf
+from experiments.config.typed import ContextConf, TargetConf
 from implicit_ham.reliability.failures import check_policy
 
 
@@ -67,12 +67,13 @@ class GenMetricsConf:
 
 @dataclass
 class GenerateConfig:
-    """The root config of ``experiments.generate`` (group fields are filled by the defaults)."""
+    """The root config of ``experiments.generate`` (group fields are filled by the defaults;
+    their types are the bases of the group options, see ``experiments.config.typed``)."""
 
-    context: Any = MISSING
-    adjoint: Any = MISSING
-    solver: Any = MISSING
-    logger: Any = MISSING
+    context: ContextConf = MISSING
+    adjoint: TargetConf = MISSING
+    solver: TargetConf = MISSING
+    logger: TargetConf = MISSING
     gan: GanConf = field(default_factory=GanConf)
     canvas: CanvasConf = field(default_factory=CanvasConf)
     metrics: GenMetricsConf = field(default_factory=GenMetricsConf)
@@ -90,55 +91,57 @@ def _require(ok: bool, key: str, value: Any, rule: str, example: str) -> None:
         raise ValueError(f"{key}={value!r}: {rule}; e.g. {example} on the command line")
 
 
-def _int_at_least(cfg: Mapping[str, Any], key: str, minimum: int, example: str) -> None:
-    section, _, name = key.rpartition(".")
-    value = (cfg[section] if section else cfg).get(name)
+def _int_at_least(section: object, key: str, minimum: int, example: str) -> None:
+    """``key`` (``name`` or ``section.name``) of the config: the field ``name`` of ``section``
+    must be an integer >= ``minimum`` (a config built by hand is not type-checked)."""
+    value = getattr(section, key.rpartition(".")[2])
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
     _require(ok, key, value, f"must be an integer >= {minimum}", example)
 
 
-def check_generate_config(cfg: Mapping[str, Any]) -> None:
+def check_generate_config(cfg: GenerateConfig) -> None:
     """Refuse, before anything is written, the values typing cannot catch: counts below their
     minimum, learning rates <= 0, Adam betas or the EMA decay outside [0, 1), a KNN k too large
     for the sample sets, an unknown failure policy."""
     _int_at_least(cfg, "steps", 1, "steps=1000")
     _int_at_least(cfg, "batch_size", 2, "batch_size=64")
     _int_at_least(cfg, "log_every", 1, "log_every=25")
-    gan, canvas, metrics = cfg["gan"], cfg["canvas"], cfg["metrics"]
+    gan, canvas, metrics = cfg.gan, cfg.canvas, cfg.metrics
     for key in ("z_dim", "g_width", "d_width", "max_consecutive_failures"):
-        _int_at_least(cfg, f"gan.{key}", 2 if key == "g_width" else 1, f"gan.{key}=64")
+        _int_at_least(gan, f"gan.{key}", 2 if key == "g_width" else 1, f"gan.{key}=64")
     for key in ("lr_g", "lr_d"):
-        _require(gan[key] > 0, f"gan.{key}", gan[key], "must be > 0", f"gan.{key}=2e-4")
+        rate = getattr(gan, key)
+        _require(rate > 0, f"gan.{key}", rate, "must be > 0", f"gan.{key}=2e-4")
     for key in ("beta1", "beta2", "ema_decay"):
-        ok = 0 <= gan[key] < 1
-        _require(ok, f"gan.{key}", gan[key], "must lie in [0, 1)", f"gan.{key}=0.9")
-    _int_at_least(cfg, "canvas.train_size", 2, "canvas.train_size=8192")
-    _int_at_least(cfg, "canvas.val_size", 2, "canvas.val_size=2000")
-    _int_at_least(cfg, "canvas.seed", 0, "canvas.seed=0")
-    frac = canvas["val_fraction"]
+        value = getattr(gan, key)
+        _require(0 <= value < 1, f"gan.{key}", value, "must lie in [0, 1)", f"gan.{key}=0.9")
+    _int_at_least(canvas, "canvas.train_size", 2, "canvas.train_size=8192")
+    _int_at_least(canvas, "canvas.val_size", 2, "canvas.val_size=2000")
+    _int_at_least(canvas, "canvas.seed", 0, "canvas.seed=0")
+    frac = canvas.val_fraction
     _require(
         0 < frac < 1, "canvas.val_fraction", frac, "must lie in (0, 1)", "canvas.val_fraction=0.2"
     )
-    _int_at_least(cfg, "metrics.knn_k", 1, "metrics.knn_k=3")
-    smallest = metrics["knn_k"] + 1
+    _int_at_least(metrics, "metrics.knn_k", 1, "metrics.knn_k=3")
+    smallest = metrics.knn_k + 1
     for key in ("samples", "curve_samples"):
-        _int_at_least(cfg, f"metrics.{key}", smallest, f"metrics.{key}=500 (> metrics.knn_k)")
+        _int_at_least(metrics, f"metrics.{key}", smallest, f"metrics.{key}=500 (> metrics.knn_k)")
     _require(
-        canvas["val_size"] > metrics["knn_k"],
+        canvas.val_size > metrics.knn_k,
         "canvas.val_size",
-        canvas["val_size"],
+        canvas.val_size,
         "must exceed metrics.knn_k",
         "canvas.val_size=2000",
     )
-    _int_at_least(cfg, "metrics.eval_every", 0, "metrics.eval_every=500 (0: only at the end)")
+    _int_at_least(metrics, "metrics.eval_every", 0, "metrics.eval_every=500 (0: only at the end)")
     for key in ("kid_subsets", "kid_subset_size", "classifier_epochs", "grid"):
         _int_at_least(
-            cfg, f"metrics.{key}", 1 if key != "kid_subset_size" else 2, f"metrics.{key}=8"
+            metrics, f"metrics.{key}", 1 if key != "kid_subset_size" else 2, f"metrics.{key}=8"
         )
-    acc = metrics["min_classifier_accuracy"]
+    acc = metrics.min_classifier_accuracy
     _require(0 <= acc <= 1, "metrics.min_classifier_accuracy", acc, "must lie in [0, 1]",
              "metrics.min_classifier_accuracy=0.98")  # fmt: skip
-    check_policy(cfg["reliability"]["on_failure"])
+    check_policy(cfg.reliability.on_failure)
 
 
 def register_generate_configs() -> None:

@@ -72,16 +72,20 @@ class GuardedUpdate:
         try:
             loss = loss_fn()
         except NonFiniteError as err:
-            return self._fail("forward_nonfinite", self.name, step, snapshot, err)
+            self._fail("forward_nonfinite", self.name, step, snapshot, err)
+            return None
         if not bool(torch.isfinite(loss.detach())):
-            return self._fail("loss_nonfinite", f"({self.name} loss)", step, snapshot, None)
+            self._fail("loss_nonfinite", f"({self.name} loss)", step, snapshot, None)
+            return None
         try:
             loss.backward()
         except NonFiniteError as err:
-            return self._fail("backward_nonfinite", self.name, step, snapshot, err)
+            self._fail("backward_nonfinite", self.name, step, snapshot, err)
+            return None
         grads = [p.grad for p in self.params if p.grad is not None]
         if grads and not bool(torch.isfinite(torch.stack([g.detach().sum() for g in grads])).all()):
-            return self._fail("grad_nonfinite", f"({self.name} parameters)", step, snapshot, None)
+            self._fail("grad_nonfinite", f"({self.name} parameters)", step, snapshot, None)
+            return None
         self.optimizer.step()
         self.consecutive = 0
         return float(loss.detach())
@@ -94,11 +98,11 @@ class GuardedUpdate:
         snapshot: list[Tensor] | None,
         error: Exception | None,
     ) -> None:
-        skip = snapshot is not None
-        self.monitor.record(FailureEvent(kind, layer, step, None, "skipped" if skip else "raised"))
+        action = "raised" if snapshot is None else "skipped"
+        self.monitor.record(FailureEvent(kind, layer, step, None, action))
         self.optimizer.zero_grad(set_to_none=True)
         detail = f": {error}" if error is not None else ""
-        if not skip:
+        if snapshot is None:
             raise GanDivergedError(
                 f"{self.name} update at step {step}: {kind}{detail} (reliability.on_failure="
                 f"{self.policy!r}; skip_batch drops such updates instead)"
@@ -113,4 +117,3 @@ class GuardedUpdate:
                 f"{self.name}: {self.consecutive} updates in a row were non-finite (last: {kind} "
                 f"at step {step}{detail}); the GAN diverged. Lower the learning rates."
             )
-        return None

@@ -1,4 +1,4 @@
-"""``run_generation``: one GAN job of ``experiments.generate``, from a resolved config.
+"""``run_generation``: one GAN job of ``experiments.generate``, from its typed config.
 
 Writes into the job directory: ``metrics.jsonl`` / ``metrics.csv`` (losses and context gates
 every ``log_every`` steps, ``eval/*`` metrics every ``metrics.eval_every`` steps: the training
@@ -9,17 +9,15 @@ values, the classifier's held-out accuracy, failure counts, parameter counts, ti
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from hydra.utils import instantiate
 
-from experiments.config.groups import ReliabilityConf
+from experiments.config.typed import as_container
 from experiments.data.twin_digits import TwinDigitsDataset
 from experiments.engine.build import build_context, build_sinks
 from experiments.engine.checkpoint import write_checkpoint
@@ -28,7 +26,7 @@ from experiments.engine.results import write_results
 from experiments.engine.run import seed_everything
 from experiments.generation.checkpoints import GanCheckpoints
 from experiments.generation.classifier import load_or_train_classifier
-from experiments.generation.config import check_generate_config
+from experiments.generation.config import GenerateConfig, check_generate_config
 from experiments.generation.evaluate import features_of, sample_canvases, save_grid, score
 from experiments.generation.trainer import GanTraining, StepBatches, canvases_of
 from experiments.models.digit_classifier import CanvasFeatures
@@ -41,62 +39,62 @@ CLASSIFIER_FILE = "classifier.pt"
 SAMPLES_FILE = "samples.png"
 
 
-def _with_defaults(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    reliability = {**dataclasses.asdict(ReliabilityConf()), **(cfg.get("reliability") or {})}
-    return {**cfg, "reliability": reliability}
-
-
-def build_networks(cfg: Mapping[str, Any]) -> tuple[Generator, Discriminator]:
+def build_networks(cfg: GenerateConfig) -> tuple[Generator, Discriminator]:
     """Generator and discriminator with the configured context module at 16x16 in each."""
-    solver, adjoint = instantiate(dict(cfg["solver"])), instantiate(dict(cfg["adjoint"]))
-    gan = cfg["gan"]
-    g_context = build_context(cfg["context"], int(gan["g_width"]), solver, adjoint)
-    d_context = build_context(cfg["context"], int(gan["d_width"]), solver, adjoint)
-    generator = Generator(g_context, z_dim=int(gan["z_dim"]), width=int(gan["g_width"]))
-    return generator, Discriminator(d_context, width=int(gan["d_width"]))
+    solver, adjoint = instantiate(cfg.solver), instantiate(cfg.adjoint)
+    gan = cfg.gan
+    g_context = build_context(cfg.context, gan.g_width, solver, adjoint)
+    d_context = build_context(cfg.context, gan.d_width, solver, adjoint)
+    generator = Generator(g_context, z_dim=gan.z_dim, width=gan.g_width)
+    return generator, Discriminator(d_context, width=gan.d_width)
 
 
-def run_generation(cfg: Mapping[str, Any], output_dir: str | Path) -> dict[str, Any]:
+def run_generation(cfg: GenerateConfig, output_dir: str | Path) -> dict[str, Any]:
     """Train the configured GAN, evaluate its EMA generator, write the job's files (module
     docstring) and return the results. A job directory holding a finished run of this config
-    returns its results without training; one holding checkpoints resumes from the newest."""
-    cfg = _with_defaults(cfg)
+    returns its results without training; one holding checkpoints resumes from the newest.
+
+    Args:
+        cfg: the typed config (``experiments.config.typed.typed_config(cfg, GenerateConfig)``
+            of the composed one, or a ``GenerateConfig`` built by hand).
+        output_dir: the job's directory.
+    """
     check_generate_config(cfg)
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    if cfg.get("threads"):
-        torch.set_num_threads(int(cfg["threads"]))
-    device = torch.device(cfg["device"])
-    reliability, metrics_cfg, canvas = cfg["reliability"], cfg["metrics"], cfg["canvas"]
-    configure_determinism(bool(reliability["deterministic"]), device)
-    seed_everything(int(cfg["seed"]))
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = torch.device(cfg.device)
+    reliability, metrics_cfg, canvas = cfg.reliability, cfg.metrics, cfg.canvas
+    configure_determinism(reliability.deterministic, device)
+    seed_everything(cfg.seed)
 
-    cache = metrics_cfg.get("classifier_cache") or output_dir.parent / CLASSIFIER_FILE
+    cache = metrics_cfg.classifier_cache or output_dir.parent / CLASSIFIER_FILE
     classifier, accuracy = load_or_train_classifier(
-        cache, int(metrics_cfg["classifier_epochs"]), float(canvas["val_fraction"]),
-        int(canvas["seed"]),
-    )  # fmt: skip
-    if accuracy < float(metrics_cfg["min_classifier_accuracy"]):
+        cache, metrics_cfg.classifier_epochs, canvas.val_fraction, canvas.seed
+    )
+    if accuracy < metrics_cfg.min_classifier_accuracy:
         raise RuntimeError(
             f"the metrics' digit classifier reached {accuracy:.4f} held-out accuracy, below "
-            f"metrics.min_classifier_accuracy={metrics_cfg['min_classifier_accuracy']}; train it "
+            f"metrics.min_classifier_accuracy={metrics_cfg.min_classifier_accuracy}; train it "
             "longer (metrics.classifier_epochs) before trusting FID / consistency"
         )
     extractor = CanvasFeatures(classifier)
-    split = {"val_fraction": float(canvas["val_fraction"]), "seed": int(canvas["seed"])}
-    train_set = TwinDigitsDataset("train", int(canvas["train_size"]), **split)
-    real = TwinDigitsDataset("val", int(canvas["val_size"]), **split).canvases
+    fraction, seed = canvas.val_fraction, canvas.seed
+    train_set = TwinDigitsDataset("train", canvas.train_size, val_fraction=fraction, seed=seed)
+    real = TwinDigitsDataset("val", canvas.val_size, val_fraction=fraction, seed=seed).canvases
     real_features = features_of(extractor, real)
 
     generator, discriminator = build_networks(cfg)
     generator.to(device)
     discriminator.to(device)
-    sinks = build_sinks(cfg["logger"], output_dir, cfg)
+    config = as_container(cfg)  # what the files record
+    sinks = build_sinks(cfg.logger, output_dir, config)
     monitor = FailureMonitor(
-        sinks, warn_first=int(reliability["warn_first"]), warn_every=int(reliability["warn_every"])
+        sinks, warn_first=reliability.warn_first, warn_every=reliability.warn_every
     )
     training = GanTraining(
-        generator, discriminator, cfg["gan"], policy=reliability["on_failure"], monitor=monitor
+        generator, discriminator, cfg.gan, policy=reliability.on_failure, monitor=monitor
     )
     checkpoints = GanCheckpoints(output_dir, cfg, training, monitor)
     finished = checkpoints.finished_results()
@@ -107,9 +105,9 @@ def run_generation(cfg: Mapping[str, Any], output_dir: str | Path) -> dict[str, 
         return finished
     extra = checkpoints.restore() or {"train_time_s": 0.0, "eval_time_s": 0.0}
     scoring = {
-        "knn_k": int(metrics_cfg["knn_k"]),
-        "kid_subsets": int(metrics_cfg["kid_subsets"]),
-        "kid_subset_size": int(metrics_cfg["kid_subset_size"]),
+        "knn_k": metrics_cfg.knn_k,
+        "kid_subsets": metrics_cfg.kid_subsets,
+        "kid_subset_size": metrics_cfg.kid_subset_size,
     }
     try:
         _train(cfg, training, checkpoints, sinks, extra, train_set, real_features, extractor,
@@ -120,15 +118,15 @@ def run_generation(cfg: Mapping[str, Any], output_dir: str | Path) -> dict[str, 
 
     start = time.perf_counter()
     ema = training.ema_generator()
-    samples = sample_canvases(ema, int(metrics_cfg["samples"]))
+    samples = sample_canvases(ema, metrics_cfg.samples)
     final = score(samples, real_features, extractor, **scoring)
-    reference_set = canvases_of(train_set)[: int(metrics_cfg["samples"])]
+    reference_set = canvases_of(train_set)[: metrics_cfg.samples]
     reference = score((reference_set + 1) / 2, real_features, extractor, **scoring)
-    save_grid(samples, output_dir / SAMPLES_FILE, columns=int(metrics_cfg["grid"]))
+    save_grid(samples, output_dir / SAMPLES_FILE, columns=metrics_cfg.grid)
     extra["eval_time_s"] += time.perf_counter() - start
     results = {
         "status": "ok",
-        "config": dict(cfg),
+        "config": config,
         "metrics": final.as_dict(),
         "reference": {**reference.as_dict(), "note": "real training canvases vs the real set"},
         "classifier_accuracy": accuracy,
@@ -154,7 +152,7 @@ def run_generation(cfg: Mapping[str, Any], output_dir: str | Path) -> dict[str, 
 
 
 def _train(
-    cfg: Mapping[str, Any],
+    cfg: GenerateConfig,
     training: GanTraining,
     checkpoints: GanCheckpoints,
     sinks: list,
@@ -165,11 +163,11 @@ def _train(
     scoring: dict[str, int],
     device: torch.device,
 ) -> None:
-    steps, log_every = int(cfg["steps"]), int(cfg["log_every"])
-    every = int(cfg["reliability"]["checkpoint_every"])
-    eval_every = int(cfg["metrics"]["eval_every"])
-    curve_samples = int(cfg["metrics"]["curve_samples"])
-    batches = StepBatches(canvases_of(train_set), int(cfg["batch_size"]), int(cfg["seed"]))
+    steps, log_every = cfg.steps, cfg.log_every
+    every = cfg.reliability.checkpoint_every
+    eval_every = cfg.metrics.eval_every
+    curve_samples = cfg.metrics.curve_samples
+    batches = StepBatches(canvases_of(train_set), cfg.batch_size, cfg.seed)
     stream = batches.from_step(training.step)
     while training.step < steps:
         start = time.perf_counter()

@@ -18,6 +18,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import Dataset
 
 from experiments.engine.sampler import EpochBatchSampler
+from experiments.generation.config import GanConf
 from experiments.generation.guard import GuardedUpdate
 from experiments.models.gan import Discriminator, Generator
 from implicit_ham.reliability.failures import FailureMonitor
@@ -63,7 +64,7 @@ class GanTraining:
 
     Args:
         generator, discriminator: the networks (on the training device).
-        cfg: the resolved config's ``gan`` section (learning rates, betas, EMA decay).
+        cfg: the config's ``gan`` section (learning rates, betas, EMA decay).
         policy: the failure policy (``reliability.on_failure``). monitor: the failure monitor.
     """
 
@@ -71,19 +72,19 @@ class GanTraining:
         self,
         generator: Generator,
         discriminator: Discriminator,
-        cfg: Mapping[str, Any],
+        cfg: GanConf,
         *,
         policy: str,
         monitor: FailureMonitor,
     ) -> None:
         self.G, self.D = generator, discriminator
-        betas = (float(cfg["beta1"]), float(cfg["beta2"]))
-        self.opt_g = torch.optim.Adam(self.G.parameters(), lr=float(cfg["lr_g"]), betas=betas)
-        self.opt_d = torch.optim.Adam(self.D.parameters(), lr=float(cfg["lr_d"]), betas=betas)
+        betas = (cfg.beta1, cfg.beta2)
+        self.opt_g = torch.optim.Adam(self.G.parameters(), lr=cfg.lr_g, betas=betas)
+        self.opt_d = torch.optim.Adam(self.D.parameters(), lr=cfg.lr_d, betas=betas)
         self.ema = AveragedModel(
-            self.G, multi_avg_fn=get_ema_multi_avg_fn(float(cfg["ema_decay"])), use_buffers=True
+            self.G, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay), use_buffers=True
         )
-        limit = int(cfg["max_consecutive_failures"])
+        limit = cfg.max_consecutive_failures
         nets = (self.G, self.D)
         self.update_d = GuardedUpdate(
             "D", self.opt_d, list(self.D.parameters()), nets, policy=policy, monitor=monitor,

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Self
+from typing import TYPE_CHECKING
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from experiments.models.backbone import LocalBackbone
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python >= 3.11; the project supports 3.10
 
 
 class ContextSegmenter(nn.Module):

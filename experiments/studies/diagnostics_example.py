@@ -82,7 +82,9 @@ def main() -> None:
     solver = ih.FixedPointIteration(max_steps=300, tol=1e-12)
 
     def layer(adjoint: ih.plugins.Adjoint, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return ih.fixed_point(problem.f, problem.z0, x, w, solver=solver, adjoint=adjoint).value
+        value = ih.fixed_point(problem.f, problem.z0, x, w, solver=solver, adjoint=adjoint).value
+        assert isinstance(value, torch.Tensor)  # z0 is one tensor
+        return value
 
     modes = [
         ih.Unroll(),
@@ -102,8 +104,10 @@ def main() -> None:
         deq = check_conditioning(problem, solver=solver)
         nmf = check_conditioning(nmf_problem(), solver=ih.FixedPointIteration(max_steps=2000))
     columns = ["spectral_radius", "sigma_max", "sigma_min", "kappa", "fixed_point_residual"]
-    rows = [{"problem": "tanh DEQ"} | {k: deq.as_dict()[k] for k in columns}]
-    rows.append({"problem": "NMF (d=8, n=12, r=2)"} | {k: nmf.as_dict()[k] for k in columns})
+    rows: list[dict[str, float | int | str]] = [
+        {"problem": "tanh DEQ", **{k: deq.as_dict()[k] for k in columns}},
+        {"problem": "NMF (d=8, n=12, r=2)", **{k: nmf.as_dict()[k] for k in columns}},
+    ]
     print(format_table(rows))
     for w in caught:
         print(f"{w.category.__name__}: {w.message}")

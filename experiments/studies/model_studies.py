@@ -22,6 +22,9 @@ import torch
 from hydra.utils import instantiate
 from torch import Tensor, nn
 
+from experiments.config.groups import StudyConf, TrainConfig
+from experiments.config.typed import as_container
+from experiments.data.factory import TaskInfo
 from experiments.engine.build import (
     build_context,
     build_datasets,
@@ -64,7 +67,7 @@ GRAD_VS_K_ADJOINTS = {
 }
 
 
-def run_grad_study(cfg: Mapping[str, Any], output_dir: str | Path) -> dict[str, Any]:
+def run_grad_study(cfg: TrainConfig, output_dir: str | Path) -> dict[str, Any]:
     """Gradient fidelity of every backward mode (against Unroll through the layer's K steps);
     gradient norm vs K with its cosine to the reference gradient (Unroll through
     ``study.reference_steps`` iterations) and to the exact gradient of the K-step map (Unroll at
@@ -77,7 +80,7 @@ def run_grad_study(cfg: Mapping[str, Any], output_dir: str | Path) -> dict[str, 
     output_dir = Path(output_dir)
     start = time.perf_counter()
     ham, x_ham = _layer_and_input(cfg)
-    study = cfg["study"]
+    study = cfg.study
     task_grad = _task_gradients(cfg)
     weight = torch.randn_like(x_ham)  # the layer's output has its input's shape
 
@@ -93,26 +96,27 @@ def run_grad_study(cfg: Mapping[str, Any], output_dir: str | Path) -> dict[str, 
         reference=Unroll(),
     )
     problem = _leaf_problem(ham.implicit_problem(x_ham[:1], init=_bases(ham, x_ham[:1])))
-    x_flat = problem.args[0]
+    x_flat, z0 = problem.args[0], problem.z0
+    assert isinstance(z0, tuple) and len(z0) == 2  # a decomposition's state (D, C)
     with torch.no_grad():
-        readout_weight = torch.randn_like(ham.readout(x_flat, problem.z0))
+        readout_weight = torch.randn_like(ham.readout(x_flat, z0))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         warnings.simplefilter("ignore", ConditioningWarning)
         by_k = grad_vs_k(
             problem,
             lambda z: (readout_weight * ham.readout(x_flat, z)).sum(),
-            list(study["ks"]),
+            list(study.ks),
             GRAD_VS_K_ADJOINTS,
             reference=Unroll(),
-            reference_solver=FixedPointIteration(max_steps=study["reference_steps"]),
+            reference_solver=FixedPointIteration(max_steps=study.reference_steps),
             same_k=Unroll(),
         )
     plot_grad_vs_k(by_k, path=output_dir / "grad_vs_k.png")
-    conditioning = _conditioning(ham, problem, study) if study["conditioning"] else []
+    conditioning = _conditioning(ham, problem, study) if study.conditioning else []
     results = {
         "status": "ok",
-        "config": dict(cfg),
+        "config": as_container(cfg),
         "fidelity": list(fidelity),
         "grad_vs_k": list(by_k),
         "conditioning": conditioning,
@@ -125,14 +129,14 @@ def run_grad_study(cfg: Mapping[str, Any], output_dir: str | Path) -> dict[str, 
     return results
 
 
-def run_convergence(cfg: Mapping[str, Any], output_dir: str | Path) -> dict[str, Any]:
+def run_convergence(cfg: TrainConfig, output_dir: str | Path) -> dict[str, Any]:
     """Residual and objective traces of the layer's problem under plain iteration, Anderson and
     Broyden (``study.max_steps`` each). Writes a PNG, the rows and results.json."""
     output_dir = Path(output_dir)
     start = time.perf_counter()
     ham, x_ham = _layer_and_input(cfg)
     problem = ham.implicit_problem(x_ham, init=_bases(ham, x_ham))
-    steps = int(cfg["study"]["max_steps"])
+    steps = cfg.study.max_steps
     solvers = {
         "fixed_point": FixedPointIteration(max_steps=steps),
         "anderson": Anderson(max_steps=steps, tol=None),
@@ -142,13 +146,13 @@ def run_convergence(cfg: Mapping[str, Any], output_dir: str | Path) -> dict[str,
     rows, traces = convergence_rows(problem, solvers, objective=lambda z: ham.objective(x_flat, z))
     plot_residuals(traces, path=output_dir / "residuals.png")
     logger.info("convergence\n%s", rows)
-    results = {
+    results: dict[str, Any] = {
         "status": "ok",
-        "config": dict(cfg),
+        "config": as_container(cfg),
         "convergence": list(rows),
         "traces": {name: _trace_summary(tr) for name, tr in traces.items()},
     }
-    if cfg.get("checkpoint"):
+    if cfg.checkpoint:
         results["eval_solvers"] = eval_with_solvers(cfg, _eval_solvers(ham.eval_steps))
         logger.info("trained model under other forward solvers\n%s", results["eval_solvers"])
     results["elapsed_s"] = time.perf_counter() - start
@@ -175,16 +179,14 @@ def _eval_solvers(trained_k: int) -> dict[str, FixedPointSolver]:
     return solvers
 
 
-def eval_with_solvers(
-    cfg: Mapping[str, Any], solvers: Mapping[str, FixedPointSolver]
-) -> list[dict]:
+def eval_with_solvers(cfg: TrainConfig, solvers: Mapping[str, FixedPointSolver]) -> list[dict]:
     """Validation metrics of the model of ``cfg`` (its ``checkpoint``) with each forward solver
     in every decomposition layer, and the layers' final relative residual (max over layers and
     batches). The RNG is re-seeded before each evaluation, so random initial bases match."""
-    _, val_set, info = build_datasets(cfg["data"])
+    _, val_set, info = build_datasets(cfg.data)
     model = _build(cfg, info)
     hams = [m for m in model.modules() if isinstance(m, Decomposition)]
-    _, val_loader = build_loaders(val_set, val_set, int(cfg["batch_size"]), int(cfg["seed"]))
+    _, val_loader = build_loaders(val_set, val_set, cfg.batch_size, cfg.seed)
     task = Task(
         info.kind, info.num_classes, info.ignore_index if info.ignore_index is not None else -100
     )
@@ -194,7 +196,7 @@ def eval_with_solvers(
             ham.solver, ham.eval_steps = solver, solver.max_steps
         residuals: list[float] = []
         handles = [h.register_forward_hook(_record_residual(residuals)) for h in hams]
-        seed_everything(int(cfg["seed"]))
+        seed_everything(cfg.seed)
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)  # the residual is recorded
             metrics = evaluate(model, val_loader, task, device=torch.device("cpu"))
@@ -212,52 +214,52 @@ def _record_residual(out: list[float]) -> Callable[..., None]:
     return hook
 
 
-def _layer_and_input(cfg: Mapping[str, Any]) -> tuple[Decomposition, Tensor]:
+def _layer_and_input(cfg: TrainConfig) -> tuple[Decomposition, Tensor]:
     """The first decomposition of the configured model and its input on a validation batch,
     in float64 (the studies compare gradients to high precision)."""
-    seed_everything(int(cfg["seed"]))
-    _, val_set, info = build_datasets(cfg["data"])
+    seed_everything(cfg.seed)
+    _, val_set, info = build_datasets(cfg.data)
     model = _build(cfg, info).double()
     ham = next((m for m in model.modules() if isinstance(m, Decomposition)), None)
     if ham is None:
         raise ValueError(
-            f"context {cfg['context']['name']!r} has no decomposition layer to study; choose "
+            f"context {cfg.context.name!r} has no decomposition layer to study; choose "
             "context=nmf, vq, cd or svd"
         )
     captured: list[Tensor] = []
     handle = ham.register_forward_pre_hook(lambda _m, args: captured.append(args[0].detach()))
-    batch = torch.stack([val_set[i][0] for i in range(int(cfg["study"]["samples"]))])
+    batch = torch.stack([val_set[i][0] for i in range(cfg.study.samples)])
     with torch.no_grad():
         model(batch.double())
     handle.remove()
     return ham, captured[0]
 
 
-def _task_gradients(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _task_gradients(cfg: TrainConfig) -> list[dict[str, Any]]:
     """``task_gradients.task_gradient_rows`` on the model of ``cfg`` (float64) and the first
     ``study.samples`` validation images with their labels."""
-    seed_everything(int(cfg["seed"]))
-    _, val_set, info = build_datasets(cfg["data"])
+    seed_everything(cfg.seed)
+    _, val_set, info = build_datasets(cfg.data)
     model = _build(cfg, info).double()
     ham = next(m for m in model.modules() if isinstance(m, Decomposition))
-    items = [val_set[i] for i in range(int(cfg["study"]["samples"]))]
+    items = [val_set[i] for i in range(cfg.study.samples)]
     inputs = torch.stack([image for image, _ in items]).double()
     target = torch.stack([torch.as_tensor(label) for _, label in items])
     ignore = info.ignore_index if info.ignore_index is not None else -100
     task = Task(info.kind, info.num_classes, ignore)
-    study = cfg["study"]
+    study = cfg.study
     return task_gradient_rows(
-        model, ham, inputs, target, task, list(study["ks"]), int(study["reference_steps"])
+        model, ham, inputs, target, task, list(study.ks), study.reference_steps
     )
 
 
-def _build(cfg: Mapping[str, Any], info: Any) -> nn.Module:
+def _build(cfg: TrainConfig, info: TaskInfo) -> nn.Module:
     """The configured model in eval mode, with the ``checkpoint``'s weights when given."""
-    solver, adjoint = instantiate(dict(cfg["solver"])), instantiate(dict(cfg["adjoint"]))
-    context = build_context(cfg["context"], context_channels(info, cfg["model"]), solver, adjoint)
-    model = build_model(info, context, cfg["model"])
-    if cfg.get("checkpoint"):
-        state = read_checkpoint(cfg["checkpoint"])
+    solver, adjoint = instantiate(cfg.solver), instantiate(cfg.adjoint)
+    context = build_context(cfg.context, context_channels(info, cfg.model), solver, adjoint)
+    model = build_model(info, context, cfg.model)
+    if cfg.checkpoint:
+        state = read_checkpoint(cfg.checkpoint)
         model.load_state_dict(state["model"])
     return model.eval()
 
@@ -279,9 +281,9 @@ def _bases(ham: Decomposition, x: Tensor) -> Tensor:
     return nn.functional.normalize(raw, dim=1)
 
 
-def _conditioning(ham: Decomposition, problem: Any, study: Mapping[str, Any]) -> list[dict]:
+def _conditioning(ham: Decomposition, problem: Any, study: StudyConf) -> list[dict]:
     rows = []
-    for label, steps in (("K steps", ham.eval_steps), ("converged", study["reference_steps"])):
+    for label, steps in (("K steps", ham.eval_steps), ("converged", study.reference_steps)):
         with torch.no_grad():
             sol = problem.solve(FixedPointIteration(max_steps=steps), Implicit())
         report = estimate_conditioning(problem.f, sol.value, *problem.args)

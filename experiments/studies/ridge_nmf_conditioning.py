@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 import implicit_ham as ih
+from implicit_ham.decompositions.base import State
 
 F64 = torch.float64
 ZERO_MODE = 1e-6
@@ -40,22 +41,22 @@ def nmf_problem(sparse: bool, d: int = 12, n: int = 20, r: int = 3, seed: int = 
     return x, bases / bases.norm(dim=1, keepdim=True)
 
 
-def solve(layer: ih.Decomposition, x: Tensor, bases: Tensor, steps: int) -> tuple[Tensor, ...]:
-    """``steps`` iterations of the layer's map from its initial state."""
-    state = tuple(layer.init(x, bases))
+def solve(layer: ih.Decomposition, x: Tensor, bases: Tensor, steps: int) -> State:
+    """``steps`` iterations of the layer's map from its initial state (D, C)."""
+    state = layer.init(x, bases)
     with torch.no_grad():
         for _ in range(steps):
             state = layer.step(x, state)
     return state
 
 
-def flat(fn: Callable[[tuple[Tensor, ...]], Tensor], state: tuple[Tensor, ...]):
-    """``fn`` on the state flattened to one vector, and that vector."""
-    sizes, shapes = [t.numel() for t in state], [t.shape for t in state]
+def flat(fn: Callable[[State], Tensor], state: State) -> tuple[Callable[[Tensor], Tensor], Tensor]:
+    """``fn`` on the state (D, C) flattened to one vector, and that vector."""
+    (d, c), sizes = state, [t.numel() for t in state]
 
     def on_vector(v: Tensor) -> Tensor:
-        parts = torch.split(v, sizes)
-        return fn(tuple(p.reshape(s) for p, s in zip(parts, shapes, strict=True)))
+        v_d, v_c = torch.split(v, sizes)
+        return fn((v_d.reshape(d.shape), v_c.reshape(c.shape)))
 
     return on_vector, torch.cat([t.reshape(-1) for t in state])
 

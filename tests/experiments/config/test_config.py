@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 import implicit_ham as ih
-from experiments.config.groups import config_groups, register_configs
+from experiments.config.groups import TrainConfig, config_groups, register_configs
+from experiments.config.typed import typed_config
 from experiments.engine.build import build_context, build_datasets, build_sinks, context_channels
 from experiments.engine.run import run_training
 
@@ -30,6 +31,10 @@ def _schemas() -> None:
 def _compose(*overrides: str):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose("config", overrides=list(overrides))
+
+
+def _typed(*overrides: str) -> TrainConfig:
+    return typed_config(_compose(*overrides), TrainConfig)
 
 
 def _options(group: str) -> list[str]:
@@ -74,28 +79,27 @@ def test_solver_options_instantiate_library_objects(option: str, cls: type) -> N
 @pytest.mark.parametrize("option", ["nmf", "vq", "cd", "svd", "self_attention",
                                     "sdpa_attention", "none"])
 def test_context_options_build_a_shape_preserving_module(option: str) -> None:
-    cfg = _compose(f"context={option}", "context.rank=4" if option in
-                   ("nmf", "vq", "cd", "svd") else "seed=0")
-    context = build_context(OmegaConf.to_container(cfg.context), 16, ih.FixedPointIteration(),
-                            ih.OneStep())
+    cfg = _typed(f"context={option}", "context.rank=4" if option in
+                 ("nmf", "vq", "cd", "svd") else "seed=0")
+    context = build_context(cfg.context, 16, ih.FixedPointIteration(), ih.OneStep())
     x = torch.rand(2, 16, 8, 8)
     assert context(x).shape == x.shape
 
 
 def test_builtin_data_options_build_their_splits() -> None:
     cfg = _compose("data.train_size=6", "data.val_size=3", "data.image_size=48")
-    train, val, task = build_datasets(OmegaConf.to_container(cfg.data))
+    train, val, task = build_datasets(typed_config(cfg, TrainConfig).data)
     image, mask = train[0]
     assert (len(train), len(val)) == (6, 3)
     assert image.shape == (3, 48, 48) and mask.shape == (48, 48)
     assert task.kind == "segmentation" and task.num_classes == cfg.data.num_classes + 1
-    train, val, task = build_datasets(OmegaConf.to_container(_compose("data=digits").data))
+    train, val, task = build_datasets(_typed("data=digits").data)
     assert task.kind == "classification" and len(train) + len(val) == 1797
 
 
 def test_logger_options_build_their_sinks(tmp_path: Path) -> None:
     def sinks(option: str) -> list[str]:
-        cfg = OmegaConf.to_container(_compose(f"logger={option}").logger)
+        cfg = _typed(f"logger={option}").logger
         return [type(s).__name__ for s in build_sinks(cfg, tmp_path, {"seed": 0})]
 
     assert sinks("files") == ["JSONLSink", "CSVSink"]
@@ -157,7 +161,7 @@ def test_matched_attention_arms_have_the_hamburger_parameter_count() -> None:
     """The claim of conf/arm/*_matched.yaml: within 1 % of the Hamburger block's parameters."""
     counts = {}
     for arm in ("sdpa_matched", "self_attention_matched", "nmf_unroll"):
-        cfg = _compose(f"+arm={arm}", "data.train_size=4", "data.val_size=4")
+        cfg = _typed(f"+arm={arm}", "data.train_size=4", "data.val_size=4")
         _, _, info = build_datasets(cfg.data)
         module = build_context(cfg.context, context_channels(info, cfg.model), None, None)
         counts[arm] = sum(p.numel() for p in module.parameters())
@@ -170,7 +174,7 @@ def test_matched32_attention_arms_have_the_serial_hamburger_parameter_count() ->
     serial segmenter's 32 context channels."""
     counts = {}
     for arm in ("sdpa_matched32", "self_attention_matched32", "nmf_unroll"):
-        cfg = _compose("+experiment=paper_finetune", f"+arm={arm}")
+        cfg = _typed("+experiment=paper_finetune", f"+arm={arm}")
         module = build_context(cfg.context, 32, ih.FixedPointIteration(), ih.OneStep())
         counts[arm] = sum(p.numel() for p in module.parameters())
     for arm in ("sdpa_matched32", "self_attention_matched32"):
@@ -202,6 +206,13 @@ def test_wrong_type_fails_at_composition() -> None:
         _compose("epochs=many")
 
 
+def test_wrong_type_of_an_optional_generated_field_fails_at_composition() -> None:
+    """``tol: float | None`` in the library's signature is ``Optional[float]`` in the config."""
+    assert _compose("solver.tol=null").solver.tol is None
+    with pytest.raises(ConfigCompositionException, match="tol"):
+        _compose("solver.tol=abc")
+
+
 def test_misspelt_root_key_fails() -> None:
     with pytest.raises(ConfigCompositionException, match="epoch"):
         _compose("epoch=3")
@@ -217,9 +228,9 @@ def test_bad_data_root_is_a_clear_error_with_the_expected_layout(tmp_path: Path)
     from experiments.data import DataLayoutError
     from experiments.engine.build import build_datasets
 
-    cfg = _compose("data=cifar10", f"data.root={tmp_path / 'nowhere'}")
+    cfg = _typed("data=cifar10", f"data.root={tmp_path / 'nowhere'}")
     with pytest.raises(DataLayoutError, match="data_batch_1"):
-        build_datasets(OmegaConf.to_container(cfg.data, resolve=True))
+        build_datasets(cfg.data)
 
 
 def test_zero_epochs_is_refused_at_start_up_before_any_result_is_written(tmp_path: Path) -> None:
@@ -235,6 +246,5 @@ def test_zero_epochs_is_refused_at_start_up_before_any_result_is_written(tmp_pat
 
 
 def test_run_training_refuses_zero_epochs_too(tmp_path: Path) -> None:
-    cfg = OmegaConf.to_container(_compose("epochs=0"), resolve=True)
     with pytest.raises(ValueError, match="epochs=0"):
-        run_training(cfg, tmp_path)
+        run_training(_typed("epochs=0"), tmp_path)

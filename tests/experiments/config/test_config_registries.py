@@ -125,7 +125,7 @@ def test_every_decomposition_parameter_is_settable_in_its_context(name: str) -> 
     composed = _compose(f"context={name}", *(f"context.{p}={v}" for p, v in values.items()))
     assert {p: composed.context[p] for p in values} == values
     block = build_context(
-        OmegaConf.to_container(composed.context), 16, ih.FixedPointIteration(), ih.OneStep()
+        OmegaConf.to_object(composed.context), 16, ih.FixedPointIteration(), ih.OneStep()
     )
     ham = block.ham
     assert isinstance(block, ih.Hamburger) and type(ham) is cls

@@ -86,6 +86,9 @@ def test_wandb_mode_resolution(monkeypatch) -> None:
     monkeypatch.delenv("WANDB_API_KEY")
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert resolve_mode(None) is None  # respect the environment
+    assert resolve_mode("online") == "online"  # an explicit mode wins over the environment
+    with pytest.raises(ValueError, match=r"'ofline'.*online, offline, disabled, shared"):
+        resolve_mode("ofline")  # refused before wandb starts
 
 
 def test_resolved_config_evaluates_interpolations() -> None:

@@ -16,12 +16,16 @@ from typing import Any
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
+from experiments.config.typed import typed_config
 from experiments.engine.checkpoint import read_checkpoint, write_checkpoint
 from experiments.generation import classifier, trainer
 from experiments.generation.classifier import CLASSIFIER_VERSION
-from experiments.generation.config import check_generate_config, register_generate_configs
+from experiments.generation.config import (
+    GenerateConfig,
+    check_generate_config,
+    register_generate_configs,
+)
 from experiments.generation.guard import GanDivergedError
 from experiments.generation.run import run_generation
 from experiments.generation.trainer import GanTraining
@@ -38,11 +42,11 @@ TINY = [
 ]  # fmt: skip
 
 
-def _config(cache: Path, *extra: str) -> dict[str, Any]:
+def _config(cache: Path, *extra: str) -> GenerateConfig:
     register_generate_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("generate", overrides=[*TINY, f"metrics.classifier_cache={cache}", *extra])
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    return typed_config(cfg, GenerateConfig)
 
 
 def _untimed(value: Any) -> Any:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
-from experiments.config.groups import register_configs
+from experiments.config.groups import TrainConfig, register_configs
+from experiments.config.typed import typed_config
 from experiments.engine.run import run_training
 
 CONF = Path(__file__).resolve().parents[3] / "conf"
@@ -37,8 +37,7 @@ def _blob_accuracy(tmp_path: Path, context: str) -> float:
     register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[f"context={context}", *SMOKE])
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    results = run_training(resolved, tmp_path / context)
+    results = run_training(typed_config(cfg, TrainConfig), tmp_path / context)
     return results["metrics"]["val/blob_acc"]
 
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 from scipy import stats
 
 import implicit_ham as ih
-from experiments.config.groups import register_configs
+from experiments.config.groups import TrainConfig, register_configs
+from experiments.config.typed import typed_config
 from experiments.engine.build import (
     build_context,
     build_datasets,
@@ -48,7 +48,7 @@ def artefact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _config(arm: str, artefact: Path, *extra: str) -> dict:
+def _config(arm: str, artefact: Path, *extra: str) -> TrainConfig:
     register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(
@@ -63,15 +63,15 @@ def _config(arm: str, artefact: Path, *extra: str) -> dict:
                 *extra,
             ],
         )
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    return typed_config(cfg, TrainConfig)
 
 
-def _model(cfg: dict) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
-    train, _, info = build_datasets(cfg["data"])
+def _model(cfg: TrainConfig) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    train, _, info = build_datasets(cfg.data)
     torch.manual_seed(0)
-    solver, adjoint = instantiate(cfg["solver"]), instantiate(cfg["adjoint"])
-    context = build_context(cfg["context"], context_channels(info, cfg["model"]), solver, adjoint)
-    return build_model(info, context, cfg["model"]), *train.tensors
+    solver, adjoint = instantiate(cfg.solver), instantiate(cfg.adjoint)
+    context = build_context(cfg.context, context_channels(info, cfg.model), solver, adjoint)
+    return build_model(info, context, cfg.model), *train.tensors
 
 
 @pytest.mark.parametrize("ham", ["nmf", "vq", "cd"])
@@ -121,7 +121,7 @@ def test_fine_tuned_backbone_gets_the_scaled_rate_and_the_pretrained_weights(
     weights = pretraining.read_checkpoint(artefact)["backbone"]
     for name, value in model.backbone.state_dict().items():
         assert torch.equal(value, weights[name]), name
-    optimizer = build_optimizer(cfg["optim"], model, cfg["model"]["backbone_lr_scale"])
+    optimizer = build_optimizer(cfg.optim, model, cfg.model.backbone_lr_scale)
     head, backbone = optimizer.param_groups
     assert head["lr"] == 0.05 and backbone["lr"] == pytest.approx(0.005)
     assert {id(p) for p in backbone["params"]} == {id(p) for p in model.backbone.parameters()}
@@ -134,7 +134,7 @@ def test_frozen_backbone_keeps_its_weights_and_statistics_through_training(
                   "model.backbone_lr_scale=null")  # fmt: skip
     model, images, masks = _model(cfg)
     before = {k: v.clone() for k, v in model.backbone.state_dict().items()}
-    optimizer = build_optimizer(cfg["optim"], model)
+    optimizer = build_optimizer(cfg.optim, model)
     model.train()
     assert not model.backbone.training and model.context.training
     loss = torch.nn.functional.cross_entropy(model(images), masks)

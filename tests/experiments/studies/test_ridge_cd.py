@@ -184,7 +184,7 @@ def test_the_sweep_arms_compose_and_build_the_ham() -> None:
         assert cfg.context.rank == 8
         adjoint = ih.plugins.make_adjoint(arm.removeprefix("cd_ridge_"))
         block = build_context(
-            OmegaConf.to_container(cfg.context), 16, ih.FixedPointIteration(), adjoint
+            OmegaConf.to_object(cfg.context), 16, ih.FixedPointIteration(), adjoint
         )
         x = torch.randn(2, 16, 8, 8)
         assert block(x).shape == x.shape

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -9,9 +10,9 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
-from experiments.config.groups import register_configs
+from experiments.config.groups import TrainConfig, register_configs
+from experiments.config.typed import typed_config
 from experiments.engine.build import (
     build_context,
     build_datasets,
@@ -39,11 +40,11 @@ TINY = [
 ]
 
 
-def _cfg(*overrides: str) -> dict:
+def _cfg(*overrides: str) -> TrainConfig:
     register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[*TINY, *overrides])
-    return OmegaConf.to_container(cfg, resolve=True)
+    return typed_config(cfg, TrainConfig)
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
@@ -84,18 +85,18 @@ def test_convergence_study_evaluates_a_checkpoint_under_other_solvers(tmp_path: 
     so the same random initial bases); the other rows use the other solvers."""
     cfg = _cfg("context=nmf", *HAM)
     torch.manual_seed(0)
-    _, val_set, info = build_datasets(cfg["data"])
+    _, val_set, info = build_datasets(cfg.data)
     model = _model(cfg, info)
     checkpoint = tmp_path / "model.pt"
     write_checkpoint(checkpoint, {"model": model.state_dict()})  # as experiments.train does
-    results = run_convergence({**cfg, "checkpoint": str(checkpoint)}, tmp_path)
+    results = run_convergence(dataclasses.replace(cfg, checkpoint=str(checkpoint)), tmp_path)
     rows = {row["solver"]: row for row in results["eval_solvers"]}
     assert set(rows) == {
         *(f"fixed_point K={k}" for k in (1, 3, 6, 12, 50)),
         "anderson K<=50 tol=1e-4",
     }
-    _, loader = build_loaders(val_set, val_set, int(cfg["batch_size"]), int(cfg["seed"]))
-    seed_everything(int(cfg["seed"]))  # after building the loader, as the study does
+    _, loader = build_loaders(val_set, val_set, cfg.batch_size, cfg.seed)
+    seed_everything(cfg.seed)  # after building the loader, as the study does
     task = Task(info.kind, info.num_classes, info.ignore_index)
     with torch.no_grad():
         expected = evaluate(model.eval(), loader, task, device=torch.device("cpu"))
@@ -106,7 +107,7 @@ def test_convergence_study_evaluates_a_checkpoint_under_other_solvers(tmp_path: 
     assert len(results["traces"]["fixed_point"]["rel_residual"]) == 12
 
 
-def _model(cfg: dict, info) -> torch.nn.Module:
-    solver = instantiate(cfg["solver"])  # the config's solver (the library default has a tol)
-    context = build_context(cfg["context"], context_channels(info, cfg["model"]), solver, None)
-    return build_model(info, context, cfg["model"])
+def _model(cfg: TrainConfig, info) -> torch.nn.Module:
+    solver = instantiate(cfg.solver)  # the config's solver (the library default has a tol)
+    context = build_context(cfg.context, context_channels(info, cfg.model), solver, None)
+    return build_model(info, context, cfg.model)
