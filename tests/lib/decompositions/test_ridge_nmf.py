@@ -6,8 +6,6 @@ updates are nearly singular (the full measurement: experiments/studies/ridge_nmf
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from torch import Tensor
@@ -86,26 +84,3 @@ def test_the_implicit_gradient_through_the_layer_matches_central_differences() -
         down = output(solve(layer, x - eps * direction, bases, ih.OneStep()).value)
     fd = float(up - down) / (2 * eps)
     assert float((grad * direction).sum()) == pytest.approx(fd, rel=1e-6)
-
-
-def test_the_sweep_arms_compose_and_build_the_ham() -> None:
-    """``context=nmf_ridge`` and the arms ``nmf_ridge_{implicit,one_step,unroll}`` (e.g.
-    ``+experiment=adjoint_ablation context=nmf_ridge``) build a shape-preserving block."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from experiments.config.groups import register_configs
-    from experiments.engine.build import build_context
-
-    register_configs()
-    conf = str(Path(__file__).resolve().parents[3] / "conf")
-    for arm in ("nmf_ridge_implicit", "nmf_ridge_one_step", "nmf_ridge_unroll"):
-        with initialize_config_dir(config_dir=conf, version_base="1.3"):
-            cfg = compose("config", overrides=[f"+arm={arm}", "context.rank=4", "context.lam=0.2"])
-        adjoint = ih.plugins.make_adjoint(arm.removeprefix("nmf_ridge_"))
-        block = build_context(
-            OmegaConf.to_container(cfg.context), 16, ih.FixedPointIteration(), adjoint
-        )
-        x = torch.rand(2, 16, 8, 8)
-        assert block(x).shape == x.shape
-        assert any(isinstance(m, ih.RidgeNMF) and m.lam == 0.2 for m in block.modules())
