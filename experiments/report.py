@@ -5,9 +5,9 @@
 * ``python -m experiments.report --generation [SWEEP_DIR] [--out docs/generation.md]``: the GAN
   sweep of ``make generate`` (default ``multirun/generate``) -> ``docs/generation.md``.
 * ``python -m experiments.report --study [STUDY_DIR] [--out docs]``: the whole study
-  (default ``multirun/study``, written by ``experiments/scripts/study.sh``) -> ``results.md`` and
-  its
-  figures, with the study script quoted at the top.
+  (default ``multirun/study``, written by ``experiments/scripts/study.sh``) -> ``results.md``, its
+  figures and ``results/findings.md`` (the verdicts alone, included by ``docs/index.md``), with
+  the study script quoted at the top.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from pathlib import Path
 from experiments.generation.page import COMMAND
 from experiments.generation.report import write_generation_report
 from experiments.reports.study import write_study_report
-from experiments.reports.study_ridge import append_ridge_section
 from experiments.reports.sweep import write_report
 
 logger = logging.getLogger("experiments.report")
@@ -53,7 +52,6 @@ def main(argv: list[str] | None = None) -> None:
                 f"\n# ---- experiments/scripts/study_paper.sh ----\n{PAPER_SCRIPT.read_text()}"
             )
         path = write_study_report(args.sweep_dir or "multirun/study", args.out or "docs", commands)
-        append_ridge_section(path, args.sweep_dir or "multirun/study")
         logger.info("study report: %s", path)
         return
     if args.sweep_dir is None:

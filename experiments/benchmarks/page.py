@@ -22,6 +22,7 @@ from typing import Any
 
 from experiments.benchmarks import adjoints as bench_adjoints
 from experiments.benchmarks import blocks as bench
+from experiments.reports.render import render
 
 logger = logging.getLogger("experiments.benchmarks.page")
 MARKER = (
@@ -40,9 +41,9 @@ def captured(main: Callable[[list[str]], Any], argv: list[str]) -> str:
 
 
 def tables_section(runs: Sequence[tuple[str, str]]) -> str:
-    """Markdown for (command line, its output) pairs: the command, then the output verbatim."""
-    blocks = [f"`{command}`:\n\n```\n{output}\n```\n" for command, output in runs]
-    return "\n".join(blocks)
+    """Markdown for (command line, its output) pairs: the command, then the output verbatim
+    (``templates/benchmarks/tables.md.j2`` under ``experiments/reports``)."""
+    return render("benchmarks/tables.md.j2", runs=runs)
 
 
 def write_page(path: str | Path, runs: Sequence[tuple[str, str]]) -> Path:

@@ -4,27 +4,37 @@ Reads the jobs with ``experiments.reports.sweep`` (grouped by arm, seeds pooled)
 the metrics table per arm (mean ± std over seeds) with the real data's reference values, the
 time per arm, a sample grid per arm (copied from seed 0's ``samples.png``), the training curves
 (FID of ``metrics.curve_samples`` EMA samples, and the hinge losses) and a verdict sentence
-computed from the numbers.
+computed from the numbers. The numbers and settings (from the jobs' saved configs) go into a
+``GenerationPage``; ``templates/generation/page.md.j2`` (under ``experiments/reports``) writes
+the page.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
 import shutil
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from experiments.data.twin_digits import CANVAS, DIGIT
 from experiments.engine.results import read_results
+from experiments.generation.metrics import consistency
+from experiments.models.digit_classifier import FEATURES
+from experiments.models.gan import CONTEXT_SIZE
+from experiments.reports.render import Table, render
 from experiments.reports.sweep import (
     Job,
     Row,
     collect_jobs,
-    failures_table,
+    failures,
     group_jobs,
+    parallel_jobs,
     planned_jobs,
     sweep_span_s,
 )
@@ -46,6 +56,10 @@ METRICS = (
     ("consistency", "consistency ↑", 3),
 )
 IGNORED = ("seed", "experiment")
+MIN_SEEDS = 2  # per arm, for a comparison of two arms
+# The paper's headline (Geng et al. 2021): ImageNet 128x128 FID, HamGAN vs SAGAN.
+PAPER_FID = {"HamGAN": 14.77, "SAGAN": 18.28}
+PAPER_RESOLUTION = 128
 
 
 def arm_of(row: Row) -> str:
@@ -75,17 +89,16 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float] | None:
     return statistics.fmean(finite), statistics.stdev(finite) if len(finite) > 1 else 0.0
 
 
-def metrics_table(rows: Sequence[Row]) -> str:
-    """Markdown: arm, seeds (ok / all), then mean ± std of each metric; a last row holds the
-    real data's reference values (real training canvases scored against the real set)."""
+def metrics_table(rows: Sequence[Row]) -> Table:
+    """Arm, seeds (ok / all), then mean ± std of each metric; a last row holds the real data's
+    reference values (real training canvases scored against the real set)."""
     header = ["arm", "seeds", *(title for _, title, _ in METRICS)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    body: list[list[str]] = []
     references: list[dict[str, Any]] = []
     for row in rows:
         ok = sum(job.status == "ok" for job in row.jobs)
         cells = [ARM_TITLES.get(arm_of(row), arm_of(row)), f"{ok}/{len(row.jobs)}"]
-        cells += [_fmt(row.mean_std(key), digits) for key, _, digits in METRICS]
-        lines.append("| " + " | ".join(cells) + " |")
+        body.append(cells + [_fmt(row.mean_std(key), digits) for key, _, digits in METRICS])
         references += [r["reference"] for r in _results(row)]
     if references:  # the same real sets in every job: one value
         cells = ["real data (reference)", "–"]
@@ -95,16 +108,16 @@ def metrics_table(rows: Sequence[Row]) -> str:
                 cells.append(f"{stats[0]:.{digits}f}")
             else:
                 cells.append(_fmt(stats, digits))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        body.append(cells)
+    return Table.of(header, body)
 
 
-def cost_table(rows: Sequence[Row]) -> str:
-    """Markdown: parameters (G, D, their context blocks), training time per run and per step,
+def cost_table(rows: Sequence[Row]) -> Table:
+    """Parameters (G, D, their context blocks), training time per run and per step,
     evaluation time, failure events and dropped updates, per arm (means over seeds)."""
     header = ["arm", "G params", "D params", "context (G / D)", "train time (s)",
               "s / step", "eval time (s)", "failure events", "dropped updates"]  # fmt: skip
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    body = []
     for row in rows:
         results = _results(row)
         if not results:
@@ -115,7 +128,7 @@ def cost_table(rows: Sequence[Row]) -> str:
         evals = _mean_std([r["eval_time_s"] for r in results])
         events = sum(int(r["failures"]["total"]) for r in results)
         dropped = sum(sum(r["failures"]["skipped_updates"].values()) for r in results)
-        cells = [
+        body.append([
             ARM_TITLES.get(arm_of(row), arm_of(row)),
             f"{params['G']:,}",
             f"{params['D']:,}",
@@ -125,56 +138,71 @@ def cost_table(rows: Sequence[Row]) -> str:
             _fmt(evals, 0),
             str(events),
             str(dropped),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        ])  # fmt: skip
+    return Table.of(header, body)
 
 
-def verdict(rows: Sequence[Row]) -> str:
-    """One sentence from the numbers: the arm with the lowest mean FID, and whether HamGAN's
+@dataclass(frozen=True)
+class Comparison:
+    """HamGAN's one-step arm against another arm: the verdict word and both FIDs."""
+
+    arm: str
+    word: str
+    one_step: tuple[float, float]
+    other: tuple[float, float]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The sentence's numbers: the arm with the lowest mean FID (title, mean ± std) and the
+    fewest seeds any arm has (None without a finished run), the one-step arm's comparisons,
+    the most consistent arm with the real data's consistency."""
+
+    best: tuple[str, tuple[float, float]] | None
+    seeds: int
+    comparisons: tuple[Comparison, ...] | None
+    consistent: tuple[str, float, float] | None
+
+
+def verdict_data(rows: Sequence[Row]) -> Verdict:
+    """The verdict from the numbers: the arm with the lowest mean FID, and whether HamGAN's
     one-step arm beats each other arm by more than the sum of the two standard deviations
     (otherwise the difference is called unresolved at this number of seeds; with fewer than
-    two seeds on either side no comparison is claimed)."""
-    stats = {arm_of(r): r.mean_std("fid") for r in rows}
-    stats = {k: v for k, v in stats.items() if v is not None}
+    ``MIN_SEEDS`` seeds on either side no comparison is claimed)."""
+    stats = {arm_of(r): s for r in rows if (s := r.mean_std("fid")) is not None}
     if not stats:
-        return "No finished run: no verdict."
-    best = min(stats, key=lambda k: stats[k][0])  # type: ignore[index]
+        return Verdict(None, 0, None, None)
+    best = min(stats, key=lambda k: stats[k][0])
     seeds = min(len(r.values("fid")) for r in rows if arm_of(r) in stats)
-    parts = [
-        f"Lowest mean FID: {ARM_TITLES.get(best, best)} ({stats[best][0]:.1f} ± "
-        f"{stats[best][1]:.1f}, {seeds}+ seeds per arm)"
-    ]
-    one = stats.get("nmf_one_step")
     counts = {arm_of(r): len(r.values("fid")) for r in rows}
+    one = stats.get("nmf_one_step")
+    comparisons = None
     if one is not None:
-        comparisons = []
+        found = []
         for arm, other in stats.items():
             if arm == "nmf_one_step":
                 continue
-            gap = other[0] - one[0]
-            margin = one[1] + other[1]
-            if min(counts[arm], counts["nmf_one_step"]) < 2:
-                word = "not comparable yet (fewer than 2 seeds)"
+            gap, margin = other[0] - one[0], one[1] + other[1]
+            if min(counts[arm], counts["nmf_one_step"]) < MIN_SEEDS:
+                word = f"not comparable yet (fewer than {MIN_SEEDS} seeds)"
             elif abs(gap) <= margin:
                 word = "no resolvable difference"
             else:
                 word = "one-step better" if gap > 0 else "one-step worse"
-            comparisons.append(
-                f"vs {ARM_TITLES.get(arm, arm)}: {word} (FID {one[0]:.1f} ± {one[1]:.1f} vs "
-                f"{other[0]:.1f} ± {other[1]:.1f})"
-            )
-        parts.append("HamGAN's one-step arm " + "; ".join(comparisons))
-    agreement = {arm_of(r): r.mean_std("consistency") for r in rows}
-    agreement = {k: v for k, v in agreement.items() if v is not None}
+            found.append(Comparison(ARM_TITLES.get(arm, arm), word, one, other))
+        comparisons = tuple(found)
+    agreement = {arm_of(r): s for r in rows if (s := r.mean_std("consistency")) is not None}
     references = [float(r["reference"]["consistency"]) for row in rows for r in _results(row)]
+    consistent = None
     if agreement and references:
-        top = max(agreement, key=lambda k: agreement[k][0])  # type: ignore[index]
-        parts.append(
-            f"Most consistent halves: {ARM_TITLES.get(top, top)} ({agreement[top][0]:.3f}; real "
-            f"data {statistics.fmean(references):.3f})"
-        )
-    return ". ".join(parts) + "."
+        top = max(agreement, key=lambda k: agreement[k][0])
+        consistent = (ARM_TITLES.get(top, top), agreement[top][0], statistics.fmean(references))
+    return Verdict((ARM_TITLES.get(best, best), stats[best]), seeds, comparisons, consistent)
+
+
+def verdict(rows: Sequence[Row]) -> str:
+    """The verdict sentence (``verdict_data``) as the page writes it."""
+    return render("generation/verdict.md.j2", v=verdict_data(rows)).strip()
 
 
 def _curves(job: Job) -> list[dict[str, Any]]:
@@ -227,9 +255,9 @@ def plot_curves(rows: Sequence[Row], path: Path) -> Path:
     return path
 
 
-def copy_grids(rows: Sequence[Row], figures: Path) -> dict[str, Path]:
+def copy_grids(rows: Sequence[Row], figures: Path) -> dict[str, tuple[Path, str]]:
     """Each arm's seed-0 sample grid (the first finished job when seed 0 is missing), copied
-    to ``figures/<arm>.png``."""
+    to ``figures/<arm>.png``: arm -> (the copy, the seed it comes from)."""
     out = {}
     for row in rows:
         done = [j for j in row.jobs if (j.directory / "samples.png").exists()]
@@ -239,7 +267,7 @@ def copy_grids(rows: Sequence[Row], figures: Path) -> dict[str, Path]:
         target = figures / f"{arm_of(row)}.png"
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(done[0].directory / "samples.png", target)
-        out[arm_of(row)] = target
+        out[arm_of(row)] = (target, done[0].overrides.get("seed", "0"))
     return out
 
 
@@ -259,11 +287,57 @@ def _settings(rows: Sequence[Row]) -> Mapping[str, Any]:
     return {}
 
 
+def _arm_config(rows: Sequence[Row], arm: str) -> Mapping[str, Any]:
+    """The saved config of the first finished job of ``arm`` ({} when none)."""
+    row = next((r for r in rows if arm_of(r) == arm), None)
+    results = _results(row) if row is not None else []
+    return results[0].get("config", {}) if results else {}
+
+
+@dataclass(frozen=True)
+class GenerationPage:
+    """Everything ``docs/generation.md`` says. ``config``: the first finished job's config
+    (the settings every job shares); ``ham``: the Hamburger arm's ``context`` config;
+    ``done`` of ``total`` jobs finished; ``accuracy``: the metrics classifier's held-out
+    accuracy; ``span_minutes``: the sweep's wall-clock; ``parallel_jobs``: its launcher's;
+    figure paths relative to the page (``grids``: title, arm, path, seed); the networks'
+    layout from their modules."""
+
+    verdict: Verdict
+    metrics: Table
+    cost: Table
+    failed: Table
+    config: Mapping[str, Any]
+    ham: Mapping[str, Any]
+    done: int
+    total: int
+    accuracy: float | None
+    span_minutes: float | None
+    parallel_jobs: Any
+    grids: tuple[tuple[str, str, str, str], ...]
+    real: str
+    curves: str
+    command: str
+    context_size: int
+    canvas: int
+    digit: int
+    features: int
+    confidence: float
+    paper_fid: Mapping[str, float]
+    paper_resolution: int
+
+    @property
+    def grid_seeds(self) -> tuple[str, ...]:
+        """The seeds the sample grids come from (each once, in order)."""
+        return tuple(dict.fromkeys(seed for *_, seed in self.grids))
+
+
 def write_generation_report(
     sweep_dir: str | Path, output: str | Path = "docs/generation.md", command: str = ""
 ) -> Path:
     """Write the report of the sweep in ``sweep_dir`` to ``output``; figures go to the folder
     named like ``output`` without its suffix (``docs/generation/``)."""
+    sweep_dir = Path(sweep_dir)
     jobs = collect_jobs(sweep_dir)
     rows = ordered_rows(jobs)
     output = Path(output)
@@ -272,144 +346,35 @@ def write_generation_report(
     real = real_grid(figures / "real.png")
     curves = plot_curves(rows, figures / "curves.png")
     first = _settings(rows)
-    planned = planned_jobs(Path(sweep_dir))
-    text = render(
-        rows, jobs, first, grids, real, curves, output.parent, command, planned,
-        span_s=sweep_span_s(Path(sweep_dir)),
-    )  # fmt: skip
-    output.write_text(text, encoding="utf-8")
+    base = output.parent
+    span = sweep_span_s(sweep_dir)
+    page = GenerationPage(
+        verdict=verdict_data(rows),
+        metrics=metrics_table(rows),
+        cost=cost_table(rows),
+        failed=failures(jobs),
+        config=first.get("config", {}),
+        ham=_arm_config(rows, "nmf_one_step").get("context", {}),
+        done=sum(job.status == "ok" for job in jobs),
+        total=max(planned_jobs(sweep_dir) or 0, len(jobs)),
+        accuracy=first.get("classifier_accuracy"),
+        span_minutes=None if span is None else span / 60,
+        parallel_jobs=parallel_jobs(sweep_dir),
+        grids=tuple(
+            (ARM_TITLES.get(arm, arm), arm, path.relative_to(base).as_posix(), seed)
+            for arm, (path, seed) in grids.items()
+        ),
+        real=real.relative_to(base).as_posix(),
+        curves=curves.relative_to(base).as_posix(),
+        command=command or "make generate",
+        context_size=CONTEXT_SIZE,
+        canvas=CANVAS,
+        digit=DIGIT,
+        features=2 * FEATURES,
+        confidence=inspect.signature(consistency).parameters["threshold"].default,
+        paper_fid=PAPER_FID,
+        paper_resolution=PAPER_RESOLUTION,
+    )
+    output.write_text(render("generation/page.md.j2", page=page), encoding="utf-8")
     logger.info("wrote %s (%d jobs)", output, len(jobs))
     return output
-
-
-def render(
-    rows: Sequence[Row],
-    jobs: Sequence[Job],
-    first: Mapping[str, Any],
-    grids: Mapping[str, Path],
-    real: Path,
-    curves: Path,
-    base: Path,
-    command: str,
-    planned: int | None = None,
-    *,
-    span_s: float | None = None,
-) -> str:
-    """The markdown page (``planned``: the sweep's job count, for the partial-run note;
-    ``span_s``: the sweep's wall-clock seconds, first job start to last job end)."""
-    cfg = first.get("config", {})
-    gan, metrics = cfg.get("gan", {}), cfg.get("metrics", {})
-    done = sum(job.status == "ok" for job in jobs)
-    accuracy = first.get("classifier_accuracy")
-    grid_lines = [
-        f"| {ARM_TITLES.get(arm, arm)} | ![{arm}]({path.relative_to(base).as_posix()}) |"
-        for arm, path in grids.items()
-    ]
-    failed = failures_table(jobs)
-    total = max(planned or 0, len(jobs))
-    partial = (
-        [f"!!! note \"Partial sweep: {done} of {total} jobs finished\"",
-         "    The numbers below are those of the finished jobs; regenerate this page when the",
-         "    sweep is complete (the unfinished jobs are listed below).", ""]
-        if done < total
-        else []
-    )  # fmt: skip
-    return "\n".join(
-        [
-            "# Generation: HamGAN at laptop scale",
-            "",
-            "<!-- generated by `python -m experiments.generation.page` (make generate); "
-            "do not edit by hand -->",
-            "",
-            "The paper's second headline is HamGAN (ImageNet 128×128 FID 14.77 vs SAGAN's 18.28,",
-            "context block in generator and discriminator). This page runs the same comparison on",
-            "a CPU: a small spectrally normalised hinge-loss GAN with an EMA generator and the",
-            "context block at 16×16 in both networks, generating **twin-digit canvases** (two",
-            "different scikit-learn digits of one class side by side, 32×32): the two halves must",
-            "agree, a constraint 16 pixels wide.",
-            "",
-            '!!! warning "Relative measures"',
-            "    FID, KID and precision / recall are computed in the 128-dimensional",
-            "    penultimate features of a small digit classifier trained by the pipeline (no",
-            "    Inception weights offline). They rank the arms of this experiment; they are",
-            "    **not comparable with ImageNet FID values** or with any other feature space.",
-            "",
-            *partial,
-            f"**Verdict.** {verdict(rows)}",
-            "",
-            "## Metrics (EMA generator, mean ± std over seeds)",
-            "",
-            metrics_table(rows),
-            "",
-            f"{done} of {total} jobs finished; {metrics.get('samples', '?')} samples per job "
-            f"against {cfg.get('canvas', {}).get('val_size', '?')} real canvases of held-out "
-            f"digits. Classifier held-out accuracy: "
-            f"{'?' if accuracy is None else f'{100 * accuracy:.2f} %'}. KID: mean over "
-            f"{metrics.get('kid_subsets', '?')} subsets of {metrics.get('kid_subset_size', '?')}. "
-            f"Precision / recall: k = {metrics.get('knn_k', '?')} (Kynkäänniemi et al. 2019). "
-            "Consistency: share of canvases whose halves get the same class, each with "
-            "probability > 0.9 (a collapsed generator drawing one confident class everywhere "
-            "scores high: read it with precision and recall).",
-            "",
-            "## Cost",
-            "",
-            cost_table(rows),
-            "",
-            f"{cfg.get('steps', '?')} steps of batch {cfg.get('batch_size', '?')}, one D and one "
-            f"G update per step (Adam, lr {gan.get('lr_d', '?')} / {gan.get('lr_g', '?')}, betas "
-            f"({gan.get('beta1', '?')}, {gan.get('beta2', '?')})), EMA decay "
-            f"{gan.get('ema_decay', '?')}; the discriminator scores real and fake canvases in one "
-            "pass; one thread per job, two jobs at a time. "
-            + (
-                ""
-                if span_s is None
-                else f"The sweep took {span_s / 60:.1f} min wall-clock "
-                "(first job's start to last job's end, classifier training excluded). "
-            )
-            + "Per-arm times are wall clock: compare them within this page only.",
-            "",
-            "## Samples (seed 0, EMA generator)",
-            "",
-            "| arm | samples |",
-            "|---|---|",
-            *grid_lines,
-            f"| real (held-out digits) | ![real]({real.relative_to(base).as_posix()}) |",
-            "",
-            "## Training curves",
-            "",
-            f"![curves]({curves.relative_to(base).as_posix()})",
-            "",
-            *(["## Failed or unfinished jobs", "", failed, ""] if failed else []),
-            "## Setup",
-            "",
-            "- **Arms** (`conf/arm`, shared with `experiments.train`): no context; the library's",
-            "  `SelfAttention2d` (full-width non-local attention); the library's `Hamburger`",
-            "  with `NMF` (rank 8, 6 steps) under `OneStep()` — HamGAN's gradient — and under",
-            "  `Unroll()` (BPTT through the 6 steps). Each context module sits behind a gate",
-            "  `z + γ (context(z) − z)` with γ initialised 0 (SAGAN's and HamGAN's `sigma_ratio`).",
-            "- **HamGAN's one-step** (official TF code, `gan/HamGAN/ham.py` of",
-            "  Gsunshine/Enjoy-Hamburger): after the K multiplicative updates both `bases` and",
-            "  `coef` pass through `tf.stop_gradient`, then one coefficient update runs with",
-            "  gradient and the output is `coef · basesᵀ`. That is exactly the library's",
-            "  `NMF(adjoint=OneStep())` (`grad_through_bases=False`):",
-            "  `tests/experiments/generation/test_one_step.py`",
-            "  checks value and gradient against an independent float64 re-implementation and the",
-            "  closed form of the gradient. Differences kept from the library: initial bases are",
-            "  L2-normalised (HamGAN: raw uniform), and the discriminator's block has no",
-            "  BatchNorm (HamGAN: `use_bn=False` there too).",
-            "- **Networks** (`experiments/models/gan.py`): G: linear → 4×4 → upsample-conv to",
-            "  8×8 and 16×16 → context → conv → pixel shuffle to 32×32; D (spectral norm on",
-            "  every layer, the context block's included): pixel unshuffle to 16×16 → conv →",
-            "  context → strided convs → linear. The generator uses BatchNorm, no spectral norm.",
-            "- **Failure policy**: `reliability.on_failure=skip_batch` — a non-finite loss or",
-            "  gradient drops that update (counted in the cost table above); 50 dropped in a row",
-            "  end the run as diverged.",
-            "",
-            "## Regenerate",
-            "",
-            "```bash",
-            command or "make generate",
-            "```",
-            "",
-        ]
-    )

@@ -13,8 +13,7 @@ from experiments.reports.sweep import Row, label
 
 def plot_metric_bars(rows: Sequence[Row], metric: str, path: str | Path) -> Path:
     """Horizontal bars of ``metric`` (mean ± std over seeds), one per row; saved to ``path``."""
-    shown = [(label(row.overrides), row.mean_std(metric)) for row in rows]
-    shown = [(name, stats) for name, stats in shown if stats is not None]
+    shown = [(label(row.overrides), s) for row in rows if (s := row.mean_std(metric)) is not None]
     fig = Figure(figsize=(7, 0.45 * len(shown) + 1.2))
     ax = fig.subplots()
     ax.barh(

@@ -1,400 +1,186 @@
 """``docs/results.md``: the study's answers to the paper's gradient claims, generated from runs.
 
-Every number and every verdict sentence is computed from the run outputs (``study_data``);
-nothing is typed by hand. Where a part of the study is missing, the document says so. This
-module assembles the document (scale, questions 1 and 3); ``study_gradients`` writes question 2
-and ``study_convergence`` question 4.
+Every number, setting and verdict is computed from the run outputs (the configs and results
+each job saved) into frozen dataclasses, one per section (``study_paper``, ``study_stress``,
+``study_gradients``, ``study_baselines``, ``study_convergence``, ``study_ridge``); the prose is
+in the templates ``templates/study/*.md.j2``. Where a part of the study is missing, the document
+says so. ``write_study_report`` also writes ``findings.md`` beside the figures: the summary and
+the closing note alone, which ``docs/index.md`` includes.
 """
 
 from __future__ import annotations
 
 import datetime
-import math
-import statistics
-from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.reports.study_convergence import ConvergenceSections
+from experiments.reports.render import render
+from experiments.reports.study_baselines import Baselines, baselines
+from experiments.reports.study_convergence import Convergence, convergence
 from experiments.reports.study_data import (
-    ADJOINTS,
-    CONTEXTS,
-    KS,
     LEGEND_SWEEPS,
-    METRICS,
-    REFERENCE_K,
-    failure_fraction,
-    fmt,
+    PAPER_TASK,
+    Figures,
+    StudyRuns,
+    config_value,
+    first_config,
     job_seconds,
-    k_steps,
     load_study,
-    mean_std,
-    pct,
-    select,
     study_seconds,
-    table,
+    train_steps,
 )
-from experiments.reports.study_gradients import GradientSections
-from experiments.reports.study_paper import PaperRegimeSection
-from experiments.reports.study_plots import plot_metric_vs_k
+from experiments.reports.study_gradients import Gradients, gradients
+from experiments.reports.study_paper import PaperRegime, paper_regime
+from experiments.reports.study_ridge import Ridge, ridge
+from experiments.reports.study_stress import StressTest, stress_test
 from experiments.reports.sweep import sweep_span_s
 
-# Hamburger paper, PASCAL VOC val mIoU (%): (one-step, BPTT); see docs/hamburger.md §3.
-PAPER_ONE_STEP_VS_BPTT = {"nmf": (78.3, 77.4), "vq": (77.7, 76.6), "cd": (78.1, 75.0)}
-BASELINE_ARMS = ("none", "sdpa_matched", "self_attention_matched")
-STRESS_TEST_ARGUMENT = (
-    "Why this task defeats the paper's one-step gradient by construction: each legend_seg "
-    "image draws its own texture → class map, so a blob pixel's own features carry no class "
-    "information; it sits in the legend strip, whose pixels are unlabelled. The context module "
-    "reads parameter-free features (`two_stream`), so the only trainable layer in front of the "
-    "ham is its lower bread, and with the bases detached its gradient reaches X only through "
-    "each labelled pixel's own coefficients, never through the bases that carry the legend's "
-    "information to the blobs. (The legend pixels are not literally without gradient in "
-    "training mode: BatchNorm statistics and the bilinear upsampling leak a little.) The "
-    "missing term is ∂D/∂X; the probe at the end of this section adds it and nothing else. "
-    "The paper's regime is section 1; the authors' later Light-Ham heads (and mmsegmentation's "
-    "LightHamHead) back-propagate through all K steps."
-)
-REMEDY_MODES = ("implicit", "implicit(ridge=0.1)")
+FINDINGS = "findings.md"  # written into the figures folder: docs/results/findings.md
+
+
+@dataclass(frozen=True)
+class StressSetup:
+    """The stress test's settings, from the first legend_seg job config: dataset, its size,
+    the model, optimiser and parallelism (``parallel_jobs``: the adjoints sweep's launcher)."""
+
+    dataset: str | None
+    data: dict[str, Any]
+    arch: Any
+    width: Any
+    batch_size: Any
+    epochs: Any
+    steps: int | None
+    optimizer: Any
+    lr: Any
+    threads: Any
+    parallel_jobs: Any
+
+
+@dataclass(frozen=True)
+class SweepTime:
+    """One sweep's jobs (``ok`` of ``jobs``), its summed training time and its wall-clock
+    span in minutes (None when unknown)."""
+
+    name: str
+    ok: int
+    jobs: int
+    train_minutes: float
+    span_minutes: float | None
+
+
+@dataclass(frozen=True)
+class Scale:
+    """The scale-and-compute section: settings, per-sweep times, the no-training studies'
+    count and minutes, the total, the last ``make study`` invocation's minutes (None without
+    both stamps) and the missing parts."""
+
+    paper_task: str
+    stress: StressSetup | None
+    sweeps: tuple[SweepTime, ...]
+    studies: int
+    study_minutes: float
+    total_minutes: float
+    invocation_minutes: float | None
+    missing: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StudyDocument:
+    """Everything ``docs/results.md`` says, section by section."""
+
+    root: Path
+    date: str
+    commands: str
+    scale: Scale
+    paper: PaperRegime
+    stress: StressTest
+    gradients: Gradients
+    baselines: Baselines
+    convergence: Convergence
+    ridge: Ridge
 
 
 def write_study_report(
     root: str | Path, out_dir: str | Path, commands: str, figures: str = "results"
 ) -> Path:
-    """Write ``out_dir/results.md`` and its PNGs (in ``out_dir/figures``) from the study folder
-    ``root``; ``commands`` is the shell script that produced the runs, quoted at the top."""
+    """Write ``out_dir/results.md``, its PNGs and ``findings.md`` (in ``out_dir/figures``)
+    from the study folder ``root``; ``commands`` is the shell script that produced the runs,
+    quoted at the top."""
     runs = load_study(root)
     out_dir = Path(out_dir)
     (out_dir / figures).mkdir(parents=True, exist_ok=True)
-    doc = _Doc(runs, out_dir, figures)
-    paper = PaperRegimeSection(runs)
-    sections = [
-        *paper.lines(),
-        *doc.question1(),
-        *doc.question2(),
-        *doc.question3(),
-        *doc.question4(),
-        *paper.closing(),
-    ]
-    parts = [
-        "# Results: Hamburger's gradient claims at laptop scale",
-        "",
-        f"Generated by `experiments/report.py --study` from the runs in `{runs.root}` on "
-        f"{datetime.date.today().isoformat()}; every number and verdict below is computed from "
-        "the run outputs. Regenerate everything with `make study`, which runs:",
-        "",
-        "```bash",
-        commands.strip(),
-        "```",
-        "",
-        *doc.scale(paper.missing()),
-        "## Summary (generated from the verdicts below)",
-        "",
-        *(f"- {line}" for line in [*paper.summary, *doc.summary]),
-        "",
-        *sections,
-    ]
+    doc = study_document(runs, Figures(out_dir, figures), commands)
+    (out_dir / figures / FINDINGS).write_text(render("study/findings.md.j2", doc=doc))
     path = out_dir / "results.md"
-    path.write_text("\n".join(parts) + "\n")
+    path.write_text(render("study/results.md.j2", doc=doc))
     return path
 
 
-class _Doc(GradientSections, ConvergenceSections):
-    """Builds the sections; each returns markdown lines."""
+def study_document(runs: StudyRuns, figures: Figures, commands: str) -> StudyDocument:
+    """Compute every section of the document (writing the figures into ``figures``)."""
+    paper = paper_regime(runs)
+    return StudyDocument(
+        root=runs.root,
+        date=datetime.date.today().isoformat(),
+        commands=commands.strip(),
+        scale=scale(runs, paper.missing),
+        paper=paper,
+        stress=stress_test(runs, figures),
+        gradients=gradients(runs, figures),
+        baselines=baselines(runs),
+        convergence=convergence(runs, figures),
+        ridge=ridge(runs.root),
+    )
 
-    # ------------------------------------------------------------------ scale and compute
-    def scale(self, paper_missing: Sequence[str] = ()) -> list[str]:
-        jobs = [job for name in LEGEND_SWEEPS for job in self.runs.sweeps.get(name, [])]
-        lines = ["## Scale and compute", ""]
-        config = next((job.config for job in jobs if job.config), None)
-        if config:
-            data, model = config["data"], config["model"]
-            steps = math.ceil(data["train_size"] / config["batch_size"]) * config["epochs"]
-            dataset = data["_target_"].rsplit(".", 1)[-1]
-            lines.append(
-                "- Paper regime (section 1): `digit_seg`, set-up in section 1; the sweeps' "
-                "times are listed below."
-            )
-            lines.append(
-                f"- Stress test (sections 2-5): `{dataset}` {data['image_size']}x"
-                f"{data['image_size']}, "
-                f"{data['num_classes']} classes, {data['train_size']} training and "
-                f"{data['val_size']} validation images (fixed data seed {data['seed']}); seeds "
-                "vary the model initialisation and batch order."
-            )
-            lines.append(
-                f"- Model: `{model['arch']}` (width {model['width']}), batch "
-                f"{config['batch_size']}, {config['epochs']} epochs = {steps} steps, "
-                f"`{config['optim']['_target_']}` lr {config['optim']['lr']}, "
-                f"{config.get('threads')} thread per job, "
-                f"{self.runs.parallel_jobs('adjoints') or '?'} jobs in parallel."
-            )
-        for name, sweep_jobs in self.runs.sweeps.items():
-            if sweep_jobs:
-                ok = sum(job.status == "ok" for job in sweep_jobs)
-                lines.append(
-                    f"- Sweep `{name}`: {ok}/{len(sweep_jobs)} jobs ok, "
-                    f"{job_seconds(sweep_jobs) / 60:.1f} min of training time in total, "
-                    f"{_span_minutes(self.runs.root / name)} wall-clock."
-                )
-        studies = [r for kind in self.runs.studies.values() for r in kind.values()]
-        if studies:
-            lines.append(
-                f"- No-training studies: {len(studies)} runs, "
-                f"{study_seconds(studies) / 60:.1f} min."
-            )
-        spans = [
-            sweep_span_s(self.runs.root / name) for name, jobs in self.runs.sweeps.items() if jobs
-        ]
-        total = sum(s for s in spans if s is not None) / 60 + study_seconds(studies) / 60
-        lines.append(
-            f"- **Total: {total:.1f} min wall-clock on this 2-core machine** (sweeps plus "
-            "no-training studies; the benchmark adds under a minute)."
+
+def scale(runs: StudyRuns, paper_missing: tuple[str, ...] = ()) -> Scale:
+    """The scale-and-compute section's data (``paper_missing``: the paper sweeps' unfinished
+    jobs, listed first among the missing parts)."""
+    jobs = [job for name in LEGEND_SWEEPS for job in runs.sweeps.get(name, [])]
+    config = first_config(jobs)
+    stress = None
+    if config:
+        stress = StressSetup(
+            dataset=str(config_value(config, "data._target_")).rsplit(".", 1)[-1],
+            data=config.get("data", {}),
+            arch=config_value(config, "model.arch"),
+            width=config_value(config, "model.width"),
+            batch_size=config.get("batch_size"),
+            epochs=config.get("epochs"),
+            steps=train_steps(config),
+            optimizer=config_value(config, "optim._target_"),
+            lr=config_value(config, "optim.lr"),
+            threads=config.get("threads"),
+            parallel_jobs=runs.parallel_jobs("adjoints"),
         )
-        invocation = _invocation_minutes(self.runs.root)
-        if invocation is not None:
-            lines.append(
-                f"- The last `make study` ran {invocation:.1f} min end to end (start-up, "
-                "pretraining, every sweep and study, the benchmark; jobs finished by an earlier "
-                "invocation are skipped, so a resumed study shows only its own part)."
-            )
-        missing = [*paper_missing, *self.runs.missing()]
-        if missing:
-            lines.append(f"- **Missing** (not run or failed): {', '.join(missing)}.")
-        return [*lines, ""]
-
-    # ------------------------------------------------------------------ question 1
-    def question1(self) -> list[str]:
-        lines = [
-            "## 2. Stress test (legend_seg): context that must be learned from unlabelled "
-            "pixels through the bases",
-            "",
-            STRESS_TEST_ARGUMENT,
-            "",
-        ]
-        rows = self.adjoint_rows
-        if not rows:
-            return [*lines, "Not run: the `adjoints` sweep is missing.", ""]
-        lines += [
-            "Final validation metrics, mean ± std over seeds, per decomposition x backward mode "
-            "(columns: K, the iterations in training and evaluation). `one_step` is the paper's "
-            "(bases detached); `phantom` is Phantom(k=5, τ=0.5): damped steps from the K-step "
-            "state carry the gradient, the forward value stays the K-step value; `implicit` is "
-            "GMRES (30 iterations, tol 1e-5) at the K-step state.",
-            "",
-        ]
-        ran = [
-            k
-            for k in KS
-            if any(
-                select(rows, context=c, adjoint=a, **k_steps(k)) for c in CONTEXTS for a in ADJOINTS
-            )
-        ]
-        ks = ran or list(KS)  # columns: the K values the sweep ran (adjoint_ablation: K = 6)
-        for metric in METRICS:
-            body = []
-            for context in CONTEXTS:
-                for adjoint in ADJOINTS:
-                    cells = [
-                        fmt(
-                            mean_std(
-                                select(rows, context=context, adjoint=adjoint, **k_steps(k)), metric
-                            )
-                        )
-                        for k in ks
-                    ]
-                    body.append([context, adjoint, *cells])
-            lines += [f"**{metric}**", "", table(["ham", "backward", *map(_kname, ks)], body), ""]
-        missed = [
-            [
-                context,
-                *(
-                    pct(
-                        failure_fraction(
-                            select(rows, context=context, adjoint="implicit", **k_steps(k))
-                        )
-                    )
-                    for k in ks
-                ),
-            ]
-            for context in CONTEXTS
-        ]
-        lines += [
-            "Share of training steps whose implicit backward solve missed its tolerance (the "
-            "step still used the unconverged GMRES result, `on_failure=warn`):",
-            "",
-            table(["ham", *map(_kname, ks)], missed),
-            "",
-        ]
-        plot_metric_vs_k(rows, CONTEXTS, ADJOINTS, ks, METRICS, self.figure("q1_metrics_vs_k.png"))
-        lines += [self.link("q1_metrics_vs_k.png", "metrics vs K per backward mode"), ""]
-        lines += self.verdict1(rows)
-        lines += self.probe(rows)
-        return lines
-
-    def probe(self, rows: Sequence[Any]) -> list[str]:
-        """The dD/dX probe: the paper's one-step, the one-step through the last step's bases
-        (``legend_probe`` sweep) and BPTT at K = 6."""
-        probe_rows = self.runs.rows("legend_probe")
-        if not probe_rows:
-            return ["The dD/dX probe (`legend_probe` sweep) is missing.", ""]
-        body = []
-        for context in CONTEXTS:
-            paper = select(rows, context=context, adjoint="one_step", **k_steps(REFERENCE_K))
-            bases = select(probe_rows, arm=f"{context}_one_step_bases")
-            bptt = select(rows, context=context, adjoint="unroll", **k_steps(REFERENCE_K))
-            body.append([context, *(fmt(mean_std(r, "val/miou")) for r in (paper, bases, bptt))])
-        return [
-            f"**The probe that isolates ∂D/∂X** (K = {REFERENCE_K}, validation mIoU): the "
-            "paper's one-step, the same one-step with the last step's bases differentiated "
-            "too (`grad_through_bases=true`, sweep `legend_probe`), and BPTT. The first two "
-            "differ only by ∂D/∂X:",
-            "",
-            table(["ham", "one-step (paper)", "one-step through the bases", "BPTT"], body),
-            "",
-        ]
-
-    def verdict1(self, rows: Sequence[Any]) -> list[str]:
-        body, holds, fails = [], [], []
-        for context in CONTEXTS:
-            one = mean_std(
-                select(rows, context=context, adjoint="one_step", **k_steps(REFERENCE_K)),
-                "val/miou",
-            )
-            bptt = mean_std(
-                select(rows, context=context, adjoint="unroll", **k_steps(REFERENCE_K)), "val/miou"
-            )
-            paper = PAPER_ONE_STEP_VS_BPTT[context]
-            if one is None or bptt is None:
-                continue
-            diff, noise = one[0] - bptt[0], max(one[1], bptt[1])
-            (holds if diff >= -noise else fails).append(context)
-            body.append([context, f"{paper[0]} vs {paper[1]}", fmt(one), fmt(bptt), f"{diff:+.3f}"])
-        if not body:
-            return []
-        gaps = ", ".join(f"{r[0].upper()} {r[4]}" for r in body)
-        self.summary.append(
-            f"Stress test (legend_seg, context learned from unlabelled pixels), Q1: the paper's "
-            f"one-step ≥ BPTT {_claim(holds, fails)} there (mIoU one-step − BPTT at K = "
-            f"{REFERENCE_K}: {gaps}); by construction, not as a test of the paper's regime."
-        )
-        return [
-            f"**Verdict.** At K = {REFERENCE_K} (the paper's setting), validation mIoU of the "
-            "paper's one-step gradient vs BPTT, next to the paper's PASCAL VOC numbers:",
-            "",
-            table(
-                ["ham", "paper mIoU % (one-step vs BPTT)", "one-step", "BPTT", "difference"], body
-            ),
-            "",
-            f"One-step ≥ BPTT (within the larger seed std) {_claim(holds, fails)}.",
-            "",
-        ]
-
-    # ------------------------------------------------------------------ question 3
-    def question3(self) -> list[str]:
-        lines = ["## 4. Hamburger vs attention vs no context (legend_seg)", ""]
-        context_rows = self.runs.rows("context")
-        if not context_rows:
-            return [*lines, "Not run: the `context` sweep is missing.", ""]
-        none_params = _param_mean(select(context_rows, arm="none"))
-        arms: list[tuple[str, Any]] = [
-            (arm, select(context_rows, arm=arm)) for arm in BASELINE_ARMS
-        ]
-        for context in CONTEXTS:
-            for adjoint in ADJOINTS:
-                row = select(
-                    self.adjoint_rows, context=context, adjoint=adjoint, **k_steps(REFERENCE_K)
-                )
-                arms.append((f"{context} {adjoint} (K={REFERENCE_K})", row))
-        body = []
-        for name, row in arms:
-            params = _param_mean(row)
-            extra = None if params is None or none_params is None else params - none_params
-            seconds = mean_std(row, "train_time_s")
-            body.append(
-                [
-                    name,
-                    params,
-                    extra,
-                    *(fmt(mean_std(row, m)) for m in METRICS),
-                    None if seconds is None else seconds[0],
-                ]
-            )
-        lines += [
-            "Same model and budget; only the context module differs. Parameters: the whole "
-            "model and the context module's share (model minus the no-context model); the "
-            "attention arms use inner_channels = 68 to match the Hamburger block. Training "
-            "time: seconds per job (1 thread, 2 jobs sharing the machine).",
-            "",
-            table(["context", "params", "context params", *METRICS, "train s"], body),
-            "",
-        ]
-        lines += self.bench_table()
-        ranked = sorted(
-            ((name, s[0]) for name, row in arms if (s := mean_std(row, "val/blob_acc"))),
-            key=lambda item: -item[1],
-        )
-        if ranked:
-            order = ", ".join(f"{name} {value:.3f}" for name, value in ranked)
-            lines += [f"**Ranking by blob accuracy:** {order}.", ""]
-            self.summary.append(f"Q3 (blob accuracy, mean over seeds): {order}.")
-        return lines
-
-    def bench_table(self) -> list[str]:
-        bench = self.runs.bench
-        if not bench:
-            return ["The compute table (`bench.json`) is missing.", ""]
-        setup = bench.get("setup", {})
-        lines = [
-            f"Compute of the context modules alone (`experiments.bench`, C = "
-            f"{setup.get('channels')}, r = {setup.get('rank')}, K = {setup.get('steps')}, "
-            f"{setup.get('threads')} thread, {setup.get('clock')} clock, medians; the bench's "
-            "Hamburger is v1 and its attention has inner_channels = C): at the study's context "
-            "resolution and at 4x that side.",
-            "",
-        ]
-        columns = ("params_M", "fwd_GF", "train_GF", "fwd_ms", "train_ms", "peak_MiB")
-        for size, rows in bench.items():
-            if not size.isdigit():
-                continue
-            body = [[row["module"], *(row.get(c) for c in columns)] for row in rows]
-            lines += [f"H = W = {size}:", "", table(["module", *columns], body), ""]
-        return lines
-
-
-def _kname(k: int) -> str:
-    return f"K={k}"
-
-
-def _names(items: Sequence[str]) -> str:
-    return ", ".join(i.upper() for i in items)
-
-
-def _claim(holds: Sequence[str], fails: Sequence[str]) -> str:
-    """ "holds for A, B and not for C" / "holds for all of A, B" / "holds for none of A, B"."""
-    if not fails:
-        return f"holds for all of {_names(holds)}"
-    if not holds:
-        return f"holds for none of {_names(fails)}"
-    return f"holds for {_names(holds)} and not for {_names(fails)}"
-
-
-def _param_mean(row: Any) -> float | None:
-    values = row.values("parameters") if row is not None else []
-    return statistics.fmean(values) if values else None
+    spans = {name: sweep_span_s(runs.root / name) for name, js in runs.sweeps.items() if js}
+    sweeps = tuple(
+        SweepTime(name, sum(job.status == "ok" for job in runs.sweeps[name]),
+                  len(runs.sweeps[name]), job_seconds(runs.sweeps[name]) / 60,
+                  None if span is None else span / 60)
+        for name, span in spans.items()
+    )  # fmt: skip
+    studies = [r for kind in runs.studies.values() for r in kind.values()]
+    span_s = sum(span for span in spans.values() if span is not None)
+    return Scale(
+        paper_task=PAPER_TASK,
+        stress=stress,
+        sweeps=sweeps,
+        studies=len(studies),
+        study_minutes=study_seconds(studies) / 60,
+        total_minutes=span_s / 60 + study_seconds(studies) / 60,
+        invocation_minutes=_invocation_minutes(runs.root),
+        missing=(*paper_missing, *runs.missing()),
+    )
 
 
 def _invocation_minutes(root: Path) -> float | None:
     """Minutes between the ``.started`` and ``.finished`` stamps ``experiments/scripts/study.sh``
-    writes
-    (epoch seconds), or None without both or when they are out of order (an unfinished run)."""
+    writes (epoch seconds), or None without both or when they are out of order (an unfinished
+    run)."""
     try:
         start, end = (float((root / name).read_text()) for name in (".started", ".finished"))
     except (FileNotFoundError, ValueError):
         return None
     return (end - start) / 60 if end >= start else None
-
-
-def _span_minutes(folder: Path) -> str:
-    seconds = sweep_span_s(folder)
-    return "unknown" if seconds is None else f"{seconds / 60:.1f} min"

@@ -1,116 +1,117 @@
-"""Question 4 of ``docs/results.md``: forward convergence of each decomposition and whether a
-converged solve helps the trained model (sections of the study document, from ``study_data``)."""
+"""Section 5 of ``docs/results.md``: forward convergence of each decomposition and whether a
+converged solve helps the trained model (the ``convergence`` studies). Rendered by
+``templates/study/convergence.md.j2``."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from experiments.reports.study_data import CONTEXTS, METRICS, DocBase, table
+from experiments.reports.render import Table
+from experiments.reports.study_data import (
+    CONTEXTS,
+    METRICS,
+    STRESS_TASK,
+    Figures,
+    StudyRuns,
+    TrainedFrom,
+    trained_from,
+)
 from experiments.reports.study_plots import plot_convergence, plot_eval_solvers
 
-
-class ConvergenceSections(DocBase):
-    """The question-4 section of the study document."""
-
-    # ------------------------------------------------------------------ question 4
-    def question4(self) -> list[str]:
-        lines = ["## 5. Convergence (legend_seg)", ""]
-        conv = self.runs.studies.get("convergence", {})
-        if not conv:
-            return [*lines, "Not run: the `convergence` studies are missing.", ""]
-        body = []
-        traces: dict[str, dict[str, Any]] = {}
-        for context in CONTEXTS:
-            traces[context] = {}
-            for point in ("init", "trained"):
-                res = self.runs.study("convergence", point, context)
-                traces[context][point] = res
-                for row in (res or {}).get("convergence", []):
-                    tol_key = next((k for k in row if k.startswith("steps_to_")), None)
-                    reach = row.get(tol_key) if tol_key else None
-                    body.append(
-                        [
-                            context,
-                            point,
-                            row["solver"],
-                            row["steps"],
-                            row["final_rel_residual"],
-                            "never" if reach is not None and reach < 0 else reach,
-                            row["contraction"],
-                            row.get("objective"),
-                        ]
-                    )
-        plot_convergence(traces, self.figure("q4_convergence.png"))
-        best = _lowest_residual(traces)
-        if best:
-            counts = {name: best.count(name) for name in dict.fromkeys(best)}
-            ranking = ", ".join(f"{name} in {n}" for name, n in counts.items())
-            self.summary.append(
-                f"Q4: lowest final residual after `study.max_steps` iterations, per (ham, model): "
-                f"{ranking} of {len(best)} cases."
-            )
-        lines += [
-            "Forward solves of the layer's problem on one validation batch with plain "
-            "iteration, Anderson and Broyden (`experiments.convergence`, `study.max_steps` "
-            'iterations), at initialisation and after training; "iterations to tol": first '
-            "iteration with every sample's relative residual ≤ 1e-6:",
-            "",
-            table(
-                [
-                    "ham",
-                    "model",
-                    "solver",
-                    "iterations",
-                    "final rel. residual",
-                    "iterations to tol",
-                    "contraction",
-                    "objective",
-                ],
-                body,
-            ),
-            "",
-            self.link("q4_convergence.png", "residual and objective vs iteration"),
-            "",
-        ]
-        return lines + self.eval_solvers({c: traces[c].get("trained") for c in CONTEXTS})
-
-    def eval_solvers(self, trained: Mapping[str, Mapping[str, Any] | None]) -> list[str]:
-        body, verdicts = [], []
-        for context, res in trained.items():
-            rows = (res or {}).get("eval_solvers") or []
-            for row in rows:
-                body.append(
-                    [
-                        context,
-                        row["solver"],
-                        row["final_rel_residual"],
-                        *(row.get(m) for m in METRICS),
-                    ]
-                )
-            verdict = _converged_verdict(context, res, rows)
-            if verdict:
-                verdicts.append(verdict)
-        if not body:
-            return []
-        if verdicts:
-            self.summary.append("Q4: " + "; ".join(verdicts) + ".")
-        plot_eval_solvers(trained, "val/blob_acc", self.figure("q4_eval_solvers.png"))
-        return [
-            "**Does a converged solve help the trained model?** Each model trained with BPTT "
-            "at K = 6 evaluated with other forward solvers (same weights, same initial bases):",
-            "",
-            table(["ham", "forward solver", "final rel. residual", *METRICS], body),
-            "",
-            self.link("q4_eval_solvers.png", "trained models under other forward solvers"),
-            "",
-            "Blob accuracy at the trained K vs the longest plain solve (one model per ham, seed "
-            "0; a change beyond ±0.05 is called help / hurt): " + "; ".join(verdicts) + ".",
-            "",
-        ]
+EFFECT = 0.05  # a blob-accuracy change beyond ± this is called help / hurt
+TOL_KEY = "steps_to_"  # results.json's "steps_to_<tol>" column of experiments.convergence
 
 
-def _converged_verdict(context: str, res: Any, rows: Sequence[Mapping[str, Any]]) -> str | None:
+@dataclass(frozen=True)
+class Effect:
+    """A trained model's blob accuracy at its trained K (``before``) vs the longest plain
+    solve (``solver``, ``after``), and the word for the change."""
+
+    context: str
+    k: Any
+    solver: str
+    word: str
+    before: float
+    after: float
+
+
+@dataclass(frozen=True)
+class Convergence:
+    """Section 5 (``ran``: the convergence studies exist). ``tol``: the tolerance of the
+    "iterations to tol" column; ``lowest``: (solver, how many (ham, model) cases it has the
+    lowest final residual in) and the number of cases; ``trained``: the job behind the trained
+    models; ``eval_table`` and ``effects``: the trained models under other forward solvers."""
+
+    task: str
+    ran: bool
+    tol: float | None
+    table: Table
+    figure: str
+    lowest: tuple[tuple[str, int], ...]
+    cases: int
+    trained: TrainedFrom
+    eval_table: Table
+    eval_figure: str
+    effects: tuple[Effect, ...]
+    effect: float
+
+
+def convergence(runs: StudyRuns, figures: Figures) -> Convergence:
+    """Section 5 from the ``convergence`` studies (writes the figures)."""
+    empty = Table.of((), ())
+    if not runs.studies.get("convergence"):
+        return Convergence(STRESS_TASK, False, None, empty, "", (), 0, TrainedFrom(), empty, "",
+                           (), EFFECT)  # fmt: skip
+    body, tols = [], set()
+    traces: dict[str, dict[str, Any]] = {}
+    for context in CONTEXTS:
+        traces[context] = {}
+        for point in ("init", "trained"):
+            res = runs.study("convergence", point, context)
+            traces[context][point] = res
+            for row in (res or {}).get("convergence", []):
+                tol_key = next((k for k in row if k.startswith(TOL_KEY)), None)
+                reach = row.get(tol_key) if tol_key else None
+                if tol_key:
+                    tols.add(float(tol_key[len(TOL_KEY) :]))
+                body.append([context, point, row["solver"], row["steps"],
+                             row["final_rel_residual"],
+                             "never" if reach is not None and reach < 0 else reach,
+                             row["contraction"], row.get("objective")])  # fmt: skip
+    plot_convergence(traces, figures.path("q4_convergence.png"))
+    best = _lowest_residual(traces)
+    trained = {c: traces[c].get("trained") for c in CONTEXTS}
+    eval_body, effects = [], []
+    for context, res in trained.items():
+        rows = (res or {}).get("eval_solvers") or []
+        eval_body += [[context, row["solver"], row["final_rel_residual"],
+                       *(row.get(m) for m in METRICS)] for row in rows]  # fmt: skip
+        effect = _effect(context, res, rows)
+        if effect is not None:
+            effects.append(effect)
+    if eval_body:
+        plot_eval_solvers(trained, "val/blob_acc", figures.path("q4_eval_solvers.png"))
+    header = ["ham", "model", "solver", "iterations", "final rel. residual", "iterations to tol",
+              "contraction", "objective"]  # fmt: skip
+    return Convergence(
+        task=STRESS_TASK,
+        ran=True,
+        tol=tols.pop() if len(tols) == 1 else None,
+        table=Table.of(header, body),
+        figure=figures.link("q4_convergence.png"),
+        lowest=tuple((name, best.count(name)) for name in dict.fromkeys(best)),
+        cases=len(best),
+        trained=trained_from(runs, [res for res in trained.values() if res]),
+        eval_table=Table.of(["ham", "forward solver", "final rel. residual", *METRICS], eval_body),
+        eval_figure=figures.link("q4_eval_solvers.png"),
+        effects=tuple(effects),
+        effect=EFFECT,
+    )
+
+
+def _effect(context: str, res: Any, rows: Sequence[Mapping[str, Any]]) -> Effect | None:
     """Blob accuracy at the trained K vs the longest plain solve, or None when either is
     missing."""
     k = (res or {}).get("config", {}).get("context", {}).get("eval_steps")
@@ -123,8 +124,8 @@ def _converged_verdict(context: str, res: Any, rows: Sequence[Mapping[str, Any]]
     if before is None or after is None or longest is trained:
         return None
     delta = after - before
-    effect = "helps" if delta > 0.05 else "hurts" if delta < -0.05 else "about the same"
-    return f"{context}: K={k} → {longest['solver']} {effect} ({before:.3f} → {after:.3f})"
+    word = "helps" if delta > EFFECT else "hurts" if delta < -EFFECT else "about the same"
+    return Effect(context, k, longest["solver"], word, before, after)
 
 
 def _lowest_residual(traces: Mapping[str, Mapping[str, Any]]) -> list[str]:

@@ -13,7 +13,9 @@ Layout (what ``experiments/scripts/study.sh`` writes under ``multirun/study``)::
     convergence/<init|trained>_<context>/  experiments.convergence (question 4)
     bench.json          experiments.bench --json (question 3's compute table)
 
-Every part is optional: the document says which are missing instead of failing.
+Every part is optional: the document says which are missing instead of failing. Besides the
+loader, this module holds what every section of the document computes with: row selection, mean
+± std over seeds, failure shares, and the configured settings read from a job's saved config.
 """
 
 from __future__ import annotations
@@ -21,22 +23,28 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from experiments.engine.results import RESULTS_FILE, read_results
-from experiments.reports.sweep import Job, Row, collect_jobs, group_jobs, planned_jobs
-from implicit_ham.diagnostics.table import format_value
+from experiments.reports.sweep import (
+    Job,
+    Row,
+    collect_jobs,
+    group_jobs,
+    parallel_jobs,
+    planned_jobs,
+)
 
 CONTEXTS = ("nmf", "vq", "cd")
 ADJOINTS = ("unroll", "one_step", "implicit", "phantom")
 KS = (1, 3, 6, 12)
 METRICS = ("val/blob_acc", "val/miou")
 REFERENCE_K = 6  # the paper's K, where the document compares modes
+STRESS_TASK = "legend_seg"  # the stress test's task (the study_scale presets), by name
+PAPER_TASK = "digit_seg"  # the paper regime's task (the paper_scale presets), by name
 PAPER_SWEEPS = (
     "paper_finetune",
     "paper_frozen",
@@ -81,7 +89,7 @@ class StudyRuns:
         """Parts of the study that produced nothing (for the document's status line): empty
         sweeps, each expected no-training study without results, the benchmark."""
         out = [f"sweep `{name}`" for name in SWEEPS if not self.sweeps.get(name)]
-        for name in LEGEND_SWEEPS:  # the paper sweeps' unfinished jobs: PaperRegimeSection
+        for name in LEGEND_SWEEPS:  # the paper sweeps' unfinished jobs: study_paper
             jobs = self.sweeps.get(name) or []
             ok = sum(job.status == "ok" for job in jobs)
             expected = max(planned_jobs(self.root / name) or len(jobs), len(jobs))
@@ -93,29 +101,7 @@ class StudyRuns:
 
     def parallel_jobs(self, sweep: str) -> int | None:
         """``hydra.launcher.n_jobs`` of a sweep (from its multirun.yaml), or None."""
-        path = self.root / sweep / "multirun.yaml"
-        if not path.exists():
-            return None
-        launcher = ((yaml.safe_load(path.read_text()) or {}).get("hydra") or {}).get("launcher")
-        return (launcher or {}).get("n_jobs")
-
-
-class DocBase:
-    """What every section of the study document shares: the runs, where figures go, and the
-    summary lines the sections' verdicts add."""
-
-    def __init__(self, runs: StudyRuns, out_dir: Path, figures: str) -> None:
-        self.runs, self.out_dir, self.figures = runs, out_dir, figures
-        self.adjoint_rows = runs.rows("adjoints")
-        self.summary: list[str] = []  # one line per verdict, for the Summary section
-
-    def figure(self, name: str) -> Path:
-        """The path a figure is written to."""
-        return self.out_dir / self.figures / name
-
-    def link(self, name: str, caption: str) -> str:
-        """The markdown image of a figure, relative to the document."""
-        return f"![{caption}]({self.figures}/{name})"
+        return parallel_jobs(self.root / sweep)
 
 
 def load_study(root: str | Path) -> StudyRuns:
@@ -190,25 +176,10 @@ def study_seconds(results: Iterable[dict[str, Any]]) -> float:
     return sum(float(r.get("elapsed_s") or 0.0) for r in results)
 
 
-def table(header: Sequence[str], body: Iterable[Sequence[Any]]) -> str:
-    """A markdown table; cells as ``format_value`` writes them (floats to 4 significant digits),
-    None as a dash."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for cells in body:
-        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    return "\n".join(lines)
-
-
-def _cell(value: Any) -> str:
-    return "–" if value is None else format_value(value)
-
-
 def _steps_of(job: Job) -> int:
-    cfg = job.config
     try:
-        per_epoch = math.ceil(int(cfg["data"]["train_size"]) / int(cfg["batch_size"]))
-        return per_epoch * int(cfg["epochs"])
-    except (KeyError, TypeError, ValueError):
+        return train_steps(job.config) or 0
+    except TypeError:  # a config with non-numeric sizes: no step count
         return 0
 
 
@@ -220,3 +191,113 @@ def k_steps(k: int) -> dict[str, str]:
 def pct(value: float | None) -> str:
     """A fraction as a percentage with one decimal, or a dash."""
     return "–" if value is None else f"{100 * value:.1f} %"
+
+
+def config_value(config: Mapping[str, Any] | None, key: str) -> Any:
+    """The value at the dotted ``key`` of a saved job config (``"adjoint.k"``), or None where
+    the config does not record it."""
+    value: Any = config
+    for part in key.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def first_config(jobs: Iterable[Job]) -> dict[str, Any]:
+    """The saved config of the first job that has one ({} when none does): the settings a
+    sweep's jobs share."""
+    return next((job.config for job in jobs if job.config), {})
+
+
+def row_config(row: Row | None) -> dict[str, Any]:
+    """``first_config`` of a row's jobs ({} without a row)."""
+    return first_config(row.jobs) if row is not None else {}
+
+
+def config_with(rows: Iterable[Row], key: str, **wanted: str) -> dict[str, Any]:
+    """The first saved config that records ``key`` among the jobs of the rows whose overrides
+    include ``wanted`` ({} when none does): where an arm's settings are read."""
+    for row in rows:
+        if all(row.overrides.get(k) == v for k, v in wanted.items()):
+            for job in row.jobs:
+                if config_value(job.config, key) is not None:
+                    return job.config
+    return {}
+
+
+def target_name(config: Mapping[str, Any] | None, key: str) -> str | None:
+    """The last component of a ``_target_`` (``torch.optim.SGD`` -> ``SGD``) at ``key``."""
+    target = config_value(config, f"{key}._target_")
+    return None if target is None else str(target).rsplit(".", 1)[-1]
+
+
+def train_steps(config: Mapping[str, Any]) -> int | None:
+    """Optimiser steps of a training job: ceil(train_size / batch_size) * epochs (None without
+    them)."""
+    size, batch = config_value(config, "data.train_size"), config.get("batch_size")
+    epochs = config.get("epochs")
+    if not size or not batch or epochs is None:
+        return None
+    return math.ceil(size / batch) * epochs
+
+
+@dataclass(frozen=True)
+class Figures:
+    """Where the document's PNGs go: ``out_dir / folder``; ``link`` is a figure's path relative
+    to the document."""
+
+    out_dir: Path
+    folder: str
+
+    def path(self, name: str) -> Path:
+        """The path a figure is written to."""
+        return self.out_dir / self.folder / name
+
+    def link(self, name: str) -> str:
+        """The figure's path as the document links it."""
+        return f"{self.folder}/{name}"
+
+
+@dataclass(frozen=True)
+class TrainedFrom:
+    """The training job behind the checkpoint of no-training studies: its sweep, backward mode
+    (``adjoint`` override, or the gradient part of ``+arm``), K and seed; None where the
+    studies do not record a checkpoint of this study's sweeps or disagree."""
+
+    sweep: str | None = None
+    mode: str | None = None
+    k: Any = None
+    seed: str | None = None
+
+    @property
+    def mode_name(self) -> str | None:
+        """The backward mode as the document names it (``unroll`` is BPTT)."""
+        return MODE_NAMES.get(self.mode or "", self.mode)
+
+
+MODE_NAMES = {"unroll": "BPTT"}
+
+
+def trained_from(runs: StudyRuns, results: Iterable[Mapping[str, Any] | None]) -> TrainedFrom:
+    """Where the ``checkpoint`` of the studies ``results`` (results.json contents) comes from,
+    found among the study's sweep jobs by directory; ``TrainedFrom()`` unless all agree."""
+    jobs = {job.directory.resolve(): (name, job) for name, js in runs.sweeps.items() for job in js}
+    found = set()
+    for res in results:
+        checkpoint = config_value(res, "config.checkpoint")
+        match = jobs.get(Path(checkpoint).parent.resolve()) if checkpoint else None
+        if match is None:
+            found.add(TrainedFrom())
+            continue
+        name, job = match
+        mode = job.overrides.get("adjoint") or _arm_gradient(job.overrides.get("arm", ""))
+        k = config_value(job.config, "context.steps") or job.overrides.get("context.steps")
+        found.add(TrainedFrom(name, mode, k, job.overrides.get("seed", "0")))
+    return found.pop() if len(found) == 1 else TrainedFrom()
+
+
+def _arm_gradient(arm: str) -> str | None:
+    """``nmf_unroll`` -> ``unroll`` (the gradient part of a ham arm), None for other arms."""
+    ham, _, gradient = arm.partition("_")
+    return gradient if ham in CONTEXTS and gradient else None

@@ -1,8 +1,9 @@
-"""Turn a multirun directory into a markdown table (mean ± std over seeds) and PNG plots.
+"""Turn a multirun directory into a markdown report (mean ± std over seeds) and PNG plots.
 
 Each job directory holds ``results.json`` (written by every job, also by a failed one, with
 ``status`` and ``error``) and Hydra's ``.hydra/overrides.yaml``. Jobs are grouped by their
-overrides minus ``seed``; each group becomes one row.
+overrides minus ``seed``; each group becomes one row. The report is ``templates/sweep.md.j2``
+filled by a ``SweepReport``.
 """
 
 from __future__ import annotations
@@ -16,17 +17,22 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from experiments.engine.results import RESULTS_FILE, read_results
+from experiments.reports.render import Table, render
 
 DEFAULT_METRICS = ("val/miou", "val/blob_acc", "val/pixel_acc", "val/accuracy", "train_time_s")
 IGNORED_OVERRIDES = ("seed",)
+PLOTTED_METRICS = ("val/blob_acc", "val/miou", "val/accuracy")
 
 
 @dataclass
 class Job:
     """One job of a sweep: its overrides, status, final metrics, per-epoch history, failure
-    counts by kind (``results.json``'s ``failures.by_kind``) and resolved config."""
+    counts by kind (``results.json``'s ``failures.by_kind``) and resolved config (results.json's,
+    else Hydra's ``.hydra/config.yaml``)."""
 
     directory: Path
     overrides: dict[str, str]
@@ -90,39 +96,50 @@ def group_jobs(jobs: Iterable[Job], ignore: Sequence[str] = IGNORED_OVERRIDES) -
     return list(rows.values())
 
 
-def markdown_table(
+def metrics_table(
     rows: Sequence[Row], metrics: Sequence[str] | None = None, digits: int = 3
-) -> str:
-    """A markdown table: one column per swept key, ``n`` (ok / all), then mean ± std per metric.
+) -> Table:
+    """One column per swept key, ``n`` (ok / all), then mean ± std per metric.
 
     Only metrics present in at least one job are shown (``DEFAULT_METRICS`` by default).
     """
     keys = sorted({k for row in rows for k in row.overrides})
     wanted = metrics or DEFAULT_METRICS
     shown = [m for m in wanted if any(row.values(m) for row in rows)]
-    header = [*keys, "n", *shown]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    body = []
     for row in rows:
         ok = sum(job.status == "ok" for job in row.jobs)
         cells = [row.overrides.get(k, "") for k in keys] + [f"{ok}/{len(row.jobs)}"]
         for metric in shown:
             stats = row.mean_std(metric)
             cells.append("–" if stats is None else f"{stats[0]:.{digits}f} ± {stats[1]:.{digits}f}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        body.append(cells)
+    return Table.of([*keys, "n", *shown], body)
 
 
-def failures_table(jobs: Sequence[Job]) -> str:
-    """A markdown list of failed jobs with their overrides and error, or "" when none failed."""
-    failed = [job for job in jobs if job.status != "ok"]
-    if not failed:
-        return ""
-    lines = ["| job | overrides | error |", "|---|---|---|"]
-    for job in failed:
+def failures(jobs: Sequence[Job]) -> Table:
+    """The failed jobs with their overrides and error (an empty table when none failed)."""
+    body = []
+    for job in jobs:
+        if job.status == "ok":
+            continue
         overrides = " ".join(f"{k}={v}" for k, v in job.overrides.items())
         error = (job.error or job.status).replace("|", "/").replace("\n", " ")[:200]
-        lines.append(f"| {job.directory.name} | {overrides} | {error} |")
-    return "\n".join(lines)
+        body.append([job.directory.name, overrides, error])
+    return Table.of(["job", "overrides", "error"], body)
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    """A sweep's ``report.md``: its title, folder, job count, the metrics table, the failed
+    jobs, and (metric, figure name) per plotted metric."""
+
+    title: str
+    source: Path
+    jobs: int
+    table: Table
+    failures: Table
+    plots: tuple[tuple[str, str], ...]
 
 
 def write_report(
@@ -139,30 +156,17 @@ def write_report(
     out_dir.mkdir(parents=True, exist_ok=True)
     jobs = collect_jobs(sweep_dir)
     rows = group_jobs(jobs)
-    parts = [
-        f"# {title or 'Sweep report'}",
-        "",
-        f"Source: `{sweep_dir}` ({len(jobs)} jobs).",
-        "",
-        markdown_table(rows, metrics),
-        "",
-    ]
-    failures = failures_table(jobs)
-    if failures:
-        parts += ["## Failed jobs", "", failures, ""]
-    for metric in ("val/blob_acc", "val/miou", "val/accuracy"):
+    plots = []
+    for metric in PLOTTED_METRICS:
         if any(row.values(metric) for row in rows):
             name = metric.replace("/", "_")
             plot_metric_bars(rows, metric, out_dir / f"{name}.png")
             plot_curves(rows, metric, out_dir / f"{name}_curves.png")
-            parts += [
-                f"![{metric}]({name}.png)",
-                "",
-                f"![{metric} per epoch]({name}_curves.png)",
-                "",
-            ]
+            plots.append((metric, name))
+    report = SweepReport(title or "Sweep report", sweep_dir, len(jobs),
+                         metrics_table(rows, metrics), failures(jobs), tuple(plots))  # fmt: skip
     path = out_dir / "report.md"
-    path.write_text("\n".join(parts))
+    path.write_text(render("sweep.md.j2", report=report))
     return path
 
 
@@ -219,8 +223,21 @@ def _read_job(directory: Path) -> Job:
         results.get("error"),
         history,
         {str(k): int(v) for k, v in failures.items()},
-        results.get("config") or {},
+        results.get("config") or _read_config(directory / ".hydra" / "config.yaml"),
     )
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    """Hydra's saved job config with its interpolations resolved ({} when absent or when an
+    interpolation cannot be resolved outside the job): where a results.json without a
+    ``config`` falls back to."""
+    if not path.exists():
+        return {}
+    try:
+        config = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except OmegaConfBaseException:
+        return {}
+    return {str(k): v for k, v in config.items()} if isinstance(config, dict) else {}
 
 
 def _read_overrides(path: Path) -> dict[str, str]:
@@ -264,3 +281,13 @@ def sweep_span_s(sweep_dir: Path) -> float | None:
     if not start.exists() or not ends:
         return None
     return max(ends) - start.stat().st_mtime
+
+
+def parallel_jobs(sweep_dir: Path) -> int | None:
+    """``hydra.launcher.n_jobs`` of the sweep in ``sweep_dir`` (its ``multirun.yaml``), or None
+    when the file or the key is absent."""
+    path = sweep_dir / "multirun.yaml"
+    if not path.exists():
+        return None
+    launcher = ((yaml.safe_load(path.read_text()) or {}).get("hydra") or {}).get("launcher")
+    return (launcher or {}).get("n_jobs")

@@ -1,4 +1,5 @@
-"""Plain result rows (a list of dicts) that print as an aligned text table."""
+"""Plain result rows (a list of dicts) that print as an aligned text table, and the markdown
+table writer the experiments' reports use (one cell format for both)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,26 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)) for line in cells]
     return "\n".join(line.rstrip() for line in lines)
+
+
+def markdown_table(
+    header: Sequence[str], body: Iterable[Sequence[Any]], missing: str = ""
+) -> str:
+    """Render a markdown (GitHub) table: the header, a ``|---|`` rule, one line per row of
+    ``body``; cells as ``format_value`` writes them, None as ``missing``.
+
+    Cells are written as they are: a ``|`` inside a cell is the caller's to escape.
+
+    Raises:
+        ValueError: a row whose length differs from the header's.
+    """
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for index, cells in enumerate(body):
+        if len(cells) != len(header):
+            raise ValueError(
+                f"row {index} has {len(cells)} cells for {len(header)} columns "
+                f"({list(header)}); give one cell per column (None for a blank)"
+            )
+        text = (missing if value is None else format_value(value) for value in cells)
+        lines.append("| " + " | ".join(text) + " |")
+    return "\n".join(lines)

@@ -18,7 +18,10 @@ FIDS = {"none": [40.0, 44.0, 42.0], "self_attention": [30.0, 31.0, 32.0],
         "nmf_one_step": [20.0, 21.0, 22.0], "nmf_unroll": [21.0, 30.0, 15.0]}  # fmt: skip
 
 
-def _job(directory: Path, arm: str, seed: int, fid: float) -> None:
+CONFIG = {"steps": 10, "batch_size": 4, "gan": {}, "metrics": {}, "canvas": {}}
+
+
+def _job(directory: Path, arm: str, seed: int, fid: float, config: dict = CONFIG) -> None:
     (directory / ".hydra").mkdir(parents=True)
     (directory / ".hydra" / "overrides.yaml").write_text(
         f"- seed={seed}\n- +arm={arm}\n- +experiment=generation\n"
@@ -27,7 +30,7 @@ def _job(directory: Path, arm: str, seed: int, fid: float) -> None:
                "consistency": 0.3}  # fmt: skip
     results = {
         "status": "ok", "metrics": metrics, "reference": {**metrics, "fid": 3.0},
-        "config": {"steps": 10, "batch_size": 4, "gan": {}, "metrics": {}, "canvas": {}},
+        "config": config,
         "classifier_accuracy": 0.99, "steps": 10, "train_time_s": 20.0, "eval_time_s": 2.0,
         "parameters": {"G": 100, "D": 90, "G_context": 10, "D_context": 9},
         "failures": {"total": 1, "skipped_updates": {"D": 1, "G": 0}},
@@ -92,3 +95,28 @@ def test_the_page_states_the_sweeps_wall_clock(sweep: Path, tmp_path: Path) -> N
     last = 60.0 * (len(list(sweep.glob("*/results.json"))) - 1)
     write_generation_report(sweep, out)
     assert f"The sweep took {last / 60:.1f} min wall-clock" in out.read_text()
+
+
+def test_the_pages_settings_come_from_the_jobs_configs(tmp_path: Path) -> None:
+    """Optimiser, EMA, threads, parallel jobs, the ham's rank and steps and the failure policy
+    are quoted from the saved configs and multirun.yaml (values unlike the presets'); a config
+    without them gives ``?``."""
+    config = {**CONFIG, "threads": 3,
+              "gan": {"lr_d": 0.001, "lr_g": 0.0005, "beta1": 0.5, "beta2": 0.95,
+                      "ema_decay": 0.9, "max_consecutive_failures": 7},
+              "context": {"rank": 5, "steps": 4},
+              "reliability": {"on_failure": "fallback"}}  # fmt: skip
+    for number, arm in enumerate(("nmf_one_step", "none")):
+        _job(tmp_path / "sweep" / str(number), arm, 1, 20.0 + number, config)
+    (tmp_path / "sweep" / "multirun.yaml").write_text("hydra:\n  launcher:\n    n_jobs: 4\n")
+    out = write_generation_report(tmp_path / "sweep", tmp_path / "docs" / "generation.md")
+    text = out.read_text()
+    assert "(Adam, lr 0.001 / 0.0005, betas (0.5, 0.95)), EMA decay 0.9;" in text
+    assert "3 thread per job, 4 jobs at a time." in text
+    assert "with `NMF` (rank 5, 4 steps) under `OneStep()`" in text
+    assert "`reliability.on_failure=fallback`" in text and "; 7 dropped in a row" in text
+    assert "## Samples (seed 1, EMA generator)" in text
+    bare = tmp_path / "bare"
+    _job(bare / "0", "nmf_one_step", 0, 20.0)
+    text = write_generation_report(bare, tmp_path / "bare_docs" / "generation.md").read_text()
+    assert "? thread per job, ? jobs at a time." in text and "(rank ?, ? steps)" in text

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.reports.sweep import collect_jobs, group_jobs, markdown_table, write_report
+from experiments.reports.sweep import collect_jobs, group_jobs, metrics_table, write_report
 
 
 def _job(root: Path, num: int, overrides: list[str], metrics: dict | None,
@@ -42,14 +42,16 @@ def test_groups_average_over_seeds_only(sweep: Path) -> None:
     rows = group_jobs(collect_jobs(sweep))
     by_adjoint = {row.overrides["adjoint"]: row for row in rows}
     assert set(by_adjoint) == {"unroll", "implicit", "neumann", "phantom"}
-    mean, std = by_adjoint["unroll"].mean_std("val/blob_acc")
+    stats = by_adjoint["unroll"].mean_std("val/blob_acc")
+    assert stats is not None
+    mean, std = stats
     assert mean == pytest.approx(0.6) and std == pytest.approx(statistics.stdev([0.5, 0.7]))
     assert by_adjoint["neumann"].mean_std("val/blob_acc") is None
 
 
 def test_markdown_table_has_known_cells(sweep: Path) -> None:
-    table = markdown_table(group_jobs(collect_jobs(sweep)), metrics=["val/blob_acc", "val/miou"])
-    lines = table.splitlines()
+    table = metrics_table(group_jobs(collect_jobs(sweep)), metrics=["val/blob_acc", "val/miou"])
+    lines = table.markdown().splitlines()
     assert lines[0] == "| adjoint | n | val/blob_acc | val/miou |"
     assert "| unroll | 2/2 | 0.600 ± 0.141 | 0.300 ± 0.071 |" in lines
     assert "| implicit | 2/2 | 0.850 ± 0.071 | 0.425 ± 0.035 |" in lines
