@@ -10,9 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from helpers.registry_names import torchdeq_available
 
 import implicit_ham as ih
-from helpers.registry_names import torchdeq_available
 
 ANDERSON_FORWARD: list[Callable[..., Any]] = [ih.Anderson]
 BROYDEN_FORWARD: list[Callable[..., Any]] = [ih.Broyden]
