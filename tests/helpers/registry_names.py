@@ -11,6 +11,7 @@ them out.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,6 +27,13 @@ def torchdeq_available() -> bool:
     return importlib.util.find_spec("torchdeq") is not None
 
 
+def with_torchdeq(value: Any, id: str | None = None) -> Any:
+    """``value`` as a ``pytest.param`` skipped (with the extra to install) without torchdeq."""
+    reason = "needs torchdeq: pip install 'implicit-ham[torchdeq]'"
+    mark = pytest.mark.skipif(not torchdeq_available(), reason=reason)
+    return pytest.param(value, marks=mark, id=id)
+
+
 def missing_extra(cls: type) -> str | None:
     """The optional extra ``cls`` needs and this install lacks, or None."""
     extra = EXTRA_OF_MODULE.get(cls.__module__)
@@ -39,9 +47,16 @@ def builtin_names(registry: Registry[Any]) -> list[str]:
     return [n for n in registry.names() if registry.get(n).__module__.startswith("implicit_ham.")]
 
 
-def usable_names(registry: Registry[Any]) -> list[str]:
-    """``builtin_names`` less the classes whose optional extra is not installed."""
-    return [n for n in builtin_names(registry) if missing_extra(registry.get(n)) is None]
+def usable_names(
+    registry: Registry[Any], where: Callable[[type], bool] | None = None
+) -> list[str]:
+    """``builtin_names`` less the classes whose optional extra is not installed, and (when
+    ``where`` is given) less those whose class fails ``where`` (e.g. ``requires_spd``)."""
+    return [
+        n
+        for n in builtin_names(registry)
+        if missing_extra(registry.get(n)) is None and (where is None or where(registry.get(n)))
+    ]
 
 
 def builtin_params(registry: Registry[Any]) -> list[Any]:
