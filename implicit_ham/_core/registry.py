@@ -68,13 +68,13 @@ class Registry(Generic[T]):
         def make(name: str, **options: Any) -> T:
             return self.make(name, **options)
 
-        make.__name__ = make.__qualname__ = function
-        make.__module__ = module
-        make.__doc__ = (
+        return _module_function(
+            make,
+            function,
+            module,
             f"Build the {self.kind} registered as ``name`` with constructor ``options``; an "
-            "unknown name or option raises an error listing the valid choices."
+            "unknown name or option raises an error listing the valid choices.",
         )
-        return make
 
     def register_function(
         self, function: str, module: str
@@ -84,13 +84,13 @@ class Registry(Generic[T]):
         def register(name: str) -> Callable[[type[T]], type[T]]:
             return self.register(name)
 
-        register.__name__ = register.__qualname__ = function
-        register.__module__ = module
-        register.__doc__ = (
+        return _module_function(
+            register,
+            function,
+            module,
             f"Class decorator: register a {self.kind} under ``name`` (usable from configs and "
-            "``make_*``); re-registering a name to another class is an error."
+            "``make_*``); re-registering a name to another class is an error.",
         )
-        return register
 
     def resolve(self, spec: T | str, base: type) -> T:
         """Accept an instance of ``base`` or a registered name; anything else is an error."""
@@ -136,3 +136,15 @@ def parameter_names(cls: type) -> list[str]:
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             break
     return names
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _module_function(fn: F, name: str, module: str, doc: str) -> F:
+    """``fn`` presented as the module-level function ``module.name`` with docstring ``doc``
+    (how the API reference and ``help()`` show it)."""
+    fn.__name__ = fn.__qualname__ = name
+    fn.__module__ = module
+    fn.__doc__ = doc
+    return fn

@@ -9,6 +9,13 @@ def check_positive_int(owner: str, name: str, value: object, minimum: int = 1) -
         raise ValueError(f"{owner}: {name} must be an integer >= {minimum}, got {value!r}")
 
 
+def check_budget(owner: str, max_steps: object, tol: object, minimum: int = 1) -> None:
+    """Raise ValueError unless ``max_steps`` is an int >= ``minimum`` and ``tol`` a positive
+    number or None (an iterative solver's budget and stopping tolerance)."""
+    check_positive_int(owner, "max_steps", max_steps, minimum)
+    check_tolerance(owner, "tol", tol, optional=True)
+
+
 def check_unit_interval(owner: str, name: str, value: object) -> None:
     """Raise ValueError unless 0 < value <= 1 (a damping / step-size factor)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:

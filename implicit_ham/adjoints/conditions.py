@@ -1,14 +1,13 @@
-"""``root``: the layer ``z* : g(z*, *args) = 0``, differentiated through its optimality condition.
+"""Differentiating an optimality condition ``g(z*, θ) = 0``, shared by ``root`` and ``minimize``.
 
-Forward: a root solver (``Newton`` with any linear solver of the library) or any fixed-point
-solver (``FixedPointIteration``, ``Anderson``, ``Broyden``) applied to ``z <- z - g(z)``.
-Backward: the library's backward modes. ``Implicit`` / ``Neumann`` differentiate ``g(z*, θ) = 0``
-by the implicit-function theorem, ``dz*/dθ = -(dg/dz)^{-1} dg/dθ``: the backward pass solves
-``(dg/dz)^T w = v`` with the chosen linear solver and hands ``-w`` to g's graph
-(``implicit_backward.attach_root_gradient``, the same Function as the fixed-point layers').
-``Unroll`` / ``Truncated`` / ``OneStep`` differentiate the solver's iterations (fixed-point
-solvers only; Newton's linear solves are not differentiable steps). ``Phantom`` is refused.
+``differentiate`` attaches the gradient a backward mode defines to a solution of a root or argmin
+problem (``Condition`` names the residual map ``g`` and its explicit inputs): ``Implicit`` /
+``Neumann`` by the implicit-function theorem, ``dz*/dθ = -(dg/dz)^{-1} dg/dθ``, through
+``implicit_backward.attach_root_gradient`` (the same Function as the fixed-point layers');
+the through-iteration modes by the solver's own differentiable steps. ``guarded_inputs``
+applies the gradient guard to the explicit inputs first.
 """
+
 
 from __future__ import annotations
 

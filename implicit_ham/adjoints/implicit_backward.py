@@ -40,13 +40,13 @@ from torch import Tensor
 
 from implicit_ham._core.errors import (
     BackwardSolveError,
-    ConditioningWarning,
     ConvergenceWarning,
     NonFiniteError,
     NotFixedPointError,
     NotFixedPointWarning,
     SecondOrderError,
 )
+from implicit_ham._core.ill_conditioning import warn_ill_conditioned
 from implicit_ham._core.precision import working_dtype
 from implicit_ham._core.state import BoundStep, State, StateSpec, StepFn, per_sample_norm
 from implicit_ham._core.stats import BackwardStats
@@ -513,7 +513,9 @@ def finish_backward(
         abs_res = float("inf")
     rel_res = abs_res / v_norm if v_norm > 0 else abs_res
     converged = None if tol is None and finite else finite and (tol is None or rel_res <= tol)
-    _warn_if_ill_conditioned(adjoint, linear_solver, cond, cond_threshold, op.label)
+    if cond is not None:
+        where = f"{adjoint} backward"
+        warn_ill_conditioned(where, cond, cond_threshold, linear_solver, label=op.label)
     stats = BackwardStats(adjoint, linear_solver, steps, abs_res, rel_res, converged, cond)
     if converged is not False:
         return g, stats
@@ -544,25 +546,6 @@ def finish_backward(
         raise BackwardSolveError(f"{problem}. {fix}")
     warnings.warn(f"{problem}; the gradient is inaccurate. {fix}", ConvergenceWarning, stacklevel=2)
     return g, stats
-
-
-def _warn_if_ill_conditioned(
-    adjoint: str,
-    linear_solver: str,
-    cond: float | None,
-    threshold: float | None,
-    label: str = "I - J",
-) -> None:
-    if cond is None or threshold is None or cond <= threshold:
-        return
-    warnings.warn(
-        f"{adjoint} backward: cond({label}) >= {cond:.3e} exceeds {threshold:g} "
-        f"({linear_solver}); the fixed point is (nearly) not isolated, e.g. NMF's scaling "
-        "symmetry, and the implicit gradient (I - J)^-T v is unreliable there. Use OneStep, "
-        "Phantom or Unroll, or regularise the map.",
-        ConditioningWarning,
-        stacklevel=3,
-    )
 
 
 def _reaches_other_leaves(fz: State, z_req: State) -> bool:

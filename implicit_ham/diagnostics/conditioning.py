@@ -30,7 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from implicit_ham._core.errors import ConditioningWarning, NotFixedPointWarning
+from implicit_ham._core.errors import NotFixedPointWarning
+from implicit_ham._core.ill_conditioning import warn_ill_conditioned
 from implicit_ham.diagnostics.jacobian import FixedPointJacobian
 from implicit_ham.linalg.krylov import GMRES, arnoldi_dominant, lanczos_extremes
 from implicit_ham.linalg.operator import AdjointOperator
@@ -187,19 +188,12 @@ def warn_if_ill_conditioned(
 
     Returns whether it warned.
     """
-    if not report.kappa > threshold:
-        return False
-    warnings.warn(
-        f"{where}: κ(I - J) >= {report.kappa:.3e} exceeds {threshold:.1e} (sigma_max "
-        f"{report.sigma_max:.3e}, sigma_min <= {report.sigma_min:.3e}, spectral radius of J "
-        f"{report.spectral_radius:.4f}, fixed-point residual {report.fixed_point_residual:.2e}); "
-        "implicit gradients (I - J)^-T v are unreliable here. A continuum of fixed points "
-        "(e.g. NMF's scaling symmetry) causes this: use OneStep, Phantom or Unroll, or "
-        "regularise the map.",
-        ConditioningWarning,
-        stacklevel=2,
+    evidence = (
+        f"sigma_max {report.sigma_max:.3e}, sigma_min <= {report.sigma_min:.3e}, spectral "
+        f"radius of J {report.spectral_radius:.4f}, fixed-point residual "
+        f"{report.fixed_point_residual:.2e}"
     )
-    return True
+    return warn_ill_conditioned(where, report.kappa, threshold, evidence)
 
 
 def check_conditioning(

@@ -3,7 +3,8 @@
 Figures are built with ``matplotlib.figure.Figure`` directly (no pyplot, no global backend
 switch), so plotting works headless and never touches the user's interactive state. Every
 function draws on ``ax`` when given (to compose figures) or on a new figure, saves it to
-``path`` when given, and returns the figure.
+``path`` when given, and returns the figure. matplotlib is not a dependency of the library
+(it comes with the experiments extra): a plot without it raises an ImportError that says so.
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ if TYPE_CHECKING:
 def _axes(ax: Axes | None, panels: int = 1) -> list[Axes]:
     if ax is not None:
         return [ax]
-    from matplotlib.figure import Figure
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as err:
+        raise ImportError(
+            "the diagnostics' plots need matplotlib, which the library does not depend on: "
+            "pip install matplotlib (the experiments extra includes it)"
+        ) from err
 
     fig = Figure(figsize=(4.5 * panels, 3.4), layout="constrained")
     return list(fig.subplots(1, panels, squeeze=False)[0])

@@ -1,19 +1,12 @@
-"""Linear solvers for the implicit backward pass: find g with ``g = J^T g + v``.
+"""``Dense``: the backward linear solve by materialising the system (M vector-Jacobian products)
+and solving it exactly, with its condition number κ as a by-product.
 
-The same solvers serve the root-finding and argmin layers (``ih.root``, ``ih.minimize``), whose
-systems are posed directly as ``A^T g = v`` (``A = dg/dz``, the Hessian for a minimum):
-``AdjointOperator.system`` then gives ``A^T x`` without forming ``I - (I - A^T)`` (no cancellation),
-and ``vjp`` is its Richardson form ``x - A^T x`` for the solvers that iterate on ``J^T``. ``CG``
-needs a symmetric positive-definite system and stops with an error on negative curvature.
-
-``J = df/dz`` at the fixed point is never formed (except by ``Dense``); a solver sees it only as
-``AdjointOperator.vjp``, one vector-Jacobian product per call, on the whole batch flattened to one
-vector of length M = B * N (so samples coupled inside ``f``, e.g. by batch statistics, are handled
-correctly). Every solver has the signature
-``solve(op, v, max_steps, tol) -> LinearSolve(g, steps, cond)`` (a named tuple); the caller
-checks the residual at the returned g itself, so no solver can report a false success.
-A solver that meets a non-finite product returns a NaN vector; the caller applies the policy.
+For small states and as the reference the iterative solvers are checked against; ``max_size``
+bounds M = B * N (the matrix is M x M). Under ``torch.func.vmap`` or while compiling it solves
+without value-dependent checks; otherwise a non-finite system returns a NaN vector (the caller
+applies the policy) and a singular one raises ``NonFiniteError``.
 """
+
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from implicit_ham.linalg.acceleration import anderson, broyden
+from implicit_ham.linalg.anderson_options import AndersonOptions
 from implicit_ham.linalg.operator import LINEAR_SOLVERS, AdjointOperator, LinearSolve, LinearSolver
 
 logger = logging.getLogger(__name__)
@@ -39,22 +40,19 @@ class FixedPointSolve(LinearSolver):
 
 @LINEAR_SOLVERS.register("anderson")
 @dataclass(frozen=True)
-class AndersonSolve(LinearSolver):
+class AndersonSolve(AndersonOptions, LinearSolver):
     """Anderson acceleration of ``g <- J^T g + v`` (the native kernel of
-    ``implicit_ham.linalg.acceleration``). A singular mixing system or a non-finite iterate is
-    retried once with ``lam`` raised to ``retry_lam``; a second failure returns NaN (the caller
-    applies the policy)."""
-
-    m: int = 5
-    lam: float = 1e-4
-    retry_lam: float = 1e-2
+    ``implicit_ham.linalg.acceleration``), with the mixing options of every Anderson solver
+    (``AndersonOptions``: ``m``, ``lam``, ``retry_lam``). A singular mixing system or a
+    non-finite iterate is retried once with ``lam`` raised to ``retry_lam``; a second failure
+    returns NaN (the caller applies the policy)."""
 
     def solve(
         self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float
     ) -> LinearSolve:
         target = tol * float(torch.linalg.vector_norm(v))
         counter = _CountingMap(op.vjp, v)
-        for lam in (self.lam, max(self.retry_lam, self.lam)):
+        for lam in self.attempts:
             result = anderson(
                 counter, v[None], max_evals=max(max_steps, 3), tol=target, stop_mode="abs",
                 m=self.m, lam=lam,

@@ -1,21 +1,12 @@
-"""Forward solvers: find z* = f(z*) from z0, spending the last ``grad_steps`` steps with gradient.
+"""The native accelerated forward solvers: ``Anderson`` and ``Broyden``.
 
-Every solver shares one signature, ``solve(f, z0, spec, grad_steps)``, and returns the final
-state and a ``SolverStats``. The solver alone defines its iteration: the backward mode only says
-how many trailing iterations carry gradient (all of them for ``Unroll``, the last k for
-``Truncated(k)``, none for ``Implicit``), so the value cannot depend on the backward mode.
-``FixedPointIteration`` runs those steps with gradient; a solver whose steps are not plain steps
-of ``f`` (Anderson, Broyden) solves without gradient and attaches the gradient of ``grad_steps``
-plain steps of ``f`` taken from its solution, without changing the value (``with_gradient_of``).
-
-``FixedPointIteration`` with ``tol=None`` runs exactly ``max_steps`` steps with no host
-synchronisation per step (Hamburger's K steps); its per-step residual trace is recorded only
-when asked for (``trace=True``) or when a tolerance needs it. ``Anderson`` and ``Broyden`` are
-native (``implicit_ham.linalg.acceleration``): they return an evaluated iterate, so its residual is
-known
-without another evaluation of ``f``. torchdeq's solvers, guarded, are in ``torchdeq_solvers``
-(``TorchDEQAnderson``, ``TorchDEQBroyden``): the references the native ones are tested and
-benchmarked against.
+Both run the kernels of ``implicit_ham.linalg.acceleration`` on the state flattened to (B, N)
+without gradient and return, per sample, the evaluated iterate with the lowest residual, so its
+residual is known without another evaluation of ``f``; the gradient of ``grad_steps`` plain steps
+of ``f`` taken from the solution is attached without changing the value (``NativeSolver``).
+Their options (``solvers.options``) are those of torchdeq's solvers (``solvers.torchdeq``:
+``TorchDEQAnderson``, ``TorchDEQBroyden``), the references they are tested and benchmarked
+against.
 """
 
 from __future__ import annotations
@@ -24,7 +15,6 @@ import logging
 from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -37,16 +27,9 @@ from implicit_ham._core.state import (
     with_gradient_of,
 )
 from implicit_ham._core.stats import SolverStats
-from implicit_ham._core.validation import (
-    check_choice,
-    check_positive_int,
-    check_tolerance,
-    check_unit_interval,
-)
 from implicit_ham.linalg.acceleration import Iterate, anderson, broyden
 from implicit_ham.solvers.base import (
     SOLVERS,
-    STOP_MODES,
     FixedPointSolver,
     apply_steps,
     raise_non_finite,
@@ -54,6 +37,7 @@ from implicit_ham.solvers.base import (
     refuse_vmap,
     warn_if_not_converged,
 )
+from implicit_ham.solvers.options import AndersonSolverOptions, BroydenSolverOptions
 
 logger = logging.getLogger(__name__)
 
@@ -81,11 +65,7 @@ class NativeSolver(FixedPointSolver):
         """Run the native solver on (B, N) states."""
 
     def solve(
-        self,
-        f: StepFn,
-        z0: State,
-        spec: StateSpec,
-        grad_steps: int = 0,
+        self, f: StepFn, z0: State, spec: StateSpec, grad_steps: int = 0
     ) -> tuple[State, SolverStats]:
         refuse_vmap(self)
         refuse_unroll(self, grad_steps)
@@ -119,34 +99,24 @@ class NativeSolver(FixedPointSolver):
 
 @SOLVERS.register("anderson")
 @dataclass(frozen=True)
-class Anderson(NativeSolver):
+class Anderson(AndersonSolverOptions, NativeSolver):
     """Anderson acceleration (native, ``implicit_ham.linalg.acceleration.anderson``); the default
     accelerated solver. ``TorchDEQAnderson`` ("torchdeq_anderson") runs torchdeq's.
 
     Args:
-        max_steps: budget of ``f`` evaluations (see ``NativeSolver``). tol: stopping
+        max_steps: budget of ``f`` evaluations (>= 4, see ``NativeSolver``). tol: stopping
             tolerance (None: use the budget).
         m: history size (>= 2). lam: Tikhonov regularisation of the mixing system.
+        retry_lam: the regularisation of the retry (below).
         damping: mixing step size in (0, 1]. stop_mode: "rel" or "abs".
 
     A singular mixing system or a non-finite iterate is retried once with ``lam`` raised to
     ``retry_lam``; if that fails too, NonFiniteError is raised.
     """
 
-    max_steps: int = 50
-    tol: float | None = 1e-5
-    m: int = 5
-    lam: float = 1e-4
-    damping: float = 1.0
-    stop_mode: str = "rel"
-    retry_lam: float = 1e-2
-
-    def __post_init__(self) -> None:
-        check_anderson_options(type(self).__name__, self)
-
     def _iterate(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, budget: int) -> Iterate:
-        retry = max(self.retry_lam, self.lam)
-        for attempt, lam in enumerate((self.lam, retry)):
+        retry = self.attempts[1]
+        for attempt, lam in enumerate(self.attempts):
             result = anderson(
                 flat_f,
                 x0,
@@ -172,21 +142,14 @@ class Anderson(NativeSolver):
 
 @SOLVERS.register("broyden")
 @dataclass(frozen=True)
-class Broyden(NativeSolver):
+class Broyden(BroydenSolverOptions, NativeSolver):
     """Broyden's method (native, ``implicit_ham.linalg.acceleration.broyden``, no line search).
     ``TorchDEQBroyden`` ("torchdeq_broyden") runs torchdeq's.
 
     Args:
-        max_steps: budget of ``f`` evaluations (see ``NativeSolver``). tol: stopping
+        max_steps: budget of ``f`` evaluations (>= 3, see ``NativeSolver``). tol: stopping
             tolerance (None: use the budget). stop_mode: "rel" or "abs".
     """
-
-    max_steps: int = 50
-    tol: float | None = 1e-5
-    stop_mode: str = "rel"
-
-    def __post_init__(self) -> None:
-        check_broyden_options(type(self).__name__, self)
 
     def _iterate(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, budget: int) -> Iterate:
         return broyden(flat_f, x0, max_evals=budget, tol=self.tol, stop_mode=self.stop_mode)
@@ -205,22 +168,3 @@ class _Flat:
 
     def unflatten(self, x: Tensor) -> State:
         return (x.reshape(self.spec.shapes[0]),) if self.single else self.spec.unflatten(x)
-
-
-def check_anderson_options(owner: str, solver: Any) -> None:
-    """Validate an Anderson-type solver's fields (shared by the native and torchdeq ones)."""
-    check_positive_int(owner, "max_steps", solver.max_steps, minimum=4)
-    check_tolerance(owner, "tol", solver.tol, optional=True)
-    check_positive_int(owner, "m", solver.m, minimum=2)
-    check_unit_interval(owner, "damping", solver.damping)
-    check_choice(owner, "stop_mode", solver.stop_mode, STOP_MODES)
-    if solver.lam < 0:
-        raise ValueError(f"{owner}: lam must be >= 0, got {solver.lam!r}")
-
-
-def check_broyden_options(owner: str, solver: Any) -> None:
-    """Validate a Broyden-type solver's fields (shared by the native and torchdeq ones)."""
-    check_positive_int(owner, "max_steps", solver.max_steps, minimum=3)
-    check_tolerance(owner, "tol", solver.tol, optional=True)
-    check_choice(owner, "stop_mode", solver.stop_mode, STOP_MODES)
-

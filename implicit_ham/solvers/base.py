@@ -8,14 +8,11 @@ how many trailing iterations carry gradient (all of them for ``Unroll``, the las
 of ``f`` (Anderson, Broyden) solves without gradient and attaches the gradient of ``grad_steps``
 plain steps of ``f`` taken from its solution, without changing the value (``with_gradient_of``).
 
-``FixedPointIteration`` with ``tol=None`` runs exactly ``max_steps`` steps with no host
-synchronisation per step (Hamburger's K steps); its per-step residual trace is recorded only
-when asked for (``trace=True``) or when a tolerance needs it. ``Anderson`` and ``Broyden`` are
-native (``implicit_ham.linalg.acceleration``): they return an evaluated iterate, so its residual is
-known
-without another evaluation of ``f``. torchdeq's solvers, guarded, are in ``torchdeq_solvers``
-(``TorchDEQAnderson``, ``TorchDEQBroyden``): the references the native ones are tested and
-benchmarked against.
+This module holds the base class ``FixedPointSolver``, the registry (``make_solver`` /
+``register_solver``) and the pieces the solvers share (the refusals, the non-finite error,
+damping, the convergence warning, the residual trace of the root / argmin solvers). The solvers
+are ``FixedPointIteration`` (``solvers.iteration``), the native ``Anderson`` / ``Broyden``
+(``solvers.accelerated``) and torchdeq's, guarded (``solvers.torchdeq``, optional).
 """
 
 from __future__ import annotations
@@ -55,11 +52,7 @@ class FixedPointSolver(ABC):
 
     @abstractmethod
     def solve(
-        self,
-        f: StepFn,
-        z0: State,
-        spec: StateSpec,
-        grad_steps: int = 0,
+        self, f: StepFn, z0: State, spec: StateSpec, grad_steps: int = 0
     ) -> tuple[State, SolverStats]:
         """Solve ``z = f(z)`` from ``z0``.
 

@@ -1,22 +1,14 @@
-"""Forward solvers: find z* = f(z*) from z0, spending the last ``grad_steps`` steps with gradient.
+"""``FixedPointIteration``: plain, optionally damped, iteration ``z <- f(z)``.
 
-Every solver shares one signature, ``solve(f, z0, spec, grad_steps)``, and returns the final
-state and a ``SolverStats``. The solver alone defines its iteration: the backward mode only says
-how many trailing iterations carry gradient (all of them for ``Unroll``, the last k for
-``Truncated(k)``, none for ``Implicit``), so the value cannot depend on the backward mode.
-``FixedPointIteration`` runs those steps with gradient; a solver whose steps are not plain steps
-of ``f`` (Anderson, Broyden) solves without gradient and attaches the gradient of ``grad_steps``
-plain steps of ``f`` taken from its solution, without changing the value (``with_gradient_of``).
-
-``FixedPointIteration`` with ``tol=None`` runs exactly ``max_steps`` steps with no host
-synchronisation per step (Hamburger's K steps); its per-step residual trace is recorded only
-when asked for (``trace=True``) or when a tolerance needs it. ``Anderson`` and ``Broyden`` are
-native (``implicit_ham.linalg.acceleration``): they return an evaluated iterate, so its residual is
-known
-without another evaluation of ``f``. torchdeq's solvers, guarded, are in ``torchdeq_solvers``
-(``TorchDEQAnderson``, ``TorchDEQBroyden``): the references the native ones are tested and
-benchmarked against.
+The solver whose steps are plain steps of ``f``: it runs the last ``grad_steps`` of them with
+gradient (so ``Unroll`` / ``Truncated`` differentiate the very iterations), the others without.
+With ``tol=None`` it runs exactly ``max_steps`` steps with no host synchronisation per step
+(Hamburger's K steps), recording the per-step residual trace only when asked (``trace=True``);
+with a tolerance it checks the residual each step and, when some steps must carry gradient,
+solves without gradient and then redoes the last ``grad_steps`` steps with it
+(``_replay_tail``), so the value is the one a fully unrolled solve stops at.
 """
+
 
 from __future__ import annotations
 
@@ -38,9 +30,8 @@ from implicit_ham._core.state import (
 from implicit_ham._core.stats import SolverStats, TraceRecorder
 from implicit_ham._core.transforms import host_checks, under_vmap
 from implicit_ham._core.validation import (
+    check_budget,
     check_choice,
-    check_positive_int,
-    check_tolerance,
     check_unit_interval,
 )
 from implicit_ham.solvers.base import (
@@ -82,17 +73,12 @@ class FixedPointIteration(FixedPointSolver):
     trace: bool = False
 
     def __post_init__(self) -> None:
-        check_positive_int("FixedPointIteration", "max_steps", self.max_steps)
-        check_tolerance("FixedPointIteration", "tol", self.tol, optional=True)
+        check_budget("FixedPointIteration", self.max_steps, self.tol)
         check_unit_interval("FixedPointIteration", "damping", self.damping)
         check_choice("FixedPointIteration", "stop_mode", self.stop_mode, STOP_MODES)
 
     def solve(
-        self,
-        f: StepFn,
-        z0: State,
-        spec: StateSpec,
-        grad_steps: int = 0,
+        self, f: StepFn, z0: State, spec: StateSpec, grad_steps: int = 0
     ) -> tuple[State, SolverStats]:
         step = damped(f, self.damping)
         grad_steps = min(grad_steps, self.max_steps)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -36,7 +36,7 @@ from torch import Tensor
 from implicit_ham._core.registry import Registry
 from implicit_ham._core.state import State, StateSpec
 from implicit_ham._core.stats import SolverStats
-from implicit_ham._core.validation import check_positive_int, check_tolerance
+from implicit_ham._core.validation import check_budget, check_positive_int, check_tolerance
 from implicit_ham.solvers.base import ResidualTrace, refuse_grad_steps
 from implicit_ham.solvers.iteration import FixedPointIteration
 from implicit_ham.solvers.projections import Constraint
@@ -136,6 +136,39 @@ class Minimizer(ABC):
         return MINIMIZERS.name_of(self) or type(self).__name__
 
 
+# (x, the residual vector whose norm is recorded): at the start, then after each step
+Iterates = Iterator[tuple[Tensor, Tensor]]
+
+
+class FlatMinimizer(Minimizer):
+    """A minimizer that iterates on the flat state (M,) with steps that are not differentiable
+    maps (line searches, inner solves): the through-iteration modes are refused.
+
+    A subclass gives ``_iterates(objective, x0)``, yielding ``(x, residual)`` at x0 and after
+    each step (the residual: the gradient, ``J^T r`` for a sum of squares); ``minimize`` stops
+    after ``max_steps`` steps or once every sample's residual norm is ``<= tol``.
+    """
+
+    @abstractmethod
+    def _iterates(self, objective: Objective, x: Tensor) -> Iterates:
+        """The iterates from the flat start x (M,), each with its residual vector (M,)."""
+
+    def minimize(
+        self, objective: Objective, z0: State, grad_steps: int = 0
+    ) -> tuple[State, SolverStats]:
+        refuse_grad_steps(self.name, grad_steps)
+        spec, trace = objective.spec, ResidualTrace(self.name)
+        steps = self._iterates(objective, objective.flat(z0).detach())
+        x, residual = next(steps)
+        trace.start(spec, residual)
+        for _ in range(self.max_steps):
+            if trace.done(self.tol):
+                break
+            x, residual = next(steps)
+            trace.record(spec, residual)
+        return objective.state(x), trace.build(self.tol)
+
+
 @MINIMIZERS.register("gradient_descent")
 @dataclass(frozen=True)
 class GradientDescent(Minimizer):
@@ -154,8 +187,7 @@ class GradientDescent(Minimizer):
 
     def __post_init__(self) -> None:
         check_tolerance("GradientDescent", "lr", self.lr)
-        check_positive_int("GradientDescent", "max_steps", self.max_steps)
-        check_tolerance("GradientDescent", "tol", self.tol, optional=True)
+        check_budget("GradientDescent", self.max_steps, self.tol)
 
     def step_map(self, objective: Objective) -> Callable[[State], State]:
         """``z -> P(z - lr grad(z))``: the map whose fixed point is the (constrained) minimum."""
@@ -183,7 +215,7 @@ class GradientDescent(Minimizer):
 
 @MINIMIZERS.register("lbfgs")
 @dataclass(frozen=True)
-class LBFGS(Minimizer):
+class LBFGS(FlatMinimizer):
     """L-BFGS (two-loop recursion) with an Armijo backtracking line search, on the flat state.
 
     Args:
@@ -196,22 +228,14 @@ class LBFGS(Minimizer):
     history: int = 10
 
     def __post_init__(self) -> None:
-        check_positive_int("LBFGS", "max_steps", self.max_steps)
-        check_tolerance("LBFGS", "tol", self.tol, optional=True)
+        check_budget("LBFGS", self.max_steps, self.tol)
         check_positive_int("LBFGS", "history", self.history)
 
-    def minimize(
-        self, objective: Objective, z0: State, grad_steps: int = 0
-    ) -> tuple[State, SolverStats]:
-        refuse_grad_steps(self.name, grad_steps)
-        spec, trace = objective.spec, ResidualTrace(self.name)
+    def _iterates(self, objective: Objective, x: Tensor) -> Iterates:
         pairs: deque[tuple[Tensor, Tensor]] = deque(maxlen=self.history)
-        x = objective.flat(z0).detach()
         grad = objective.flat_gradient(x)
-        trace.start(spec, grad)
-        for _ in range(self.max_steps):
-            if trace.done(self.tol):
-                break
+        while True:
+            yield x, grad
             direction = -_two_loop(grad, pairs)
             if not pairs or float(torch.dot(direction, grad)) >= 0:
                 pairs.clear()
@@ -222,8 +246,6 @@ class LBFGS(Minimizer):
             if float(torch.dot(s_k, y_k)) > 1e-10 * float(s_k.norm() * y_k.norm()):
                 pairs.append((s_k, y_k))
             x, grad = x_new, grad_new
-            trace.record(spec, grad)
-        return objective.state(x), trace.build(self.tol)
 
 
 def _two_loop(grad: Tensor, pairs: deque[tuple[Tensor, Tensor]]) -> Tensor:
@@ -243,7 +265,7 @@ def _two_loop(grad: Tensor, pairs: deque[tuple[Tensor, Tensor]]) -> Tensor:
 
 @MINIMIZERS.register("newton_cg")
 @dataclass(frozen=True)
-class NewtonCG(Minimizer):
+class NewtonCG(FlatMinimizer):
     """Truncated Newton: CG on ``H p = -grad`` (Hessian-vector products), stopped at negative
     curvature (then the CG iterate so far, or ``-grad``), and an Armijo backtracking search.
 
@@ -257,26 +279,16 @@ class NewtonCG(Minimizer):
     cg_max_steps: int = 100
 
     def __post_init__(self) -> None:
-        check_positive_int("NewtonCG", "max_steps", self.max_steps)
-        check_tolerance("NewtonCG", "tol", self.tol, optional=True)
+        check_budget("NewtonCG", self.max_steps, self.tol)
         check_positive_int("NewtonCG", "cg_max_steps", self.cg_max_steps)
 
-    def minimize(
-        self, objective: Objective, z0: State, grad_steps: int = 0
-    ) -> tuple[State, SolverStats]:
-        refuse_grad_steps(self.name, grad_steps)
-        spec, trace = objective.spec, ResidualTrace(self.name)
-        x = objective.flat(z0).detach()
+    def _iterates(self, objective: Objective, x: Tensor) -> Iterates:
         grad = objective.flat_gradient(x)
-        trace.start(spec, grad)
-        for _ in range(self.max_steps):
-            if trace.done(self.tol):
-                break
+        while True:
+            yield x, grad
             direction = _truncated_cg(objective.hvp(x), grad, self.cg_max_steps)
             x = _armijo(objective, x, grad, direction)
             grad = objective.flat_gradient(x)
-            trace.record(spec, grad)
-        return objective.state(x), trace.build(self.tol)
 
 
 def _truncated_cg(hvp: Callable[[Tensor], Tensor], grad: Tensor, max_steps: int) -> Tensor:
@@ -312,7 +324,7 @@ def _armijo(objective: Objective, x: Tensor, grad: Tensor, direction: Tensor) ->
 
 @MINIMIZERS.register("gauss_newton")
 @dataclass(frozen=True)
-class GaussNewton(Minimizer):
+class GaussNewton(FlatMinimizer):
     """Gauss-Newton for ``½||r(z)||²``: ``Δ = argmin ||J Δ + r||`` (least squares on the
     dense Jacobian), halved until the loss decreases (30 tries).
 
@@ -326,25 +338,15 @@ class GaussNewton(Minimizer):
     needs_residuals: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        check_positive_int("GaussNewton", "max_steps", self.max_steps)
-        check_tolerance("GaussNewton", "tol", self.tol, optional=True)
+        check_budget("GaussNewton", self.max_steps, self.tol)
 
-    def minimize(
-        self, objective: Objective, z0: State, grad_steps: int = 0
-    ) -> tuple[State, SolverStats]:
-        refuse_grad_steps(self.name, grad_steps)
-        spec, trace = objective.spec, ResidualTrace(self.name)
-        x = objective.flat(z0).detach()
+    def _iterates(self, objective: Objective, x: Tensor) -> Iterates:
         r, jac = objective.residual_jacobian(x)
-        trace.start(spec, jac.T @ r)
-        for _ in range(self.max_steps):
-            if trace.done(self.tol):
-                break
+        while True:
+            yield x, jac.T @ r
             delta = torch.linalg.lstsq(jac, -r[:, None], driver="gelsd").solution[:, 0]
             x = _decrease(objective, x, 0.5 * float(r @ r), delta)
             r, jac = objective.residual_jacobian(x)
-            trace.record(spec, jac.T @ r)
-        return objective.state(x), trace.build(self.tol)
 
 
 def _decrease(objective: Objective, x: Tensor, loss: float, delta: Tensor) -> Tensor:
@@ -360,7 +362,7 @@ def _decrease(objective: Objective, x: Tensor, loss: float, delta: Tensor) -> Te
 
 @MINIMIZERS.register("levenberg_marquardt")
 @dataclass(frozen=True)
-class LevenbergMarquardt(Minimizer):
+class LevenbergMarquardt(FlatMinimizer):
     """Levenberg-Marquardt for ``½||r(z)||²``: ``(J^T J + μ I) Δ = -J^T r`` on the dense
     Jacobian, μ adapted by the gain ratio (Nielsen's rule); a rejected step raises μ.
 
@@ -376,23 +378,15 @@ class LevenbergMarquardt(Minimizer):
     needs_residuals: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        check_positive_int("LevenbergMarquardt", "max_steps", self.max_steps)
-        check_tolerance("LevenbergMarquardt", "tol", self.tol, optional=True)
+        check_budget("LevenbergMarquardt", self.max_steps, self.tol)
         check_tolerance("LevenbergMarquardt", "mu0", self.mu0)
 
-    def minimize(
-        self, objective: Objective, z0: State, grad_steps: int = 0
-    ) -> tuple[State, SolverStats]:
-        refuse_grad_steps(self.name, grad_steps)
-        spec, trace = objective.spec, ResidualTrace(self.name)
-        x = objective.flat(z0).detach()
+    def _iterates(self, objective: Objective, x: Tensor) -> Iterates:
         r, jac = objective.residual_jacobian(x)
         gram, grad = jac.T @ jac, jac.T @ r
         mu, nu = self.mu0 * float(gram.diagonal().max()), 2.0
-        trace.start(spec, grad)
-        for _ in range(self.max_steps):
-            if trace.done(self.tol):
-                break
+        while True:
+            yield x, grad
             eye = torch.eye(len(x), dtype=x.dtype, device=x.device)
             delta = torch.linalg.solve(gram + mu * eye, -grad)
             with torch.no_grad():
@@ -407,5 +401,3 @@ class LevenbergMarquardt(Minimizer):
                 nu = 2.0
             else:
                 mu, nu = mu * nu, 2 * nu
-            trace.record(spec, grad)
-        return objective.state(x), trace.build(self.tol)

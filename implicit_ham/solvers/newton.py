@@ -1,14 +1,11 @@
-"""``root``: the layer ``z* : g(z*, *args) = 0``, differentiated through its optimality condition.
+"""Root solvers of ``g(z) = 0`` and their registry: ``Newton`` (the step ``(dg/dz) Δ = -g``
+solved by any linear solver of ``implicit_ham.linalg`` on Jacobian-vector products, posed by
+``jacobian_operator``) and the ``RootSolver`` base class.
 
-Forward: a root solver (``Newton`` with any linear solver of the library) or any fixed-point
-solver (``FixedPointIteration``, ``Anderson``, ``Broyden``) applied to ``z <- z - g(z)``.
-Backward: the library's backward modes. ``Implicit`` / ``Neumann`` differentiate ``g(z*, θ) = 0``
-by the implicit-function theorem, ``dz*/dθ = -(dg/dz)^{-1} dg/dθ``: the backward pass solves
-``(dg/dz)^T w = v`` with the chosen linear solver and hands ``-w`` to g's graph
-(``implicit_backward.attach_root_gradient``, the same Function as the fixed-point layers').
-``Unroll`` / ``Truncated`` / ``OneStep`` differentiate the solver's iterations (fixed-point
-solvers only; Newton's linear solves are not differentiable steps). ``Phantom`` is refused.
+``ih.root`` accepts these or any fixed-point solver applied to ``z <- z - g(z)``. Newton's
+linear solves are not differentiable steps: it refuses the through-iteration backward modes.
 """
+
 
 from __future__ import annotations
 
@@ -22,7 +19,12 @@ from torch import Tensor
 from implicit_ham._core.registry import Registry
 from implicit_ham._core.state import State, StateSpec, StepFn
 from implicit_ham._core.stats import SolverStats
-from implicit_ham._core.validation import check_positive_int, check_tolerance, check_unit_interval
+from implicit_ham._core.validation import (
+    check_budget,
+    check_positive_int,
+    check_tolerance,
+    check_unit_interval,
+)
 from implicit_ham.linalg.operator import LINEAR_SOLVERS, AdjointOperator, LinearSolver
 from implicit_ham.solvers.base import ResidualTrace, refuse_grad_steps
 
@@ -80,8 +82,7 @@ class Newton(RootSolver):
         object.__setattr__(
             self, "linear_solver", LINEAR_SOLVERS.resolve(self.linear_solver, LinearSolver)
         )
-        check_positive_int("Newton", "max_steps", self.max_steps)
-        check_tolerance("Newton", "tol", self.tol, optional=True)
+        check_budget("Newton", self.max_steps, self.tol)
         check_positive_int("Newton", "linear_max_steps", self.linear_max_steps)
         check_tolerance("Newton", "linear_tol", self.linear_tol)
         check_unit_interval("Newton", "damping", self.damping)

@@ -24,7 +24,6 @@ from torch import Tensor
 from implicit_ham._core.errors import NonFiniteError
 from implicit_ham._core.state import State, StateSpec, StepFn, detached, with_gradient_of
 from implicit_ham._core.stats import SolverStats, TraceRecorder
-from implicit_ham.solvers.accelerated import check_anderson_options, check_broyden_options
 from implicit_ham.solvers.base import (
     SOLVERS,
     FixedPointSolver,
@@ -33,6 +32,7 @@ from implicit_ham.solvers.base import (
     refuse_vmap,
     warn_if_not_converged,
 )
+from implicit_ham.solvers.options import AndersonSolverOptions, BroydenSolverOptions
 
 logger = logging.getLogger(__name__)
 
@@ -69,11 +69,7 @@ class _TorchDEQSolver(FixedPointSolver):
         """Call the torchdeq solver with plain keyword arguments; return the (B, N) solution."""
 
     def solve(
-        self,
-        f: StepFn,
-        z0: State,
-        spec: StateSpec,
-        grad_steps: int = 0,
+        self, f: StepFn, z0: State, spec: StateSpec, grad_steps: int = 0
     ) -> tuple[State, SolverStats]:
         refuse_vmap(self)
         refuse_unroll(self, grad_steps)
@@ -106,29 +102,19 @@ class _TorchDEQSolver(FixedPointSolver):
 
 @SOLVERS.register("torchdeq_anderson")
 @dataclass(frozen=True)
-class TorchDEQAnderson(_TorchDEQSolver):
+class TorchDEQAnderson(AndersonSolverOptions, _TorchDEQSolver):
     """Anderson acceleration (torchdeq's ``anderson_solver``), guarded: the reference the
     native ``Anderson`` is tested and benchmarked against.
 
-    Args:
-        max_steps: budget of ``f`` evaluations. tol: stopping tolerance (None: use the budget).
-        m: history size (>= 2). lam: Tikhonov regularisation of the mixing system.
-        damping: mixing step size in (0, 1]. stop_mode: "rel" or "abs".
+    Args: as ``Anderson``'s (``AndersonSolverOptions``).
 
     A singular mixing system (torchdeq has no fallback) or a non-finite result is retried once
-    with ``lam`` raised to ``retry_lam``; if that fails too, NonFiniteError is raised.
+    with ``lam`` raised to ``retry_lam``; if that fails too, NonFiniteError is raised. Building
+    one without torchdeq raises an ImportError naming the extra.
     """
 
-    max_steps: int = 50
-    tol: float | None = 1e-5
-    m: int = 5
-    lam: float = 1e-4
-    damping: float = 1.0
-    stop_mode: str = "rel"
-    retry_lam: float = 1e-2
-
     def __post_init__(self) -> None:
-        check_anderson_options(type(self).__name__, self)
+        super().__post_init__()
         torchdeq_solver("anderson_solver")
 
     def _run(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, max_iter: int) -> Tensor:
@@ -139,29 +125,23 @@ class TorchDEQAnderson(_TorchDEQSolver):
             tol=self._torchdeq_tol(),
             stop_mode=self.stop_mode,
             m=self.m,
-            lam=self.lam,
+            attempts=self.attempts,
             damping=self.damping,
-            retry_lam=self.retry_lam,
         )
 
 
 @SOLVERS.register("torchdeq_broyden")
 @dataclass(frozen=True)
-class TorchDEQBroyden(_TorchDEQSolver):
+class TorchDEQBroyden(BroydenSolverOptions, _TorchDEQSolver):
     """Broyden's method (torchdeq's ``broyden_solver``, no line search), guarded: the reference
     the native ``Broyden`` is tested and benchmarked against.
 
-    Args:
-        max_steps: budget of ``f`` evaluations. tol: stopping tolerance (None: use the budget).
-        stop_mode: "rel" or "abs".
+    Args: as ``Broyden``'s (``BroydenSolverOptions``). Building one without torchdeq raises
+    an ImportError naming the extra.
     """
 
-    max_steps: int = 50
-    tol: float | None = 1e-5
-    stop_mode: str = "rel"
-
     def __post_init__(self) -> None:
-        check_broyden_options(type(self).__name__, self)
+        super().__post_init__()
         torchdeq_solver("broyden_solver")
 
     def _run(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, max_iter: int) -> Tensor:
@@ -190,17 +170,18 @@ def guarded_anderson(
     tol: float,
     stop_mode: str,
     m: int,
-    lam: float,
+    attempts: tuple[float, float],
     damping: float,
-    retry_lam: float,
 ) -> Tensor:
-    """torchdeq's Anderson on (B, N) vectors, retried once with ``retry_lam`` when it fails.
+    """torchdeq's Anderson on (B, N) vectors, retried once when it fails.
 
-    Failure means a singular mixing system (``torch.linalg.LinAlgError``) or a non-finite
-    result; both come from a (near) rank-deficient residual history, e.g. a start at the fixed
-    point with ``lam = 0``.
+    ``attempts`` are the regularisations of the first solve and of the retry
+    (``AndersonOptions.attempts``). Failure means a singular mixing system
+    (``torch.linalg.LinAlgError``) or a non-finite result; both come from a (near) rank-deficient
+    residual history, e.g. a start at the fixed point with ``lam = 0``.
     """
-    for attempt, reg in enumerate((lam, max(retry_lam, lam))):
+    retry = attempts[1]
+    for attempt, reg in enumerate(attempts):
         try:
             x, _, _ = torchdeq_solver("anderson_solver")(
                 flat_f,
@@ -219,10 +200,8 @@ def guarded_anderson(
                 return x.reshape_as(x0)
             failure = "non-finite result"
         if attempt == 0:
-            logger.warning(
-                "Anderson: %s with lam=%g; retrying with lam=%g", failure, reg, max(retry_lam, lam)
-            )
+            logger.warning("Anderson: %s with lam=%g; retrying with lam=%g", failure, reg, retry)
     raise NonFiniteError(
-        f"Anderson failed twice ({failure}), last with lam={max(retry_lam, lam):g}; "
+        f"Anderson failed twice ({failure}), last with lam={retry:g}; "
         "raise lam/retry_lam or use FixedPointIteration."
     )

@@ -47,7 +47,12 @@ from implicit_ham.testing.references import (
     relative_error,
     vjp_of_step,
 )
-from implicit_ham.testing.report import Checker, ConformanceReport, NotApplicableError, require
+from implicit_ham.testing.report import (
+    Checker,
+    ConformanceReport,
+    NotApplicableError,
+    require_close,
+)
 
 STEPS = 40  # K: with Lipschitz constant <= 0.4, 0.4^40 ~ 1e-16, a converged forward
 RELATION_RTOL = 1e-9
@@ -174,13 +179,7 @@ def _gradient_checks(
     def relation() -> dict[str, float]:
         expected = expected_gradient(reference, problem, run.value)
         err = relative_error(run.gradient, expected)
-        require(
-            err <= rtol,
-            f"the gradient is not the one {reference!r} defines",
-            rel_error=err,
-            tol=rtol,
-        )
-        return {"rel_error": err, "tol": rtol}
+        return require_close(err, rtol, f"the gradient is not the one {reference!r} defines")
 
     checker.run(f"gradient_relation[{relation_name(reference)}]", problem.name, relation)
     fd_tol = max(FD_RTOL, rtol)
@@ -259,13 +258,9 @@ def _fd(problem: Problem, run: Run, loss: Callable[[], Tensor], tol: float) -> d
 def _one_step_at_solution(problem: Problem, run: Run) -> dict[str, float]:
     expected = vjp_of_step(problem, run.value, problem.weights)
     err = relative_error(run.gradient, expected)
-    require(
-        err <= RELATION_RTOL,
-        "Phantom(k=1, tau=1) is not the one-step gradient at z*",
-        rel_error=err,
-        tol=RELATION_RTOL,
+    return require_close(
+        err, RELATION_RTOL, "Phantom(k=1, tau=1) is not the one-step gradient at z*"
     )
-    return {"rel_error": err, "tol": RELATION_RTOL}
 
 
 def _neumann_large_k(problem: Problem, adjoint: Neumann) -> dict[str, float]:
@@ -273,10 +268,6 @@ def _neumann_large_k(problem: Problem, adjoint: Neumann) -> dict[str, float]:
     run = solve_and_differentiate(problem, FixedPointIteration(max_steps=STEPS), many)
     expected = gradient_from_adjoint(problem, run.value, implicit_adjoint(problem, run.value))
     err = relative_error(run.gradient, expected)
-    require(
-        err <= 1e-8,
-        f"Neumann with k={NEUMANN_LARGE_K} is not the implicit gradient",
-        rel_error=err,
-        tol=1e-8,
+    return require_close(
+        err, 1e-8, f"Neumann with k={NEUMANN_LARGE_K} is not the implicit gradient"
     )
-    return {"rel_error": err, "tol": 1e-8}

@@ -21,7 +21,7 @@ from implicit_ham.testing.references import (
     input_gradient,
     random_directions,
 )
-from implicit_ham.testing.report import NotApplicableError, require
+from implicit_ham.testing.report import NotApplicableError, require, require_close
 
 SECOND_ORDER_RTOL = 1e-5
 TWICE = ("differentiate twice", "create_graph", "double backward", "second derivative")
@@ -129,8 +129,7 @@ def matches_fd(
     """Require ``gradient`` of ``loss`` w.r.t. ``inputs`` to match central differences
     (directional, relative error ``<= tol``); ``what`` names the disagreement."""
     err, norm = directional_errors(inputs, gradient, loss)
-    require(err <= tol, what, rel_error=err, tol=tol, fd_norm=norm)
-    return {"rel_error": err, "tol": tol}
+    return require_close(err, tol, what, fd_norm=norm)
 
 
 def clear_errors(problem: Problem, solver: FixedPointSolver, adjoint: Adjoint) -> dict[str, float]:
@@ -187,11 +186,9 @@ def second_derivative(
     err, norm = directional_errors(
         problem.inputs, hessian_u, lambda: h(create_graph=False), with_grad=True
     )
-    require(
-        err <= rtol,
+    return require_close(
+        err,
+        rtol,
         "the second derivative (create_graph=True) is not the derivative of the gradient",
-        rel_error=err,
-        tol=rtol,
         fd_norm=norm,
     )
-    return {"rel_error": err, "tol": rtol}

@@ -45,6 +45,14 @@ def require(condition: bool, message: str, **measured: float) -> None:
         raise CheckFailedError(message, measured)
 
 
+def require_close(err: float, tol: float, message: str, **measured: float) -> dict[str, float]:
+    """Fail the running check with ``message`` (and ``err``, ``tol``, ``measured``) unless the
+    relative error ``err <= tol``; return what a passing check reports: ``rel_error`` and
+    ``tol``."""
+    require(err <= tol, message, rel_error=err, tol=tol, **measured)
+    return {"rel_error": err, "tol": tol}
+
+
 @dataclass(frozen=True)
 class CheckResult:
     """One check on one problem.

@@ -44,10 +44,12 @@ def test_gmres_reports_a_lower_bound_that_is_tight_on_a_full_krylov_space() -> N
     assert 0.5 * 200.0 <= sol.backward_stats.cond <= 200.0 * (1 + 1e-9)
 
 
-@pytest.mark.parametrize("solver", ["dense", "gmres"])
+@pytest.mark.parametrize("solver", ["dense", "gmres"])  # the linear solvers that report κ
 def test_ill_conditioned_system_warns_with_the_number(solver: str) -> None:
-    with pytest.warns(ih.ConditioningWarning, match=r"cond\(I - J\) >= .*e\+0[3-9]"):
+    with pytest.warns(ih.ConditioningWarning, match=r"κ\(I - J\) >= .*e\+0[3-9]") as caught:
         _backward(ih.Implicit(solver, tol=1e-10, cond_threshold=1e3), [1.0, 0.5, 1e-4])
+    (message,) = [str(w.message) for w in caught if w.category is ih.ConditioningWarning]
+    assert message.startswith("implicit backward: ") and f"exceeds 1.0e+03 ({solver})" in message
 
 
 def test_well_conditioned_system_does_not_warn() -> None:

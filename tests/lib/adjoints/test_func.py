@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.registry_names import usable_names
 from torch.func import grad, jacfwd, jacrev, vjp, vmap
 
 import implicit_ham as ih
@@ -247,7 +248,9 @@ def test_at_point_jacobians_under_torch_func_are_the_dense_formulas(transform) -
     torch.testing.assert_close(neumann, expected, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("linear_solver", ["gmres", "cg", "fixed_point", "anderson", "broyden"])
+@pytest.mark.parametrize(
+    "linear_solver", usable_names(ih.plugins.LINEAR_SOLVERS, where=lambda cls: cls.iterative)
+)
 def test_iterative_linear_solvers_work_under_grad_and_are_refused_under_vmap(linear_solver) -> None:
     """Under torch.func.grad / vjp the iterative solvers run with their checks (values can be
     read); under vmap (and jacrev, which vmaps the backward pass) a solver that stops on a

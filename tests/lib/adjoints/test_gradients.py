@@ -12,12 +12,16 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.registry_names import usable_names
 from torch import Tensor
 
 import implicit_ham as ih
 
 DT = torch.float64
-LINEAR_SOLVER_NAMES = ("gmres", "dense", "fixed_point", "anderson", "broyden")
+# every built-in linear solver of a general system (CG needs a symmetric positive-definite one)
+LINEAR_SOLVER_NAMES = usable_names(
+    ih.plugins.LINEAR_SOLVERS, where=lambda cls: not cls.requires_spd
+)
 TIGHT_FORWARD = ih.FixedPointIteration(max_steps=200, tol=1e-13)
 
 

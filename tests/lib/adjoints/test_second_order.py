@@ -196,7 +196,7 @@ def test_cg_hvp_on_a_gradient_step_map_matches_central_differences() -> None:
 
 
 @pytest.mark.parametrize("ham", [ih.VQ, ih.CD])
-@pytest.mark.parametrize("linear_solver", ["dense", "gmres"])
+@pytest.mark.parametrize("linear_solver", ["dense", "gmres"])  # the exact and the Krylov solve
 def test_decomposition_hvp_matches_central_differences(ham, linear_solver: str) -> None:
     """A Hamburger decomposition (tuple state: bases and coefficients) under Implicit: the
     Hessian-vector product of a nonlinear loss of its output, against central differences."""
@@ -287,6 +287,7 @@ def test_unroll_second_derivative_matches_finite_differences(tanh_problem) -> No
     assert abs(float((hessian_u * d).sum()) - numeric) <= 1e-6 * max(1.0, abs(numeric))
 
 
+# the exact and the Krylov solves (CG too: these Jacobians are symmetric positive-definite)
 @pytest.mark.parametrize("kind", ["root", "minimize"])
 @pytest.mark.parametrize("linear_solver", ["dense", "gmres", "cg"])
 def test_root_and_minimize_hvp_match_central_differences(kind: str, linear_solver: str) -> None:

@@ -3,6 +3,7 @@ values, a dense Jacobian of NMF's map, and exact contraction factors."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -128,6 +129,36 @@ def test_check_conditioning_warns_with_numbers_only_when_ill_conditioned() -> No
         report = check_conditioning(fine, threshold=1e6, solver=ih.FixedPointIteration(max_steps=2))
     assert report.kappa == pytest.approx(10.0, rel=0.1)
     assert not warn_if_ill_conditioned(report, threshold=1e6)
+
+
+def test_ill_conditioning_warning_text_and_location() -> None:
+    """The message users see (docs/diagnostics.md quotes it) with the report's numbers, and
+    the warning points at the line that asked for the check."""
+    report = ih.diagnostics.ConditioningReport(
+        size=4,
+        spectral_radius=1.0,
+        spectral_radius_residual=0.0,
+        sigma_max=1.428,
+        sigma_min=2.121e-08,
+        kappa=6.733e07,
+        fixed_point_residual=5.922e-08,
+        products=10,
+        backend="func",
+    )
+    with pytest.warns(ih.ConditioningWarning) as caught:
+        assert warn_if_ill_conditioned(report, threshold=1e6, where="layer")
+    (warning,) = caught
+    assert str(warning.message) == (
+        "layer: κ(I - J) >= 6.733e+07 exceeds 1.0e+06 (sigma_max 1.428e+00, sigma_min <= "
+        "2.121e-08, spectral radius of J 1.0000, fixed-point residual 5.92e-08); implicit "
+        "gradients (I - J)^-T v are unreliable here. A continuum of fixed points (e.g. NMF's "
+        "scaling symmetry) causes this: use OneStep, Phantom or Unroll, or regularise the map."
+    )
+    assert warning.filename == __file__
+    nan_report = dataclasses.replace(report, kappa=math.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ih.ConditioningWarning)
+        assert not warn_if_ill_conditioned(nan_report, threshold=1e6)
 
 
 def _nmf_step(z: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+
+import pytest
 import torch
 
 import implicit_ham as ih
@@ -14,6 +18,10 @@ from implicit_ham.diagnostics import (
 )
 
 F64 = torch.float64
+needs_matplotlib = pytest.mark.skipif(
+    importlib.util.find_spec("matplotlib") is None,
+    reason="matplotlib is not a library dependency (pip install matplotlib)",
+)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -23,6 +31,7 @@ def _problem() -> ih.FixedPointProblem:
     return ih.FixedPointProblem(lambda z, x: a * z + x, torch.zeros(2, dtype=F64), (x,))
 
 
+@needs_matplotlib
 def test_residual_plot_draws_worst_sample_per_solver(tmp_path) -> None:
     problem = _problem()
     traces = {
@@ -38,6 +47,7 @@ def test_residual_plot_draws_worst_sample_per_solver(tmp_path) -> None:
     assert list(lines[1].get_ydata()) == [2.0, 0.5]
 
 
+@needs_matplotlib
 def test_grad_vs_k_plot_has_one_line_per_adjoint(tmp_path) -> None:
     rows = grad_vs_k(
         _problem(), lambda z: z.sum(), [1, 2, 4], {"unroll": ih.Unroll(), "one": ih.OneStep()}
@@ -50,6 +60,7 @@ def test_grad_vs_k_plot_has_one_line_per_adjoint(tmp_path) -> None:
     assert [line.get_label() for line in right.get_lines()] == ["unroll", "one"]
 
 
+@needs_matplotlib
 def test_conditioning_history_plot_reads_logged_rows(tmp_path) -> None:
     rows = [
         {"step": 0, "cond/ham/spectral_radius": 0.9, "cond/ham/kappa": 10.0, "loss": 1.0},
@@ -63,3 +74,11 @@ def test_conditioning_history_plot_reads_logged_rows(tmp_path) -> None:
     assert rho.get_label() == "cond/ham" and list(rho.get_xdata()) == [0, 100]
     assert list(right.get_lines()[0].get_ydata()) == [10.0, 1e5]
     assert right.get_yscale() == "log"
+
+
+def test_a_plot_without_matplotlib_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    traces = {"raw": torch.tensor([[1.0, 2.0], [0.5, 0.1]])}
+    with pytest.raises(ImportError, match=r"plots need matplotlib.*pip install matplotlib"):
+        plot_residuals(traces)

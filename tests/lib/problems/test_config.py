@@ -7,12 +7,11 @@ import dataclasses
 
 import pytest
 import torch
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
 import implicit_ham as ih
 from implicit_ham.solvers.base import FixedPointSolver
 
+NEEDS_HYDRA = "Hydra / OmegaConf come with the experiments extra (the library needs neither)"
 CONFIGURABLE = [
     (ih.FixedPointIteration, {"max_steps": 3, "tol": 1e-4, "damping": 0.5, "stop_mode": "abs"}),
     (ih.Anderson, {"max_steps": 20, "tol": 1e-6, "m": 3, "lam": 1e-6}),
@@ -62,6 +61,8 @@ def test_names_and_instances_solve_alike(tanh_problem) -> None:
 
 
 def test_hydra_instantiates_solvers_and_adjoints_from_config() -> None:
+    instantiate = pytest.importorskip("hydra.utils", reason=NEEDS_HYDRA).instantiate
+    OmegaConf = pytest.importorskip("omegaconf", reason=NEEDS_HYDRA).OmegaConf
     cfg = OmegaConf.create(
         {
             "solver": {"_target_": "implicit_ham.Anderson", "m": 3, "tol": 1e-6},
@@ -76,6 +77,8 @@ def test_hydra_instantiates_solvers_and_adjoints_from_config() -> None:
 
 
 def test_hydra_config_with_a_typo_fails() -> None:
+    instantiate = pytest.importorskip("hydra.utils", reason=NEEDS_HYDRA).instantiate
+    OmegaConf = pytest.importorskip("omegaconf", reason=NEEDS_HYDRA).OmegaConf
     cfg = OmegaConf.create({"_target_": "implicit_ham.Truncated", "kk": 2})
     with pytest.raises(Exception, match="kk"):
         instantiate(cfg)

@@ -286,6 +286,7 @@ def test_pinned_nan_jacobian_gradient_is_finite_or_a_documented_error(
     kinked_gradient(adjoint)
 
 
+# a deliberate subset: the Krylov and the dense solve (Anderson / Broyden: the next test)
 @pytest.mark.parametrize("linear_solver", ["gmres", "dense"])
 @pytest.mark.parametrize("on_divergence", ["warn", "raise", "fallback"])
 def test_pinned_nan_jacobian_implicit_gradient_is_finite_or_a_documented_error(
@@ -294,6 +295,7 @@ def test_pinned_nan_jacobian_implicit_gradient_is_finite_or_a_documented_error(
     kinked_gradient(ih.Implicit(linear_solver=linear_solver, on_divergence=on_divergence))
 
 
+# the accelerated linear solvers, whose failure mode is a NaN iterate the fallback must catch
 @pytest.mark.parametrize("linear_solver", ["anderson", "broyden"])
 def test_pinned_fallback_is_honoured_by_anderson_and_broyden(linear_solver: str) -> None:
     x = torch.zeros(1, 3, dtype=torch.float64, requires_grad=True)

@@ -8,37 +8,41 @@ import logging
 
 import pytest
 import torch
+from helpers.registry_names import with_torchdeq
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import implicit_ham as ih
 
-anderson_solver = pytest.importorskip("torchdeq.solver").anderson_solver
-
 DT = torch.float64
+# f(z) = z / 2 + C has the fixed point 2C, exact in floating point (C is dyadic)
+C = torch.tensor([[0.25, -1.5, 3.0], [1.0, 0.5, -0.125]], dtype=DT)
 
 
-@pytest.mark.parametrize("solver_cls", [ih.solvers.TorchDEQAnderson, ih.Anderson])
-def test_anderson_without_regularisation_started_at_the_fixed_point(caplog, solver_cls) -> None:
-    # f(z) = z / 2 + c has the fixed point 2c, exact in floating point (c is dyadic)
-    c = torch.tensor([[0.25, -1.5, 3.0], [1.0, 0.5, -0.125]], dtype=DT)
+def halving(z: Tensor) -> Tensor:
+    return 0.5 * z + C
 
-    def f(z: Tensor) -> Tensor:
-        return 0.5 * z + c
 
-    # the pitfall: a zero residual history makes torchdeq's mixing system singular
+def test_the_pitfall_torchdeq_anderson_is_singular_at_the_fixed_point_without_lam() -> None:
+    """A zero residual history makes torchdeq's mixing system singular (guarded below)."""
+    anderson_solver = pytest.importorskip("torchdeq.solver").anderson_solver
     with pytest.raises(torch.linalg.LinAlgError):
-        anderson_solver(f, 2 * c, max_iter=6, tol=-1.0, m=3, lam=0.0)
+        anderson_solver(halving, 2 * C, max_iter=6, tol=-1.0, m=3, lam=0.0)
 
+
+@pytest.mark.parametrize(
+    "solver_cls", [with_torchdeq(ih.solvers.TorchDEQAnderson, "torchdeq_anderson"), ih.Anderson]
+)
+def test_anderson_without_regularisation_started_at_the_fixed_point(caplog, solver_cls) -> None:
     with caplog.at_level(logging.WARNING, logger="implicit_ham"):
         sol = ih.fixed_point(
-            f,
-            2 * c,
+            halving,
+            2 * C,
             solver=solver_cls(lam=0.0, m=3, max_steps=8, tol=None),  # no early stop
             adjoint="implicit",
         )
     assert "retrying" in caplog.text
-    torch.testing.assert_close(sol.value, 2 * c, rtol=1e-15, atol=0)
+    torch.testing.assert_close(sol.value, 2 * C, rtol=1e-15, atol=0)
     assert bool((sol.stats.abs_residual == 0).all())
 
 

@@ -33,7 +33,7 @@ def positive(seed: int = 0) -> Tensor:
     ],
     ids=["newton_gmres", "newton_dense", "broyden_on_z_minus_g"],
 )
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # a Krylov, the dense and an accelerated solve; not every solver
     "linear_solver", ["gmres", "dense", "broyden"], ids=lambda s: f"backward_{s}"
 )
 def test_cube_root_value_and_gradient_match_the_closed_form(solver, linear_solver) -> None:

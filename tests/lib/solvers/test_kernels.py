@@ -120,6 +120,7 @@ def syncs(kind: str, steps: int, check_finite: bool = True) -> int:
     return counter.count
 
 
+# a deliberate subset: the three base decompositions (Hamburger's NMF, VQ, CD)
 @pytest.mark.parametrize("kind", ["nmf", "vq", "cd"])
 def test_host_synchronisations_do_not_grow_with_k(kind):
     """Per forward: the input's finiteness (one), NMF's sign check of input and bases (one),
@@ -130,7 +131,7 @@ def test_host_synchronisations_do_not_grow_with_k(kind):
 
 
 @pytest.mark.filterwarnings("ignore:.*torch.jit.script.*:DeprecationWarning")
-@pytest.mark.parametrize("kind", ["nmf", "vq", "cd"])
+@pytest.mark.parametrize("kind", ["nmf", "vq", "cd"])  # the base decompositions, as above
 def test_fast_path_under_torch_func_inside_no_grad(kind):
     """The diagnostics' "func" backend calls torch.func.jvp / vjp on f inside no_grad, where
     the in-place path is active: products must match autograd's (forward AD rejects out=)."""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.registry_names import builtin_names, builtin_params
 from torch import Tensor
 
 import implicit_ham as ih
@@ -21,12 +22,6 @@ from implicit_ham.testing import (
 )
 
 # --- every built-in, enumerated from the registries ------------------------------------------
-
-
-def builtin_names(registry: ih.registry.Registry) -> list[str]:
-    """The names registered by the library itself (not by other test modules' plug-ins)."""
-    return [n for n in registry.names() if registry.get(n).__module__.startswith("implicit_ham.")]
-
 
 def test_the_enumeration_covers_the_known_builtins() -> None:
     assert {"fixed_point", "anderson", "broyden"} <= set(builtin_names(ih.plugins.SOLVERS))
@@ -41,13 +36,13 @@ def test_the_enumeration_covers_the_known_builtins() -> None:
     )
 
 
-@pytest.mark.parametrize("name", builtin_names(ih.plugins.SOLVERS))
+@pytest.mark.parametrize("name", builtin_params(ih.plugins.SOLVERS))
 def test_every_builtin_solver_conforms(name: str) -> None:
     report = check_solver(ih.plugins.SOLVERS.get(name)())
     assert report.ok and report.passed
 
 
-@pytest.mark.parametrize("name", builtin_names(ih.plugins.ADJOINTS))
+@pytest.mark.parametrize("name", builtin_params(ih.plugins.ADJOINTS))
 def test_every_builtin_adjoint_conforms(name: str) -> None:
     report = check_adjoint(ih.plugins.ADJOINTS.get(name)())
     assert report.ok and any(r.check.startswith("gradient_relation") for r in report.passed)
@@ -68,12 +63,12 @@ def test_builtin_adjoint_variants_conform(adjoint: ih.plugins.Adjoint) -> None:
     assert check_adjoint(adjoint).ok
 
 
-@pytest.mark.parametrize("name", builtin_names(ih.plugins.LINEAR_SOLVERS))
+@pytest.mark.parametrize("name", builtin_params(ih.plugins.LINEAR_SOLVERS))
 def test_every_builtin_linear_solver_conforms(name: str) -> None:
     assert check_linear_solver(ih.plugins.LINEAR_SOLVERS.get(name)()).ok
 
 
-@pytest.mark.parametrize("name", builtin_names(ih.plugins.DECOMPOSITIONS))
+@pytest.mark.parametrize("name", builtin_params(ih.plugins.DECOMPOSITIONS))
 def test_every_builtin_decomposition_conforms(name: str) -> None:
     assert check_decomposition(ih.plugins.DECOMPOSITIONS.get(name)).ok
 

@@ -6,16 +6,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from helpers.registry_names import builtin_params
 
 import implicit_ham as ih
 from implicit_ham.testing import ConformanceError, check_minimizer, check_root_solver
 
 
-def builtin_names(registry: ih.registry.Registry) -> list[str]:
-    return [n for n in registry.names() if registry.get(n).__module__.startswith("implicit_ham.")]
-
-
-@pytest.mark.parametrize("name", builtin_names(ih.plugins.ROOT_SOLVERS))
+@pytest.mark.parametrize("name", builtin_params(ih.plugins.ROOT_SOLVERS))
 def test_every_builtin_root_solver_conforms(name: str) -> None:
     report = check_root_solver(ih.plugins.ROOT_SOLVERS.get(name)())
     assert report.ok and any(r.check == "implicit_gradient_matches_ift" for r in report.passed)
@@ -25,7 +22,7 @@ def test_a_fixed_point_solver_on_z_minus_g_conforms() -> None:
     assert check_root_solver(ih.Broyden(max_steps=100, tol=1e-12, stop_mode="abs")).ok
 
 
-@pytest.mark.parametrize("name", builtin_names(ih.plugins.MINIMIZERS))
+@pytest.mark.parametrize("name", builtin_params(ih.plugins.MINIMIZERS))
 def test_every_builtin_minimizer_conforms(name: str) -> None:
     report = check_minimizer(ih.plugins.MINIMIZERS.get(name)())
     assert report.ok and any(r.check == "implicit_gradient_matches_ift" for r in report.passed)

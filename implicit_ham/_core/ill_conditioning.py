@@ -1,0 +1,48 @@
+"""The one ``ConditioningWarning`` of the library: ``κ(I - J)`` above a threshold.
+
+Two places measure the condition number of the system an implicit gradient solves: the backward
+pass (``Implicit``'s linear solver reports it, ``adjoints.implicit_backward.finish_backward``)
+and the diagnostics (``diagnostics.conditioning.warn_if_ill_conditioned``, from a
+``ConditioningReport``). Both warn through ``warn_ill_conditioned``, so the message, its numbers
+and its advice are the same wherever the number came from.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from implicit_ham._core.errors import ConditioningWarning
+
+
+def warn_ill_conditioned(
+    where: str,
+    kappa: float,
+    threshold: float | None,
+    evidence: str,
+    *,
+    label: str = "I - J",
+    stacklevel: int = 2,
+) -> bool:
+    """Warn ``ConditioningWarning`` when ``kappa > threshold``; return whether it warned.
+
+    Args:
+        where: who measured, first in the message (e.g. "Implicit backward", a layer's name).
+        kappa: the (lower-bound) estimate of ``κ(label)``; NaN never warns (no evidence).
+        threshold: the largest accepted κ; None disables the warning.
+        evidence: what the number came from, in parentheses after it (the linear solver's
+            name, or the diagnostics' singular values and spectral radius).
+        label: the system's name: "I - J" for a fixed point, e.g. "dg/dz" for a root.
+        stacklevel: as for ``warnings.warn``, counted from the caller of this function (2: the
+            line that called the caller).
+    """
+    if threshold is None or not kappa > threshold:
+        return False
+    warnings.warn(
+        f"{where}: κ({label}) >= {kappa:.3e} exceeds {threshold:.1e} ({evidence}); implicit "
+        f"gradients ({label})^-T v are unreliable here. A continuum of fixed points (e.g. "
+        "NMF's scaling symmetry) causes this: use OneStep, Phantom or Unroll, or regularise "
+        "the map.",
+        ConditioningWarning,
+        stacklevel=stacklevel + 1,
+    )
+    return True
