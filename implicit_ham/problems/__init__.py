@@ -3,7 +3,16 @@
 gradient of the chosen backward mode."""
 
 from implicit_ham.problems.fixed_point import FixedPointProblem, Solution, fixed_point
+from implicit_ham.problems.jacobian_penalty import jacobian_penalty
 from implicit_ham.problems.minimize import least_squares, minimize
 from implicit_ham.problems.root import root
 
-__all__ = ["FixedPointProblem", "Solution", "fixed_point", "least_squares", "minimize", "root"]
+__all__ = [
+    "FixedPointProblem",
+    "Solution",
+    "fixed_point",
+    "jacobian_penalty",
+    "least_squares",
+    "minimize",
+    "root",
+]

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import Tensor
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import parametrize
 
 from implicit_ham._core.grad_guard import guard_gradient
+from implicit_ham._core.solve_scope import solve_scope
 from implicit_ham._core.state import BoundStep, State, StateSpec
 from implicit_ham._core.stats import BackwardStats, SolverStats
 from implicit_ham.adjoints.modes import ADJOINTS, Adjoint, OneStep
@@ -83,6 +87,8 @@ def fixed_point(
         Implicit and Neumann (exactly so for FixedPointIteration; the torchdeq solvers spend
         the last k of their budget on plain steps under the through-iteration modes).
         A NaN / inf gradient reaching ``args`` or ``z0`` raises ``NonFiniteError``.
+        Parametrised weights of f (``ih.nn.apply_norm``) are computed once per solve when f is
+        the module itself (or one of its methods).
     """
     if not callable(f):
         raise TypeError(f"f must be callable, got {type(f).__name__}")
@@ -102,8 +108,33 @@ def fixed_point(
 
     if spec.batch == 0:
         return _empty_batch(step, spec.as_tuple(z0), spec, solver)
-    z, stats, log = adjoint.run(step, spec.as_tuple(z0), spec, solver)
+    with _one_solve(f):
+        z, stats, log = adjoint.run(step, spec.as_tuple(z0), spec, solver)
     return Solution(spec.restore(z), stats, log)
+
+
+def _one_solve(f: Callable[..., Any]) -> AbstractContextManager[Any]:
+    """The scope of one solve: a fresh solve token (``VariationalDropout`` keeps one mask per
+    token) and, when ``f`` is an ``nn.Module`` (or its bound method) with parametrised weights
+    (``ih.nn.apply_norm``), those weights computed once per solve instead of once per
+    iteration: under ``parametrize.cached()``, primed in the caller's gradient mode before the
+    solve so that the steps without gradient and the steps with gradient share one weight that
+    carries its graph (a cache filled inside a no-grad step would cut the gradient). While
+    ``torch.compile`` traces, neither is entered (Python-level state the compiled graph cannot
+    hold; ``VariationalDropout`` refuses to train there)."""
+    stack = ExitStack()
+    if torch.compiler.is_compiling():
+        return stack
+    stack.enter_context(solve_scope())
+    owner = f if isinstance(f, nn.Module) else getattr(f, "__self__", None)
+    if isinstance(owner, nn.Module):
+        layers = [m for m in owner.modules() if parametrize.is_parametrized(m)]
+        if layers:
+            stack.enter_context(parametrize.cached())
+            for layer in layers:
+                for name in layer.parametrizations:
+                    getattr(layer, name)  # fills the cache
+    return stack
 
 
 def _empty_batch(
