@@ -2,6 +2,7 @@
 ``minimize`` / ``least_squares`` (argmin), each returning a ``Solution`` whose value carries the
 gradient of the chosen backward mode."""
 
+from implicit_ham.problems.correction import fixed_point_correction
 from implicit_ham.problems.fixed_point import FixedPointProblem, Solution, fixed_point
 from implicit_ham.problems.jacobian_penalty import jacobian_penalty
 from implicit_ham.problems.minimize import least_squares, minimize
@@ -11,6 +12,7 @@ __all__ = [
     "FixedPointProblem",
     "Solution",
     "fixed_point",
+    "fixed_point_correction",
     "jacobian_penalty",
     "least_squares",
     "minimize",

@@ -16,6 +16,7 @@ from implicit_ham._core.solve_scope import solve_scope
 from implicit_ham._core.state import BoundStep, State, StateSpec
 from implicit_ham._core.stats import BackwardStats, SolverStats
 from implicit_ham.adjoints.modes import ADJOINTS, Adjoint, OneStep
+from implicit_ham.problems.states import StateRecorder, attach_states, state_indices
 from implicit_ham.solvers.base import SOLVERS, FixedPointSolver
 from implicit_ham.solvers.iteration import FixedPointIteration
 
@@ -29,11 +30,14 @@ class Solution:
         stats: forward statistics (steps, residual trace, final residuals, converged flag).
         backward_log: statistics of every backward pass through ``value`` (implicit-type modes
             append one entry per backward; the other modes leave it empty).
+        states: the intermediate states asked for with ``fixed_point(..., states=)`` (each with
+            its own gradient, see ``implicit_ham.problems.states``); empty otherwise.
     """
 
     value: Tensor | tuple[Tensor, ...]
     stats: SolverStats
     backward_log: list[BackwardStats] = field(default_factory=list)
+    states: list[Tensor | tuple[Tensor, ...]] = field(default_factory=list)
 
     @property
     def backward_stats(self) -> BackwardStats | None:
@@ -69,6 +73,7 @@ def fixed_point(
     *args: Any,
     solver: FixedPointSolver | str | None = None,
     adjoint: Adjoint | str | None = None,
+    states: int | Sequence[int] | None = None,
 ) -> Solution:
     """Solve ``z = f(z, *args)`` from ``z0``; differentiate it with the chosen backward mode.
 
@@ -80,6 +85,10 @@ def fixed_point(
         *args: extra inputs of ``f``.
         solver: forward solver or its registry name; default ``FixedPointIteration()``.
         adjoint: backward mode or its registry name; default ``OneStep()``.
+        states: also return intermediate states in ``Solution.states`` (for
+            ``fixed_point_correction``): ``n`` spread over the step budget (TorchDEQ's
+            ``n_states``) or a list of evaluation indices in [1, max_steps] (its ``indexing``).
+            The value is the same with and without it.
 
     Returns:
         A ``Solution``. The backward mode changes only the gradient: with the same solver
@@ -101,16 +110,37 @@ def fixed_point(
         tuple(guard_gradient(t, f"{where}, z0[{i}]") for i, t in enumerate(spec.as_tuple(z0)))
     )
 
+    wanted = state_indices(states, solver.max_steps)
+    recorder = StateRecorder(wanted) if wanted else None
+
     def call(z: State, inputs: tuple[Any, ...]) -> State:
-        return spec.check(f(spec.restore(z), *inputs), where="fixed_point")
+        out = spec.check(f(spec.restore(z), *inputs), where="fixed_point")
+        if recorder is not None:
+            recorder.see(out)
+        return out
 
     step = BoundStep(call, args)
 
     if spec.batch == 0:
         return _empty_batch(step, spec.as_tuple(z0), spec, solver)
-    with _one_solve(f):
+    if torch.compiler.is_compiling():  # no Python-level solve scope inside a compiled graph
         z, stats, log = adjoint.run(step, spec.as_tuple(z0), spec, solver)
-    return Solution(spec.restore(z), stats, log)
+    else:
+        with _one_solve(f):
+            z, stats, log = adjoint.run(step, spec.as_tuple(z0), spec, solver)
+    if recorder is None:
+        return Solution(spec.restore(z), stats, log)
+    kept = attach_states(recorder, stats.steps, z, BoundStep(_plain(spec, f), args), adjoint)
+    return Solution(spec.restore(z), stats, log, [spec.restore(s) for s in kept])
+
+
+def _plain(spec: StateSpec, f: Callable[..., Any]) -> Callable[[State, tuple[Any, ...]], State]:
+    """The map on tuple states, without the recorder (the states' gradient steps)."""
+
+    def call(z: State, inputs: tuple[Any, ...]) -> State:
+        return spec.check(f(spec.restore(z), *inputs), where="fixed_point")
+
+    return call
 
 
 def _one_solve(f: Callable[..., Any]) -> AbstractContextManager[Any]:
@@ -119,12 +149,10 @@ def _one_solve(f: Callable[..., Any]) -> AbstractContextManager[Any]:
     (``ih.nn.apply_norm``), those weights computed once per solve instead of once per
     iteration: under ``parametrize.cached()``, primed in the caller's gradient mode before the
     solve so that the steps without gradient and the steps with gradient share one weight that
-    carries its graph (a cache filled inside a no-grad step would cut the gradient). While
-    ``torch.compile`` traces, neither is entered (Python-level state the compiled graph cannot
-    hold; ``VariationalDropout`` refuses to train there)."""
+    carries its graph (a cache filled inside a no-grad step would cut the gradient). Not
+    entered while ``torch.compile`` traces (Python-level state the compiled graph cannot hold;
+    ``VariationalDropout`` refuses to train there)."""
     stack = ExitStack()
-    if torch.compiler.is_compiling():
-        return stack
     stack.enter_context(solve_scope())
     owner = f if isinstance(f, nn.Module) else getattr(f, "__self__", None)
     if isinstance(owner, nn.Module):
