@@ -8,7 +8,7 @@ solvers), ``plugins`` (registries and base classes), ``errors`` (every exception
 
 from typing import Any
 
-from implicit_ham import diagnostics, errors, linalg, plugins, reliability
+from implicit_ham import diagnostics, errors, linalg, nn, plugins, reliability
 from implicit_ham._core.errors import (
     ConditioningWarning,
     ConvergenceWarning,
@@ -41,6 +41,8 @@ from implicit_ham.problems import (
     FixedPointProblem,
     Solution,
     fixed_point,
+    fixed_point_correction,
+    jacobian_penalty,
     least_squares,
     minimize,
     root,
@@ -101,11 +103,14 @@ __all__ = [
     "diagnostics",
     "errors",
     "fixed_point",
+    "fixed_point_correction",
+    "jacobian_penalty",
     "least_squares",
     "linalg",
     "make_context",
     "make_decomposition",
     "minimize",
+    "nn",
     "plugins",
     "register_decomposition",
     "reliability",

@@ -8,16 +8,23 @@ from implicit_ham.nn.context import (
     make_context,
     register_context,
 )
+from implicit_ham.nn.dropout import VariationalDropout, VariationalDropout2d
 from implicit_ham.nn.hamburger import Hamburger
 from implicit_ham.nn.identity import IdentityContext
+from implicit_ham.nn.normalization import NORM_KINDS, apply_norm, remove_norm
 
 __all__ = [
     "CONTEXTS",
+    "NORM_KINDS",
     "Hamburger",
     "IdentityContext",
     "SDPAttention2d",
     "SelfAttention2d",
+    "VariationalDropout",
+    "VariationalDropout2d",
+    "apply_norm",
     "context_names",
     "make_context",
     "register_context",
+    "remove_norm",
 ]

@@ -2,8 +2,19 @@
 ``minimize`` / ``least_squares`` (argmin), each returning a ``Solution`` whose value carries the
 gradient of the chosen backward mode."""
 
+from implicit_ham.problems.correction import fixed_point_correction
 from implicit_ham.problems.fixed_point import FixedPointProblem, Solution, fixed_point
+from implicit_ham.problems.jacobian_penalty import jacobian_penalty
 from implicit_ham.problems.minimize import least_squares, minimize
 from implicit_ham.problems.root import root
 
-__all__ = ["FixedPointProblem", "Solution", "fixed_point", "least_squares", "minimize", "root"]
+__all__ = [
+    "FixedPointProblem",
+    "Solution",
+    "fixed_point",
+    "fixed_point_correction",
+    "jacobian_penalty",
+    "least_squares",
+    "minimize",
+    "root",
+]

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import Tensor
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import parametrize
 
 from implicit_ham._core.grad_guard import guard_gradient
+from implicit_ham._core.solve_scope import solve_scope
 from implicit_ham._core.state import BoundStep, State, StateSpec
 from implicit_ham._core.stats import BackwardStats, SolverStats
 from implicit_ham.adjoints.modes import ADJOINTS, Adjoint, OneStep
+from implicit_ham.problems.states import StateRecorder, attach_states, state_indices
 from implicit_ham.solvers.base import SOLVERS, FixedPointSolver
 from implicit_ham.solvers.iteration import FixedPointIteration
 
@@ -25,11 +30,14 @@ class Solution:
         stats: forward statistics (steps, residual trace, final residuals, converged flag).
         backward_log: statistics of every backward pass through ``value`` (implicit-type modes
             append one entry per backward; the other modes leave it empty).
+        states: the intermediate states asked for with ``fixed_point(..., states=)`` (each with
+            its own gradient, see ``implicit_ham.problems.states``); empty otherwise.
     """
 
     value: Tensor | tuple[Tensor, ...]
     stats: SolverStats
     backward_log: list[BackwardStats] = field(default_factory=list)
+    states: list[Tensor | tuple[Tensor, ...]] = field(default_factory=list)
 
     @property
     def backward_stats(self) -> BackwardStats | None:
@@ -65,6 +73,7 @@ def fixed_point(
     *args: Any,
     solver: FixedPointSolver | str | None = None,
     adjoint: Adjoint | str | None = None,
+    states: int | Sequence[int] | None = None,
 ) -> Solution:
     """Solve ``z = f(z, *args)`` from ``z0``; differentiate it with the chosen backward mode.
 
@@ -76,6 +85,10 @@ def fixed_point(
         *args: extra inputs of ``f``.
         solver: forward solver or its registry name; default ``FixedPointIteration()``.
         adjoint: backward mode or its registry name; default ``OneStep()``.
+        states: also return intermediate states in ``Solution.states`` (for
+            ``fixed_point_correction``): ``n`` spread over the step budget (TorchDEQ's
+            ``n_states``) or a list of evaluation indices in [1, max_steps] (its ``indexing``).
+            The value is the same with and without it.
 
     Returns:
         A ``Solution``. The backward mode changes only the gradient: with the same solver
@@ -83,6 +96,8 @@ def fixed_point(
         Implicit and Neumann (exactly so for FixedPointIteration; the torchdeq solvers spend
         the last k of their budget on plain steps under the through-iteration modes).
         A NaN / inf gradient reaching ``args`` or ``z0`` raises ``NonFiniteError``.
+        Parametrised weights of f (``ih.nn.apply_norm``) are computed once per solve when f is
+        the module itself (or one of its methods).
     """
     if not callable(f):
         raise TypeError(f"f must be callable, got {type(f).__name__}")
@@ -95,15 +110,59 @@ def fixed_point(
         tuple(guard_gradient(t, f"{where}, z0[{i}]") for i, t in enumerate(spec.as_tuple(z0)))
     )
 
+    wanted = state_indices(states, solver.max_steps)
+    recorder = StateRecorder(wanted) if wanted else None
+
     def call(z: State, inputs: tuple[Any, ...]) -> State:
-        return spec.check(f(spec.restore(z), *inputs), where="fixed_point")
+        out = spec.check(f(spec.restore(z), *inputs), where="fixed_point")
+        if recorder is not None:
+            recorder.see(out)
+        return out
 
     step = BoundStep(call, args)
 
     if spec.batch == 0:
         return _empty_batch(step, spec.as_tuple(z0), spec, solver)
-    z, stats, log = adjoint.run(step, spec.as_tuple(z0), spec, solver)
-    return Solution(spec.restore(z), stats, log)
+    if torch.compiler.is_compiling():  # no Python-level solve scope inside a compiled graph
+        z, stats, log = adjoint.run(step, spec.as_tuple(z0), spec, solver)
+    else:
+        with _one_solve(f):
+            z, stats, log = adjoint.run(step, spec.as_tuple(z0), spec, solver)
+    if recorder is None:
+        return Solution(spec.restore(z), stats, log)
+    kept = attach_states(recorder, stats.steps, z, BoundStep(_plain(spec, f), args), adjoint)
+    return Solution(spec.restore(z), stats, log, [spec.restore(s) for s in kept])
+
+
+def _plain(spec: StateSpec, f: Callable[..., Any]) -> Callable[[State, tuple[Any, ...]], State]:
+    """The map on tuple states, without the recorder (the states' gradient steps)."""
+
+    def call(z: State, inputs: tuple[Any, ...]) -> State:
+        return spec.check(f(spec.restore(z), *inputs), where="fixed_point")
+
+    return call
+
+
+def _one_solve(f: Callable[..., Any]) -> AbstractContextManager[Any]:
+    """The scope of one solve: a fresh solve token (``VariationalDropout`` keeps one mask per
+    token) and, when ``f`` is an ``nn.Module`` (or its bound method) with parametrised weights
+    (``ih.nn.apply_norm``), those weights computed once per solve instead of once per
+    iteration: under ``parametrize.cached()``, primed in the caller's gradient mode before the
+    solve so that the steps without gradient and the steps with gradient share one weight that
+    carries its graph (a cache filled inside a no-grad step would cut the gradient). Not
+    entered while ``torch.compile`` traces (Python-level state the compiled graph cannot hold;
+    ``VariationalDropout`` refuses to train there)."""
+    stack = ExitStack()
+    stack.enter_context(solve_scope())
+    owner = f if isinstance(f, nn.Module) else getattr(f, "__self__", None)
+    if isinstance(owner, nn.Module):
+        layers = [m for m in owner.modules() if parametrize.is_parametrized(m)]
+        if layers:
+            stack.enter_context(parametrize.cached())
+            for layer in layers:
+                for name in layer.parametrizations:
+                    getattr(layer, name)  # fills the cache
+    return stack
 
 
 def _empty_batch(
