@@ -65,3 +65,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.experiments)
         if "cuda" in item.keywords and not torch.cuda.is_available():
             item.add_marker(no_cuda)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_event_ledger() -> None:
+    """Every test starts with an empty event ledger (its rate limit is per process)."""
+    from implicit_ham._core.events import events
+
+    events().reset()

@@ -8,8 +8,8 @@ residual), so each would be new. The ledger instead counts every event by kind (
 class) and source (the layer, or the problem), and emits:
 
 * the first event of each (kind, source) in full;
-* then, every ``every``-th event of that (kind, source), one summary warning with the count
-  since the last one and the worst residual among them.
+* then, at every ``every``-th event of that (kind, source), one summary warning with the
+  count since the last one and the worst residual among them.
 
 The active warning filters decide first: under ``"error"`` or ``"always"`` for the category
 (``warnings.simplefilter("always", ih.ConvergenceWarning)``, ``pytest.warns``) every event is
@@ -82,11 +82,13 @@ class EventLedger:
         *,
         residual: float | None = None,
         source: str | None = None,
+        where: str = "unnamed",
         stacklevel: int = 2,
     ) -> None:
         """Count one event of ``category`` from ``source`` (default: the innermost
-        ``event_source`` scope, else "unnamed") and emit per the policy."""
-        key = (category.__name__, source or _SOURCE.get() or "unnamed")
+        ``event_source`` scope, else ``where``, the reporting site such as the solver's name)
+        and emit per the policy."""
+        key = (category.__name__, source or _SOURCE.get() or where)
         tally = self._tallies.setdefault(key, _Tally())
         tally.count += 1
         tally.since_report += 1
@@ -97,7 +99,7 @@ class EventLedger:
             return
         if action in ("error", "always") or tally.count == 1:
             text = message
-        elif tally.since_report >= self.every:
+        elif tally.count % self.every == 0:
             worst = tally.worst_since_report
             text = (
                 f"{tally.since_report} more {key[0]} events from {key[1]} since the last report "

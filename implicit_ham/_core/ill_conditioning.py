@@ -9,9 +9,8 @@ and its advice are the same wherever the number came from.
 
 from __future__ import annotations
 
-import warnings
-
 from implicit_ham._core.errors import ConditioningWarning
+from implicit_ham._core.events import events
 
 
 def warn_ill_conditioned(
@@ -37,12 +36,14 @@ def warn_ill_conditioned(
     """
     if threshold is None or not kappa > threshold:
         return False
-    warnings.warn(
+    events().warn(
         f"{where}: κ({label}) >= {kappa:.3e} exceeds {threshold:.1e} ({evidence}); implicit "
         f"gradients ({label})^-T v are unreliable here. A continuum of fixed points (e.g. "
         "NMF's scaling symmetry) causes this: use OneStep, Phantom or Unroll, or regularise "
         "the map.",
         ConditioningWarning,
+        residual=kappa,
+        where=where,
         stacklevel=stacklevel + 1,
     )
     return True

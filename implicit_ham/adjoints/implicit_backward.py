@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +45,7 @@ from implicit_ham._core.errors import (
     NotFixedPointWarning,
     SecondOrderError,
 )
+from implicit_ham._core.events import events
 from implicit_ham._core.ill_conditioning import warn_ill_conditioned
 from implicit_ham._core.precision import working_dtype
 from implicit_ham._core.state import BoundStep, State, StateSpec, StepFn, per_sample_norm
@@ -413,6 +413,7 @@ def _at_fixed_point(worst: float, check: FixedPointCheck, batch: int) -> bool:
     if check.root_of is not None:
         return _apply_policy(
             check,
+            worst,
             f"{check.adjoint} backward: the point it differentiates at is not a root of "
             f"{check.root_of}: ||{check.root_of}(z*)|| = {worst:.3e} (worst of {batch} samples) "
             f"> fixed_point_tol={check.tol:g}. The implicit gradient assumes "
@@ -432,20 +433,28 @@ def _at_fixed_point(worst: float, check: FixedPointCheck, batch: int) -> bool:
         "instead (Unroll, Truncated, OneStep), raise fixed_point_tol, or set "
         "on_divergence='fallback'."
     )
-    return _apply_policy(check, problem, fix)
+    return _apply_policy(check, worst, problem, fix)
 
 
-def _apply_policy(check: FixedPointCheck, problem: str, fix: str) -> bool:
+def _apply_policy(check: FixedPointCheck, worst: float, problem: str, fix: str) -> bool:
     if check.on_divergence == "raise":
         raise NotFixedPointError(f"{problem} {fix}")
     if check.on_divergence == "fallback":
-        warnings.warn(
+        events().warn(
             f"{problem} Using the one-step gradient for this batch (fallback).",
             NotFixedPointWarning,
+            residual=worst,
+            where=f"{check.adjoint} backward",
             stacklevel=4,
         )
         return False
-    warnings.warn(f"{problem} {fix}", NotFixedPointWarning, stacklevel=4)
+    events().warn(
+        f"{problem} {fix}",
+        NotFixedPointWarning,
+        residual=worst,
+        where=f"{check.adjoint} backward",
+        stacklevel=4,
+    )
     return True
 
 
@@ -531,9 +540,11 @@ def finish_backward(
         + ")"
     )
     if on_divergence == "fallback":
-        warnings.warn(
+        events().warn(
             problem + "; using the one-step gradient for this batch (fallback)",
             ConvergenceWarning,
+            residual=rel_res if finite else None,
+            where=f"{adjoint} backward",
             stacklevel=2,
         )
         return v.clone(), dataclasses.replace(stats, fallback=True)
@@ -544,7 +555,13 @@ def finish_backward(
         raise NonFiniteError(f"{problem}; {op.label} is likely singular here. {fix}")
     if on_divergence == "raise":
         raise BackwardSolveError(f"{problem}. {fix}")
-    warnings.warn(f"{problem}; the gradient is inaccurate. {fix}", ConvergenceWarning, stacklevel=2)
+    events().warn(
+        f"{problem}; the gradient is inaccurate. {fix}",
+        ConvergenceWarning,
+        residual=rel_res,
+        where=f"{adjoint} backward",
+        stacklevel=2,
+    )
     return g, stats
 
 

@@ -15,6 +15,7 @@ Entry points:
 * ``plot_residuals``, ``plot_grad_vs_k``, ``plot_conditioning_history`` (PNG, Agg).
 """
 
+from implicit_ham._core.events import EventLedger, event_source, events
 from implicit_ham._core.sinks import MultiSink, Sink
 from implicit_ham.adjoints.layers import find_implicit_layers
 from implicit_ham.diagnostics.callback import DiagnosticsCallback
@@ -46,6 +47,7 @@ __all__ = [
     "ConditioningReport",
     "ConvergenceTrace",
     "DiagnosticsCallback",
+    "EventLedger",
     "FixedPointJacobian",
     "LayerGradientHooks",
     "MultiSink",
@@ -62,6 +64,8 @@ __all__ = [
     "convergence_trace",
     "describe_adjoint",
     "estimate_conditioning",
+    "event_source",
+    "events",
     "find_implicit_layers",
     "format_table",
     "grad_norms",

@@ -17,7 +17,6 @@ are ``FixedPointIteration`` (``solvers.iteration``), the native ``Anderson`` / `
 
 from __future__ import annotations
 
-import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -25,6 +24,7 @@ import torch
 from torch import Tensor
 
 from implicit_ham._core.errors import ConvergenceWarning, NonFiniteError
+from implicit_ham._core.events import events
 from implicit_ham._core.registry import Registry
 from implicit_ham._core.state import (
     State,
@@ -121,11 +121,13 @@ def warn_if_not_converged(stats: SolverStats, tol: float | None) -> None:
     """``ConvergenceWarning`` with the worst residual when a solve with a tolerance missed it."""
     if tol is None or stats.converged is None or not host_checks() or bool(stats.converged.all()):
         return
-    warnings.warn(
+    worst = float(stats.rel_residual.max())
+    events().warn(
         f"{stats.solver}: forward solve did not reach tol={tol:g} in {stats.steps} steps "
-        f"(worst relative residual {float(stats.rel_residual.max()):.3e}); raise max_steps "
-        "or use Anderson",
+        f"(worst relative residual {worst:.3e}); raise max_steps or use Anderson",
         ConvergenceWarning,
+        residual=worst,
+        where=stats.solver,
         stacklevel=4,
     )
 
@@ -163,10 +165,13 @@ class ResidualTrace:
         converged = None if tol is None else last <= tol
         stats = SolverStats(self.solver, len(self.rows), trace, last, rel, converged)
         if converged is not None and host_checks() and not bool(converged.all()):
-            warnings.warn(
+            worst = float(last.max())
+            events().warn(
                 f"{self.solver}: did not reach tol={tol:g} in {stats.steps} steps (worst "
-                f"residual {float(last.max()):.3e}); raise max_steps or change the solver",
+                f"residual {worst:.3e}); raise max_steps or change the solver",
                 ConvergenceWarning,
+                residual=worst,
+                where=self.solver,
                 stacklevel=4,
             )
         return stats

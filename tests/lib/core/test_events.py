@@ -25,10 +25,10 @@ def _emit(ledger: EventLedger, n: int, residual: float = 1.0, source: str = "lay
 def test_the_first_event_then_one_summary_per_period() -> None:
     ledger = EventLedger(every=40)
     shown = _emit(ledger, 100)
-    assert len(shown) == 3  # events 1, 41, 81
+    assert len(shown) == 3  # events 1, 40, 80
     assert str(shown[0].message) == "event 0"
-    assert "40 more Demo events from layer" in str(shown[1].message)
-    assert "worst residual 4.100e+01" in str(shown[1].message)
+    assert "39 more Demo events from layer" in str(shown[1].message)
+    assert "worst residual 4.000e+01" in str(shown[1].message)
     assert ledger.summary() == {
         "total": 100,
         "by_kind": {"Demo": 100},
