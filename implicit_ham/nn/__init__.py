@@ -1,5 +1,6 @@
 """Context modules, all (B, C, H, W) -> (B, C, H, W): the Hamburger block and its baselines,
-and ``make_context`` (any of them by name)."""
+and ``make_context`` (any of them by name); SegNeXt's decode head ``LightHamHead``; the
+injectable norm / activation helpers (``group_norm``)."""
 
 from implicit_ham.nn.attention import SDPAttention2d, SelfAttention2d
 from implicit_ham.nn.context import (
@@ -10,14 +11,20 @@ from implicit_ham.nn.context import (
 )
 from implicit_ham.nn.hamburger import Hamburger
 from implicit_ham.nn.identity import IdentityContext
+from implicit_ham.nn.layers import group_norm
+from implicit_ham.nn.light_ham_head import LightHamHead, mmseg_state_dict, segnext_nmf
 
 __all__ = [
     "CONTEXTS",
     "Hamburger",
     "IdentityContext",
+    "LightHamHead",
     "SDPAttention2d",
     "SelfAttention2d",
     "context_names",
+    "group_norm",
     "make_context",
+    "mmseg_state_dict",
     "register_context",
+    "segnext_nmf",
 ]
