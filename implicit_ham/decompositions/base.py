@@ -398,6 +398,17 @@ class Decomposition(nn.Module, ABC):
             self._compiled[name] = compiled
         return partial(compiled, self)
 
+    def _load_from_state_dict(
+        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+    ) -> None:
+        """A state dict without ``fixed_bases`` (a checkpoint written before the layer had them,
+        or by a random-init model, e.g. a converted mmseg one) keeps this layer's seeded bases
+        instead of failing a strict load: they are a function of ``init_seed`` alone."""
+        key = f"{prefix}fixed_bases"
+        if hasattr(self, "fixed_bases") and key not in state_dict:
+            state_dict[key] = self.fixed_bases
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def __getstate__(self) -> dict[str, Any]:
         """Pickle / deep-copy state without the compiled functions (rebuilt on demand)."""
         state = self.__dict__.copy()

@@ -78,10 +78,14 @@ def build_norm(norm_layer: NormLayer, channels: int, owner: str, where: str) -> 
 
 def build_act(act_layer: ActLayer, owner: str) -> nn.Module:
     """``act_layer()``, checked to be a module."""
-    module = act_layer() if callable(act_layer) else None
+    message = (
+        f"{owner}: act_layer must be a callable () -> nn.Module (e.g. nn.ReLU, nn.GELU; not a "
+        f"function such as torch.relu), got {act_layer!r}"
+    )
+    try:
+        module = act_layer() if callable(act_layer) else None
+    except TypeError as error:
+        raise TypeError(message) from error
     if not isinstance(module, nn.Module):
-        raise TypeError(
-            f"{owner}: act_layer must be a callable () -> nn.Module (e.g. nn.ReLU, nn.GELU), "
-            f"got {act_layer!r}"
-        )
+        raise TypeError(message)
     return module

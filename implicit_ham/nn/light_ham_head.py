@@ -272,7 +272,9 @@ def mmseg_state_dict(state: Mapping[str, Tensor], prefix: str = "decode_head.") 
 
     mmseg's ``hamburger.ham.bases`` (the initial bases of ``rand_init=False``, fixed once drawn)
     becomes ``hamburger.ham.fixed_bases``: load it into a head whose ham has ``eval_init`` (or
-    ``init``) "fixed". A key of the head that is not one of mmseg's raises a KeyError.
+    ``init``) "fixed". A checkpoint trained with random bases (SegNeXt's default) has none; a
+    "fixed" head then keeps its own seeded bases. A key of the head that is not one of mmseg's
+    raises a KeyError.
     """
     if any(k.startswith(prefix) for k in state):
         state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
