@@ -184,7 +184,7 @@ class LightHamHead(nn.Module):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
         nn.init.normal_(self.conv_seg.weight, std=0.01)
-        nn.init.zeros_(self.conv_seg.bias)
+        nn.init.zeros_(self.conv_seg.bias)  # type: ignore[arg-type]  # a conv with bias
 
     def forward(self, inputs: Sequence[Tensor]) -> Tensor:
         """inputs: the backbone's levels, a list / tuple of (B, C_i, H_i, W_i) ->
@@ -262,7 +262,9 @@ _MMSEG_KEYS = (  # mmseg name (norm suffix gn / bn / ln ...) -> this head's name
 )
 
 
-def mmseg_state_dict(state: Mapping[str, Tensor], prefix: str = "decode_head.") -> dict[str, Tensor]:
+def mmseg_state_dict(
+    state: Mapping[str, Tensor], prefix: str = "decode_head."
+) -> dict[str, Tensor]:
     """An mmseg / SegNeXt ``LightHamHead`` state dict in this head's names.
 
     Args:

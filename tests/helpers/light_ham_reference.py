@@ -43,12 +43,16 @@ def _nmf(x: Tensor, rank: int, steps: int, bases: Tensor | None) -> Tensor:
         bases = F.normalize(torch.rand((b, c, rank), dtype=x.dtype), dim=1)
     coef = F.softmax(torch.bmm(flat.transpose(1, 2), bases), dim=-1)
     for _ in range(steps):
-        coef = coef * torch.bmm(flat.transpose(1, 2), bases) / (
-            coef.bmm(bases.transpose(1, 2).bmm(bases)) + EPS
+        coef = (
+            coef
+            * torch.bmm(flat.transpose(1, 2), bases)
+            / (coef.bmm(bases.transpose(1, 2).bmm(bases)) + EPS)
         )
         bases = bases * torch.bmm(flat, coef) / (bases.bmm(coef.transpose(1, 2).bmm(coef)) + EPS)
-    coef = coef * torch.bmm(flat.transpose(1, 2), bases) / (
-        coef.bmm(bases.transpose(1, 2).bmm(bases)) + EPS
+    coef = (
+        coef
+        * torch.bmm(flat.transpose(1, 2), bases)
+        / (coef.bmm(bases.transpose(1, 2).bmm(bases)) + EPS)
     )
     return torch.bmm(bases, coef.transpose(1, 2)).reshape(b, c, h, w)
 
@@ -78,7 +82,9 @@ def light_ham_head(
     x = F.relu(_gn(_conv(x, params, "squeeze.conv"), params, "squeeze.gn", groups))
     enjoy = F.relu(_conv(x, params, "hamburger.ham_in.conv"))
     enjoy = _nmf(enjoy, rank, 6 if training else 7, bases)
-    enjoy = _gn(_conv(enjoy, params, "hamburger.ham_out.conv"), params, "hamburger.ham_out.gn", groups)
+    enjoy = _gn(
+        _conv(enjoy, params, "hamburger.ham_out.conv"), params, "hamburger.ham_out.gn", groups
+    )
     x = F.relu(x + enjoy)
     x = F.relu(_gn(_conv(x, params, "align.conv"), params, "align.gn", groups))
     x = F.dropout2d(x, dropout_ratio, training=training)

@@ -1,4 +1,4 @@
-"""Runs mmsegmentation's own ``LightHamHead`` for the parity test (tests/lib/nn/test_light_ham_mmseg.py).
+"""Runs mmsegmentation's own ``LightHamHead`` for the parity test (test_light_ham_mmseg.py).
 
 Executed by the interpreter of a separate, test-only virtualenv that has mmsegmentation (it is
 not a dependency of implicit-ham)::

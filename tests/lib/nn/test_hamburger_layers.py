@@ -62,8 +62,9 @@ def test_v2_with_gelu_is_the_manual_composition_and_keeps_the_lower_relu() -> No
 
 
 def test_make_context_forwards_the_layers() -> None:
-    block = ih.make_context("vq", 16, rank=3, version="v2", norm_layer=group_norm(8),
-                            act_layer=nn.SiLU)
+    block = ih.make_context(
+        "vq", 16, rank=3, version="v2", norm_layer=group_norm(8), act_layer=nn.SiLU
+    )
     assert isinstance(block.cheese[1], nn.GroupNorm) and block.cheese[1].num_groups == 8
     assert isinstance(block.cheese[2], nn.SiLU) and isinstance(block.act, nn.SiLU)
 

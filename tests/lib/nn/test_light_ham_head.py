@@ -74,8 +74,9 @@ def test_training_forward_and_gradients_match_the_reference() -> None:
     x_ref = [t.detach().clone().requires_grad_() for t in x]
     params = mmseg_names(head)
     torch.manual_seed(11)  # the reference draws its bases, then the dropout mask, as the head
-    expected = reference(params, x_ref, in_index=[1, 2, 3], rank=16, training=True,
-                         dropout_ratio=0.1)
+    expected = reference(
+        params, x_ref, in_index=[1, 2, 3], rank=16, training=True, dropout_ratio=0.1
+    )
     (expected * weight).sum().backward()
     refs = {"out": expected.detach(), **{n: p.grad for n, p in params.items()}}
     refs.update({f"x{i}": x_ref[i].grad for i in (1, 2, 3)})
@@ -91,14 +92,23 @@ def test_evaluation_with_fixed_bases_matches_the_reference_and_is_deterministic(
     perturb(head)
     x = features()
     fixed = head.ham.fixed_bases
-    assert fixed.shape == (1, 64, 16) and torch.allclose(fixed.norm(dim=1), torch.ones(1, 16).double())
+    assert fixed.shape == (1, 64, 16) and torch.allclose(
+        fixed.norm(dim=1), torch.ones(1, 16).double()
+    )
     with torch.no_grad():
         torch.manual_seed(0)
         first = head(x)
         torch.manual_seed(1)
         second = head(x)
-        expected = reference(mmseg_names(head), x, in_index=[1, 2, 3], rank=16, training=False,
-                             dropout_ratio=0.1, bases=fixed.repeat(2, 1, 1))
+        expected = reference(
+            mmseg_names(head),
+            x,
+            in_index=[1, 2, 3],
+            rank=16,
+            training=False,
+            dropout_ratio=0.1,
+            bases=fixed.repeat(2, 1, 1),
+        )
     assert torch.equal(first, second)
     assert (first - expected).abs().max() <= 1e-10
     buffer = io.BytesIO()
@@ -118,8 +128,9 @@ def test_random_evaluation_draws_bases_like_the_reference() -> None:
         torch.manual_seed(4)
         out = head(x)
         torch.manual_seed(4)
-        expected = reference(mmseg_names(head), x, in_index=[1, 2, 3], rank=16, training=False,
-                             dropout_ratio=0.1)
+        expected = reference(
+            mmseg_names(head), x, in_index=[1, 2, 3], rank=16, training=False, dropout_ratio=0.1
+        )
         torch.manual_seed(5)
         other = head(x)
     assert (out - expected).abs().max() <= 1e-10
@@ -152,8 +163,15 @@ def test_an_injected_norm_is_used_everywhere_the_head_normalises() -> None:
         torch.manual_seed(2)
         out = head(x)
         torch.manual_seed(2)
-        expected = reference(mmseg_names(head), x, in_index=[1, 2, 3], rank=16, training=True,
-                             dropout_ratio=0.1, groups=8)
+        expected = reference(
+            mmseg_names(head),
+            x,
+            in_index=[1, 2, 3],
+            rank=16,
+            training=True,
+            dropout_ratio=0.1,
+            groups=8,
+        )
     assert (out - expected).abs().max() <= 1e-10
     bn = small_head(norm_layer=nn.BatchNorm2d, act_layer=nn.GELU)
     assert sum(isinstance(m, nn.BatchNorm2d) for m in bn.modules()) == 3
@@ -166,8 +184,10 @@ def test_mmseg_state_dict_renames_mmseg_keys() -> None:
     head = small_head(ham=segnext_nmf(64, eval_init="fixed"))
     theirs = {k: v.clone() for k, v in mmseg_names(head).items()}
     theirs["hamburger.ham.bases"] = head.ham.fixed_bases.clone()
-    converted = mmseg_state_dict({f"decode_head.{k}": v for k, v in theirs.items()}
-                                 | {"backbone.stem.weight": torch.zeros(1)})
+    converted = mmseg_state_dict(
+        {f"decode_head.{k}": v for k, v in theirs.items()}
+        | {"backbone.stem.weight": torch.zeros(1)}
+    )
     assert converted.keys() == head.state_dict().keys()
     for key, value in head.state_dict().items():
         assert torch.equal(converted[key], value), key
@@ -206,11 +226,11 @@ def test_bad_construction_is_refused_with_the_fix() -> None:
     with pytest.raises(ValueError, match=r"GroupNorm\(32\) cannot normalise 48 channels"):
         ih.LightHamHead([16], 48, num_classes=2, ham_channels=64)
     with pytest.raises(ValueError, match="squeeze norm on 40 channels"):
-        ih.LightHamHead([16], 32, num_classes=2, ham_channels=40,
-                        ham=ih.NMF(rank=4, channels=40))
+        ih.LightHamHead([16], 32, num_classes=2, ham_channels=40, ham=ih.NMF(rank=4, channels=40))
     with pytest.raises(ValueError, match="squeeze norm on 48 channels"):  # torch's own error
-        ih.LightHamHead([16], 32, num_classes=2, ham_channels=48,
-                        norm_layer=functools.partial(nn.GroupNorm, 32))
+        ih.LightHamHead(
+            [16], 32, num_classes=2, ham_channels=48, norm_layer=functools.partial(nn.GroupNorm, 32)
+        )
     with pytest.raises(ValueError, match="gives 2"):
         ih.LightHamHead([16, 24], 32, num_classes=2, in_index=[0, 1, 2])
     with pytest.raises(ValueError, match="dropout_ratio"):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +61,7 @@ def mmseg_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     inputs = [torch.rand(2, *s, generator=generator, dtype=torch.float64) for s in shapes]
     weight = torch.randn(2, 150, 16, 16, generator=generator, dtype=torch.float64)
     folder = tmp_path_factory.mktemp("mmseg")
-    payload = dict(
-        config=CONFIG, rank=16, inputs=inputs, weight=weight, init_seed=1, train_seed=7
-    )
+    payload = dict(config=CONFIG, rank=16, inputs=inputs, weight=weight, init_seed=1, train_seed=7)
     torch.save(payload, folder / "payload.pt")
     done = subprocess.run(
         [str(PYTHON), str(HELPER), str(folder / "payload.pt"), str(folder / "result.pt")],

@@ -53,7 +53,11 @@ def test_a_hamburger_block_exports_and_runs_in_onnxruntime(version: str, tmp_pat
 def test_the_light_ham_head_exports_and_runs_in_onnxruntime(tmp_path: Path) -> None:
     torch.manual_seed(0)
     head = ih.LightHamHead(
-        [16, 24, 32], 32, num_classes=5, in_index=[1, 2, 3], ham_channels=64,
+        [16, 24, 32],
+        32,
+        num_classes=5,
+        in_index=[1, 2, 3],
+        ham_channels=64,
         ham=segnext_nmf(64, eval_init="fixed"),
     ).eval()
     g = torch.Generator().manual_seed(1)
@@ -72,7 +76,7 @@ def test_random_bases_export_as_a_random_op_whose_draws_differ(tmp_path: Path) -
 def test_a_tolerance_solver_does_not_export(tmp_path: Path) -> None:
     solver = ih.FixedPointIteration(tol=1e-4)
     block = ih.Hamburger(16, ih.NMF(rank=4, channels=16, eval_init="fixed", solver=solver))
-    with pytest.raises(Exception, match="torch.export"):  # the stopping test reads values
+    with pytest.raises(Exception, match=r"torch\.export"):  # the stopping test reads values
         run_onnx(block.eval(), (torch.rand(2, 16, 8, 8),), tmp_path)
 
 
