@@ -464,15 +464,19 @@ def not_measured_page() -> str:
     """The page before any GPU run."""
     return (
         "# GPU check\n\n"
-        f"{NOT_MEASURED} No CUDA device has run `make gpu-check` (`python -m "
-        "experiments.gpu_check`) for this page yet; every performance and precision figure "
-        "elsewhere in the docs is CPU-only. On a CUDA machine the command measures (sized to "
-        "finish in under 8 minutes on one GPU; not yet timed on one): (a) the host "
-        "synchronisations of a fixed-budget forward (`torch.cuda.set_sync_debug_mode`), (b) fp16 / bf16 autocast gradient cosines of the "
-        "Hamburger block (NMF, VQ, CD) and of a DEQ against float64, (c) the Hamburger v1 "
-        "training step against materialised self-attention at 1 x 512 x 128 x 128 with peak "
-        "`torch.cuda.max_memory_allocated`, (d) the LightHamHead at SegNeXt-T sizes on a "
-        "512 x 512 input, (e) one DDP step with the nccl backend; then it rewrites this page.\n"
+        f"{NOT_MEASURED} No CUDA device has run `make gpu-check` "
+        "(`python -m experiments.gpu_check`) for this page yet; every performance and "
+        "precision figure elsewhere in the docs is CPU-only. On a CUDA machine the command "
+        "measures (sized to finish in under 8 minutes on one GPU; not yet timed on one):\n\n"
+        "- (a) the host synchronisations of a fixed-budget forward "
+        "(`torch.cuda.set_sync_debug_mode`);\n"
+        "- (b) fp16 / bf16 autocast gradient cosines of the Hamburger block (NMF, VQ, CD) and "
+        "of a DEQ against float64;\n"
+        "- (c) the Hamburger v1 training step against materialised self-attention at "
+        "1 x 512 x 128 x 128, with peak `torch.cuda.max_memory_allocated`;\n"
+        "- (d) the LightHamHead at SegNeXt-T sizes on a 512 x 512 input;\n"
+        "- (e) one DDP step with the nccl backend;\n\n"
+        "then it rewrites this page.\n"
     )
 
 
