@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test quick lint typecheck docs-build docs demo study bench generate clean
+.PHONY: install test quick lint typecheck docs-build docs demo study bench gpu-check generate clean
 
 install: $(STAMP)
 
@@ -54,6 +54,11 @@ generate: install
 # Runs both benchmark scripts and rewrites the tables of docs/benchmarks.md (~30 min on 2 cores).
 bench: install
 	$(PY) -m experiments.bench page
+
+# The CUDA checks of docs/benchmarks_gpu.md (under 8 min on one GPU); without CUDA it says so and
+# exits 0. Never part of `make test`.
+gpu-check: install
+	$(PY) -m experiments.gpu_check
 
 clean:
 	rm -rf $(VENV) outputs multirun wandb site

@@ -33,6 +33,7 @@ from implicit_ham.decompositions import (
 from implicit_ham.nn import (
     Hamburger,
     IdentityContext,
+    LightHamHead,
     SDPAttention2d,
     SelfAttention2d,
     make_context,
@@ -82,6 +83,7 @@ __all__ = [
     "IdentityContext",
     "Implicit",
     "LevenbergMarquardt",
+    "LightHamHead",
     "Neumann",
     "Newton",
     "NewtonCG",

@@ -56,7 +56,7 @@ from implicit_ham.solvers.base import SOLVERS, FixedPointSolver
 from implicit_ham.solvers.iteration import FixedPointIteration
 
 State = tuple[Tensor, Tensor]
-INIT_MODES = ("random", "online")
+INIT_MODES = ("random", "online", "fixed")
 ONLINE_UPDATES = ("eval", "train", "always")
 
 
@@ -89,12 +89,23 @@ class Decomposition(nn.Module, ABC):
         norm_eps: the floor of the norms that normalise the input's columns (VQ, CD) and the
             initial and online bases; the official code's ``F.normalize`` default, 1e-12.
         spatial: True: d = C/S, n = H*W; False: d = H*W, n = C/S (the channel ham).
-        init: "random" (fresh bases drawn by ``sample_bases`` from torch's global RNG on x's
-            device at every forward, L2-normalised over d) or "online" (a buffer ``bases``
-            (S, d, r) shared by the batch, updated outside autograd by
-            ``D <- normalize_d(D + eta * (mean_batch(D_K) - D))``, see ``online_update``).
-        channels: C, optional; required for ``init="online"`` (it fixes d = C/S, so online
-            init needs ``spatial=True``), otherwise only used to validate divisibility early.
+        init: where the initial bases come from in training mode (and in evaluation mode when
+            ``eval_init`` is None): "random" (fresh bases drawn by ``sample_bases`` from torch's
+            global RNG on x's device at every forward, L2-normalised over d; the paper's),
+            "fixed" (bases drawn once by ``sample_bases`` from a generator seeded with
+            ``init_seed``, L2-normalised, shared by the batch and never updated: the buffer
+            ``fixed_bases`` (S, d, r), saved in the state dict, when d is known at construction
+            (``channels`` given, ``spatial=True``); otherwise drawn again from the same seed at
+            each forward) or "online" (a buffer ``bases`` (S, d, r) shared by the batch,
+            updated outside autograd by ``D <- normalize_d(D + eta * (mean_batch(D_K) - D))``,
+            see ``online_update``).
+        eval_init: the same choice for evaluation mode; None (default) follows ``init``.
+            ``"fixed"`` makes evaluation deterministic: two evaluations of one input are
+            bitwise equal whatever the global RNG state, and across a save / load.
+        init_seed: the seed of the "fixed" bases (the global RNG is left untouched).
+        channels: C, optional; required for "online" bases (they fix d = C/S, so they need
+            ``spatial=True``) and for the "fixed" buffer, otherwise only used to validate
+            divisibility early.
         eta: the online update rate.
         online_update: when the online bases are updated: "eval" (the official code: only in
             evaluation mode), "train" (only in training mode) or "always".
@@ -122,7 +133,8 @@ class Decomposition(nn.Module, ABC):
 
     default_inv_t: ClassVar[float] = 1.0
     nonnegative: ClassVar[bool] = False
-    bases: Tensor  # the online bases buffer (S, d, r), registered when init="online"
+    bases: Tensor  # the online bases buffer (S, d, r), registered for "online" init
+    fixed_bases: Tensor  # the "fixed" bases buffer (S, d, r), registered when d is known
     exact_unroll: ClassVar[bool] = True
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Decomposition:
@@ -143,6 +155,8 @@ class Decomposition(nn.Module, ABC):
         norm_eps: float = 1e-12,
         spatial: bool = True,
         init: str = "random",
+        eval_init: str | None = None,
+        init_seed: int = 0,
         channels: int | None = None,
         eta: float = 0.9,
         online_update: str = "eval",
@@ -164,11 +178,16 @@ class Decomposition(nn.Module, ABC):
         check_tolerance(owner, "norm_eps", norm_eps)
         check_tolerance(owner, "inv_t", inv_t, optional=True)
         check_choice(owner, "init", init, INIT_MODES)
+        if eval_init is not None:
+            check_choice(owner, "eval_init", eval_init, INIT_MODES)
+        check_positive_int(owner, "init_seed", init_seed, minimum=0)
         check_choice(owner, "online_update", online_update, ONLINE_UPDATES)
         check_unit_interval(owner, "eta", eta)
         self.rank, self.groups, self.steps, self.eval_steps = rank, groups, steps, eval_steps
         self.inv_t = float(self.default_inv_t if inv_t is None else inv_t)
         self.eps, self.spatial, self.init_mode, self.eta = eps, bool(spatial), init, eta
+        self.eval_init_mode = init if eval_init is None else eval_init
+        self.init_seed = init_seed
         self.norm_eps, self.online_update = norm_eps, online_update
         self.channels = channels
         self.solver = SOLVERS.resolve(
@@ -182,8 +201,11 @@ class Decomposition(nn.Module, ABC):
         if channels is not None:
             check_positive_int(owner, "channels", channels)
             self._check_groups(channels)
-        if init == "online":
+        modes = (self.init_mode, self.eval_init_mode)
+        if "online" in modes:
             self._register_online_bases()
+        if "fixed" in modes and channels is not None and self.spatial:
+            self.register_buffer("fixed_bases", self._seeded_bases(channels // groups))
 
     # ----------------------------------------------------------------- the plug-in interface
     def sample_bases(self, shape: tuple[int, ...], like: Tensor) -> Tensor:
@@ -274,7 +296,11 @@ class Decomposition(nn.Module, ABC):
                     f"{shape} for this input, got {got}; pass bases shaped like that."
                 )
             return init.to(device=x.device, dtype=x.dtype)
-        if self.init_mode == "online":
+        mode = self.active_init()
+        if mode == "fixed":
+            fixed = self._fixed_bases(d).to(device=x.device, dtype=x.dtype)
+            return fixed.repeat(count // self.groups, 1, 1)
+        if mode == "online":
             if self.bases.shape[1] != d:
                 raise ValueError(
                     f"{type(self).__name__}: the online bases have d={self.bases.shape[1]}, "
@@ -282,6 +308,11 @@ class Decomposition(nn.Module, ABC):
                 )
             return self.bases.to(x.dtype).repeat(count // self.groups, 1, 1)
         return F.normalize(self.sample_bases(shape, like=x), dim=1, eps=self.norm_eps)
+
+    def active_init(self) -> str:
+        """The init policy of the current mode: ``init`` in training, ``eval_init`` in
+        evaluation."""
+        return self.init_mode if self.training else self.eval_init_mode
 
     def implicit_problem(self, x: Tensor, init: Tensor | None = None) -> FixedPointProblem:
         """The fixed-point problem ``forward`` solves for x (B, C, H, W): ``f(state, X)`` is one
@@ -340,6 +371,10 @@ class Decomposition(nn.Module, ABC):
             f"inv_t={self.inv_t:g}",
             f"spatial={self.spatial}",
             f"init={self.init_mode!r}",
+        ]
+        if self.eval_init_mode != self.init_mode:
+            parts.append(f"eval_init={self.eval_init_mode!r}")
+        parts += [
             f"adjoint={self.adjoint!r}",
         ]
         solver = SOLVERS.resolve(self.solver, FixedPointSolver)
@@ -362,6 +397,17 @@ class Decomposition(nn.Module, ABC):
             compiled = torch.compile(getattr(type(self), name))
             self._compiled[name] = compiled
         return partial(compiled, self)
+
+    def _load_from_state_dict(
+        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+    ) -> None:
+        """A state dict without ``fixed_bases`` (a checkpoint written before the layer had them,
+        or by a random-init model, e.g. a converted mmseg one) keeps this layer's seeded bases
+        instead of failing a strict load: they are a function of ``init_seed`` alone."""
+        key = f"{prefix}fixed_bases"
+        if hasattr(self, "fixed_bases") and key not in state_dict:
+            state_dict[key] = self.fixed_bases
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle / deep-copy state without the compiled functions (rebuilt on demand)."""
@@ -387,16 +433,36 @@ class Decomposition(nn.Module, ABC):
                 "the rank or the groups, or feed a larger feature map."
             )
 
+    def _fixed_bases(self, d: int) -> Tensor:
+        """The "fixed" bases (S, d, r): the buffer, or (d unknown at construction) the seeded
+        draw for this d."""
+        if not hasattr(self, "fixed_bases"):
+            return self._seeded_bases(d)
+        if self.fixed_bases.shape[1] != d:
+            raise ValueError(
+                f"{type(self).__name__}: the fixed bases have d={self.fixed_bases.shape[1]}, "
+                f"the input gives d={d}; feed inputs with the channels it was built for."
+            )
+        return self.fixed_bases
+
+    def _seeded_bases(self, d: int) -> Tensor:
+        """(S, d, r) bases from ``sample_bases`` under the CPU generator seeded with
+        ``init_seed``, L2-normalised over d; the global RNG state is restored afterwards."""
+        with torch.random.fork_rng(devices=[]):
+            torch.random.default_generator.manual_seed(self.init_seed)
+            bases = self.sample_bases((self.groups, d, self.rank), like=torch.empty(0))
+        return F.normalize(bases, dim=1, eps=self.norm_eps)
+
     def _updates_online_bases(self) -> bool:
-        if self.init_mode != "online":
+        if "online" not in (self.init_mode, self.eval_init_mode):
             return False
         return self.online_update == "always" or (self.online_update == "train") == self.training
 
     def _register_online_bases(self) -> None:
         if self.channels is None or not self.spatial:
             raise ValueError(
-                f"{type(self).__name__}: init='online' keeps bases of a fixed size d = C/S, so "
-                "it needs channels=C and spatial=True; pass channels or use init='random'."
+                f"{type(self).__name__}: 'online' init keeps bases of a fixed size d = C/S, so "
+                "it needs channels=C and spatial=True; pass channels or use 'random' or 'fixed'."
             )
         shape = (self.groups, self.channels // self.groups, self.rank)
         bases = self.sample_bases(shape, like=torch.empty(0))

@@ -23,7 +23,7 @@ CONTEXTS.register("self_attention")(SelfAttention2d)
 CONTEXTS.register("sdpa_attention")(SDPAttention2d)
 CONTEXTS.register("none")(IdentityContext)
 
-BLOCK_OPTIONS = ("version", "ham_channels", "lower_relu")
+BLOCK_OPTIONS = ("version", "ham_channels", "lower_relu", "norm_layer", "act_layer")
 
 
 def context_names() -> list[str]:
@@ -43,10 +43,10 @@ def make_context(
             ``spatial=False``) beside the spatial one.
         compile_block: ``nn.Module.compile()`` on the whole module (in place: state-dict keys
             unchanged); a Hamburger block under OneStep / Unroll / Phantom traces as one graph.
-        **kwargs: for a decomposition, the ``Hamburger`` options ``version``, ``ham_channels``
-            and ``lower_relu`` plus the decomposition's own options (``rank``, ``steps``,
-            ``adjoint``, ...); for a baseline, its constructor options. Unknown names or options
-            raise errors listing the choices.
+        **kwargs: for a decomposition, the ``Hamburger`` options ``version``, ``ham_channels``,
+            ``lower_relu``, ``norm_layer`` and ``act_layer`` plus the decomposition's own options
+            (``rank``, ``steps``, ``adjoint``, ``eval_init``, ...); for a baseline, its
+            constructor options. Unknown names or options raise errors listing the choices.
     """
     module = _build_context(name, channels, dual, kwargs)
     if compile_block:

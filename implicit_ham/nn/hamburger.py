@@ -7,18 +7,19 @@ from torch import Tensor, nn
 
 from implicit_ham._core.validation import check_choice, check_positive_int
 from implicit_ham.decompositions.base import Decomposition
+from implicit_ham.nn.layers import ActLayer, NormLayer, build_act, build_norm, relu
 
 VERSIONS = ("v1", "v2", "v2+")
 
 
 def init_block_weights(module: nn.Module) -> None:
     """Conv weights ``kaiming_normal_(mode="fan_out", nonlinearity="relu")`` (the official
-    code's N(0, 2 / (k*k*out_channels))); conv biases keep PyTorch's default; BN weight 1,
-    bias 0."""
+    code's N(0, 2 / (k*k*out_channels))); conv biases keep PyTorch's default; BatchNorm and
+    GroupNorm weight 1, bias 0."""
     for m in module.modules():
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-        elif isinstance(m, nn.BatchNorm2d):
+        elif isinstance(m, (nn.BatchNorm2d, nn.GroupNorm)) and m.affine:
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
 
@@ -39,6 +40,11 @@ class Hamburger(nn.Module):
       scalars initialised 0 and 1 (so the block starts as ReLU(z); the parameters before
       ``coef_ham`` receive gradient once ``coef_ham`` has moved away from 0).
 
+    BN and the ReLUs of the cheese and of the output are the defaults of ``norm_layer`` and
+    ``act_layer``; the lower bread's ReLU is not an ``act_layer``: it keeps the input of a
+    non-negative ham (NMF) in its domain. v1 with ``norm_layer=group_norm(32)`` and
+    ``lower_relu=True`` is the Hamburger of SegNeXt's ``LightHamHead``.
+
     Args:
         channels: input and output channels.
         ham: the decomposition layer (e.g. ``ih.NMF(rank=64)``); its ``groups`` are the S groups.
@@ -49,6 +55,10 @@ class Hamburger(nn.Module):
             exactly when a ham needs a non-negative input (``ham.nonnegative``, NMF). True adds
             it for the other hams too (a departure from the official block); False is refused
             for non-negative hams.
+        norm_layer: ``channels -> nn.Module``, the norm after the v1 upper bread and in the v2
+            cheese (timm style, see ``implicit_ham.nn.layers``); None: ``nn.BatchNorm2d``.
+        act_layer: ``() -> nn.Module``, the activation of the v2 cheese and of the output;
+            None: ``nn.ReLU(inplace=True)``.
     """
 
     def __init__(
@@ -60,6 +70,8 @@ class Hamburger(nn.Module):
         ham_channels: int | None = None,
         channel_ham: Decomposition | None = None,
         lower_relu: bool | None = None,
+        norm_layer: NormLayer | None = None,
+        act_layer: ActLayer | None = None,
     ) -> None:
         super().__init__()
         check_positive_int("Hamburger", "channels", channels)
@@ -76,6 +88,8 @@ class Hamburger(nn.Module):
             version,
             lower_relu,
         )
+        norm = nn.BatchNorm2d if norm_layer is None else norm_layer
+        act = relu if act_layer is None else act_layer
         inner = width * len(hams)
         lower: list[nn.Module] = [nn.Conv2d(channels, inner, 1)]
         if lower_relu:  # in place, on the conv's fresh output: no second map allocated
@@ -86,13 +100,17 @@ class Hamburger(nn.Module):
         if version == "v1":
             self.cheese: nn.Module | None = None
             self.upper_bread: nn.Module = nn.Sequential(
-                nn.Conv2d(inner, channels, 1, bias=False), nn.BatchNorm2d(channels)
+                nn.Conv2d(inner, channels, 1, bias=False),
+                build_norm(norm, channels, "Hamburger", "upper bread"),
             )
         else:
             self.cheese = nn.Sequential(
-                nn.Conv2d(inner, inner, 1, bias=False), nn.BatchNorm2d(inner), nn.ReLU(inplace=True)
+                nn.Conv2d(inner, inner, 1, bias=False),
+                build_norm(norm, inner, "Hamburger", "cheese"),
+                build_act(act, "Hamburger"),
             )
             self.upper_bread = nn.Conv2d(inner, channels, 1, bias=False)
+        self.act = build_act(act, "Hamburger")
         if version == "v2+":
             self.coef_ham = nn.Parameter(torch.zeros(1))
             self.coef_shortcut = nn.Parameter(torch.ones(1))
@@ -110,8 +128,8 @@ class Hamburger(nn.Module):
             h = self.cheese(h)
         h = self.upper_bread(h)
         if self.version == "v2+":
-            return torch.relu_((self.coef_ham * h).add_(self.coef_shortcut * z))
-        return torch.relu_(h.add_(z))  # h: the upper bread's fresh output, not saved by it
+            return self.act((self.coef_ham * h).add_(self.coef_shortcut * z))
+        return self.act(h.add_(z))  # h: the upper bread's fresh output, not saved by it
 
     def extra_repr(self) -> str:
         dual = ", dual=True" if self.channel_ham is not None else ""
