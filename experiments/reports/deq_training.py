@@ -198,8 +198,8 @@ def findings(rows: Sequence[ArmRow]) -> list[str]:
             else "no accuracy difference resolvable at two standard errors"
         )  # fmt: skip
         out.append(
-            f"{row.title}: ρ(J) at most {row.rho_max:.2f} ({above}; no stabilisation "
-            f"{base.rho_max:.2f}), implicit gradients at a non-fixed point in "
+            f"{row.title[0].upper()}{row.title[1:]}: ρ(J) at most {row.rho_max:.2f} ({above}; "
+            f"no stabilisation {base.rho_max:.2f}), implicit gradients at a non-fixed point in "
             f"{_pct(row.backward_not_fixed_point)} of steps (vs "
             f"{_pct(base.backward_not_fixed_point)}), {row.forward_steps:.1f} forward steps per "
             f"training step (vs {base.forward_steps:.1f}), test accuracy {row.accuracy:.3f} vs "
@@ -232,7 +232,7 @@ def _plot(groups: dict[str, list[Job]], ylabel: str, path: Path,
     ax = fig.subplots()
     for arm, jobs in groups.items():
         x, y = series(jobs)
-        ax.plot(x, y, marker="o", markersize=3, label=ARMS[arm].title)
+        ax.plot(x, y, marker="o" if len(x) <= 40 else None, markersize=3, label=ARMS[arm].title)
     if line is not None:
         ax.axhline(line, color="black", linewidth=0.8, linestyle="--")
     if logy:

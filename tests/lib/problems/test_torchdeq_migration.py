@@ -13,8 +13,10 @@ Why the tolerances are what they are:
 * IFT: TorchDEQ's output is ``f(z_K')`` (its IFT takes one more step of f, with gradient, from the
   solver's result z_K'), so ``f_max_iter = K - 1`` there gives the same value as ``K`` steps here
   (1e-14 absolute: the same float operations). Its ``df/dθ`` is evaluated at ``z_{K-1}`` and ours
-  at ``z_K``: the gradients differ by O(||z_K - z_{K-1}||), asserted below 1e-11, plus the two
-  backward solves' tolerances (1e-13): rtol 1e-8.
+  at ``z_K``: the gradients differ by O(||z_K - z_{K-1}||), asserted below 1e-11, and by the two
+  backward solves' tolerances (1e-13), each amplified by at most ``1 / (1 - ||W||_2) = 2``:
+  rtol 1e-10 (measured: 2e-14, the iteration reaches machine precision within the budget). Weight
+  normalisation is checked the same way.
 * PhantomGrad states: TorchDEQ's state k is ``z_{i_k}`` moved by the ``grad`` damped steps; ours
   keeps ``z_{i_k}`` (a backward mode never changes a value here) and carries the same steps'
   gradient. With a loss linear in the state the gradients are identical (1e-13) and TorchDEQ's
@@ -67,6 +69,12 @@ def data() -> tuple[Tensor, Tensor, Tensor]:
     return x, y, c
 
 
+def tensor(value: object) -> Tensor:
+    """A solution or state of a Tensor-state solve, typed as a Tensor."""
+    assert isinstance(value, Tensor)
+    return value
+
+
 def grads(module: nn.Module) -> dict[str, Tensor]:
     return {n: torch.zeros_like(p) if p.grad is None else p.grad.clone()
             for n, p in module.named_parameters()}  # fmt: skip
@@ -110,11 +118,11 @@ def test_an_ift_training_step_translates_to_implicit() -> None:
     assert float(sol.stats.abs_residual.max()) < 1e-11  # ||z_K - z_{K-1}||: see the docstring
     torch.testing.assert_close(sol.value, z_out[-1], rtol=0, atol=1e-14)
     assert float(loss_o.detach()) == pytest.approx(float(loss_t.detach()), rel=1e-13)
-    assert_same_grads(theirs, ours, rtol=1e-8, atol=1e-12)
+    assert_same_grads(theirs, ours, rtol=1e-10, atol=1e-13)
     assert sol.backward_stats is not None and sol.backward_stats.converged
     torch.optim.SGD(ours.parameters(), lr=0.1).step()
     for (name, p), q in zip(theirs.named_parameters(), ours.parameters(), strict=True):
-        torch.testing.assert_close(q, p, rtol=1e-9, atol=1e-12, msg=name)
+        torch.testing.assert_close(q, p, rtol=1e-11, atol=1e-13, msg=name)
 
 
 @pytest.mark.parametrize(
@@ -138,13 +146,13 @@ def test_phantom_states_carry_torchdeqs_gradient_and_keep_the_iterates_value(
     ih.fixed_point_correction(lambda z: (c * z).sum(), sol.states, "exp").backward()
 
     assert len(sol.states) == len(z_out) == 3
-    assert torch.equal(sol.states[-1], sol.value)
+    assert torch.equal(tensor(sol.states[-1]), tensor(sol.value))
     for theirs_state, state in zip(z_out, sol.states, strict=True):
-        moved = state.detach()
+        moved = tensor(state).detach()
         for _ in range(k):  # TorchDEQ's value: the damped steps applied to our state
             moved = tau * ours(moved, x) + (1 - tau) * moved
         torch.testing.assert_close(theirs_state.detach(), moved, rtol=0, atol=1e-14)
-    assert float((z_out[0] - sol.states[0]).detach().abs().max()) > 1e-4  # values do differ
+    assert float((z_out[0] - tensor(sol.states[0])).detach().abs().max()) > 1e-4  # they differ
     assert_same_grads(theirs, ours, rtol=1e-13, atol=1e-14)
 
 
@@ -199,10 +207,14 @@ def test_weight_norm_translates_and_needs_no_reset() -> None:
                          adjoint=ih.Implicit(linear_solver="fixed_point", max_steps=300,
                                              tol=1e-13))  # fmt: skip
     F.cross_entropy(ours.head(sol.value), y).backward()
-    torch.testing.assert_close(sol.value, z_out[-1], rtol=0, atol=1e-12)
-    norm = ours.W.parametrizations.weight  # torch's (g, v) are original0, original1
-    torch.testing.assert_close(norm.original0.grad, theirs.W.weight_g.grad, rtol=1e-7, atol=1e-12)
-    torch.testing.assert_close(norm.original1.grad, theirs.W.weight_v.grad, rtol=1e-7, atol=1e-12)
+    assert float(sol.stats.abs_residual.max()) < 1e-11
+    torch.testing.assert_close(sol.value, z_out[-1], rtol=0, atol=1e-14)
+    mine, peer = dict(ours.W.named_parameters()), dict(theirs.W.named_parameters())
+    for torch_name, torchdeq_name in (("original0", "weight_g"), ("original1", "weight_v")):
+        torch.testing.assert_close(  # torch's (g, v) of w = g v / ||v||
+            mine[f"parametrizations.weight.{torch_name}"].grad, peer[torchdeq_name].grad,
+            rtol=1e-10, atol=1e-13,
+        )  # fmt: skip
 
 
 def test_jac_reg_and_jacobian_penalty_estimate_the_same_quantity() -> None:
@@ -210,8 +222,9 @@ def test_jac_reg_and_jacobian_penalty_estimate_the_same_quantity() -> None:
     their means over many probes agree with the dense value within four standard errors."""
     x, _, _ = data()
     cell = Cell(0.9)
-    z = ih.fixed_point(cell, torch.zeros(B, D, dtype=F64), x,
-                       solver=ih.FixedPointIteration(max_steps=200)).value.detach()  # fmt: skip
+    sol = ih.fixed_point(cell, torch.zeros(B, D, dtype=F64), x,
+                         solver=ih.FixedPointIteration(max_steps=200))  # fmt: skip
+    z = tensor(sol.value).detach()
     dense = torch.autograd.functional.jacobian(lambda v: cell(v, x), z)  # (B, D, B, D)
     exact = float(dense.square().sum()) / z.numel()
     torch.manual_seed(0)
