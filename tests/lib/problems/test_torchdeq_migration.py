@@ -141,8 +141,14 @@ def test_phantom_states_carry_torchdeqs_gradient_and_keep_the_iterates_value(
     z_out, _ = deq(lambda z: theirs(z, x), torch.zeros(B, D, dtype=F64))
     fp_correction(lambda z: (c * z).sum(), (z_out,), weight_func="exp").backward()
 
-    sol = ih.fixed_point(ours, torch.zeros(B, D, dtype=F64), x, states=states,
-                         solver=ih.FixedPointIteration(max_steps=K), adjoint=ih.Phantom(k, tau))
+    sol = ih.fixed_point(
+        ours,
+        torch.zeros(B, D, dtype=F64),
+        x,
+        states=states,
+        solver=ih.FixedPointIteration(max_steps=K),
+        adjoint=ih.Phantom(k, tau),
+    )
     ih.fixed_point_correction(lambda z: (c * z).sum(), sol.states, "exp").backward()
 
     assert len(sol.states) == len(z_out) == 3
@@ -178,8 +184,14 @@ def test_a_correction_training_step_on_converged_states_matches(
     loss_t = fp_correction(lambda z: F.cross_entropy(theirs.head(z), y), (z_out,), "exp")
     loss_t.backward()
 
-    sol = ih.fixed_point(ours, torch.zeros(B, D, dtype=F64), x, states=states,
-                         solver=ih.FixedPointIteration(max_steps=K), adjoint=adjoint)
+    sol = ih.fixed_point(
+        ours,
+        torch.zeros(B, D, dtype=F64),
+        x,
+        states=states,
+        solver=ih.FixedPointIteration(max_steps=K),
+        adjoint=adjoint,
+    )
     kept = sol.states if isinstance(states, int) else [*sol.states, sol.value]
     loss_o = ih.fixed_point_correction(lambda z: F.cross_entropy(ours.head(z), y), kept, "exp")
     loss_o.backward()
