@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test quick lint typecheck docs-build docs demo study bench gpu-check generate clean
+.PHONY: install test quick lint typecheck docs-build docs demo study bench gpu-check generate deq-study clean
 
 install: $(STAMP)
 
@@ -50,6 +50,12 @@ generate: install
 	$(PY) -m experiments.generation.classifier multirun/generate/classifier.pt
 	OMP_NUM_THREADS=1 $(PY) -m experiments.generate -m +experiment=generation
 	$(PY) -m experiments.report --generation multirun/generate
+
+# The DEQ training study of docs/deq_training.md: 5 arms x 3 seeds, two jobs at a time, one
+# thread each (resumable: run it again to continue), then the page.
+deq-study: install
+	OMP_NUM_THREADS=1 $(PY) -m experiments.studies.deq_training multirun/deq_training --workers 2
+	$(PY) -m experiments.report --deq multirun/deq_training
 
 # Runs both benchmark scripts and rewrites the tables of docs/benchmarks.md (~30 min on 2 cores).
 bench: install

@@ -4,6 +4,9 @@
   sweep -> ``report.md`` (mean ± std over seeds per configuration, failed jobs) and PNG plots.
 * ``python -m experiments.report --generation [SWEEP_DIR] [--out docs/generation.md]``: the GAN
   sweep of ``make generate`` (default ``multirun/generate``) -> ``docs/generation.md``.
+* ``python -m experiments.report --deq [STUDY_DIR] [--out docs/deq_training.md]``: the DEQ
+  training study of ``make deq-study`` (default ``multirun/deq_training``) ->
+  ``docs/deq_training.md`` and its curves in ``docs/deq_training/``.
 * ``python -m experiments.report --study [STUDY_DIR] [--out docs]``: the whole study
   (default ``multirun/study``, written by ``experiments/scripts/study.sh``) -> ``results.md``, its
   figures and ``results/findings.md`` (the verdicts alone, included by ``docs/index.md``), with
@@ -18,6 +21,7 @@ from pathlib import Path
 
 from experiments.generation.page import COMMAND
 from experiments.generation.report import write_generation_report
+from experiments.reports.deq_training import write_deq_report
 from experiments.reports.study import write_study_report
 from experiments.reports.sweep import write_report
 
@@ -37,6 +41,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--generation", action="store_true", help="write docs/generation.md from a GAN sweep"
     )
+    parser.add_argument(
+        "--deq", action="store_true", help="write docs/deq_training.md from the DEQ study"
+    )
     parser.add_argument("--commands", default=str(STUDY_SCRIPT), help="script quoted by --study")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -44,6 +51,12 @@ def main(argv: list[str] | None = None) -> None:
         write_generation_report(
             args.sweep_dir or "multirun/generate", args.out or "docs/generation.md", COMMAND
         )
+        return
+    if args.deq:
+        path = write_deq_report(
+            args.sweep_dir or "multirun/deq_training", args.out or "docs/deq_training.md"
+        )
+        logger.info("DEQ training report: %s", path)
         return
     if args.study:
         commands = Path(args.commands).read_text()

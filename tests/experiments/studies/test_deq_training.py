@@ -1,0 +1,121 @@
+"""The DEQ training study end to end on a tiny configuration (2 arms, 1 seed, 4 steps): the job
+files, the resume (finished jobs are skipped, a changed configuration is refused), and the page
+(``python -m experiments.report --deq``), whose numbers are recomputed here from the job files."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import statistics
+from pathlib import Path
+
+import pytest
+
+from experiments import report
+from experiments.reports import deq_training as page_module
+from experiments.studies import deq_training as study_module
+from experiments.studies.deq_training import StudyConfig, job_path, run_study
+
+TINY = StudyConfig(
+    arms=("none", "jacobian"), seeds=(0,), steps=4, batch=16, width=4, groups=2,
+    forward_steps=8, backward_steps=10, correction_states=(2, 4), probe_every=2,
+    probe_size=8, probe_steps=30,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("deq_study")
+    done = run_study(TINY, out)
+    assert done == {"ran": ["none_seed0", "jacobian_seed0"], "skipped": []}
+    return out
+
+
+def test_each_job_writes_its_steps_probes_and_config(study: Path) -> None:
+    for arm in TINY.arms:
+        job = json.loads(job_path(study, arm, 0).read_text())
+        assert job["arm"] == arm and job["seed"] == 0 and job["failure"] is None
+        assert job["config"] == json.loads(json.dumps(TINY.job_key()))
+        assert [s["step"] for s in job["steps"]] == [1, 2, 3, 4]
+        assert [p["step"] for p in job["probes"]] == [0, 2, 4]  # before, every 2, after
+        for probe in job["probes"]:
+            assert probe["spectral_radius"] > 0 and probe["kappa"] >= 1.0
+            assert 0.0 <= probe["test_accuracy"] <= 1.0
+        assert job["final_test_accuracy"] == job["probes"][-1]["test_accuracy"]
+        for step in job["steps"]:
+            assert 1 <= step["forward_steps"] <= TINY.forward_steps
+            # the library's warnings and its stats tell the same story, step by step
+            warned = step["warnings"].get("NotFixedPointWarning", 0)
+            assert warned == (0 if step["backward_at_fixed_point"] else 1)
+            assert step["time_s"] > 0
+    assert json.loads((study / "config.json").read_text())["arms"] == list(TINY.arms)
+
+
+def test_a_second_run_skips_finished_jobs_and_resumes_a_missing_one(
+    study: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(study_module, "run_job", lambda c, arm, seed, o: calls.append((arm, seed)))
+    assert run_study(TINY, study) == {"ran": [], "skipped": ["none_seed0", "jacobian_seed0"]}
+    assert calls == []
+    copy = tmp_path / "copy"
+    shutil.copytree(study, copy)
+    job_path(copy, "jacobian", 0).unlink()
+    assert run_study(TINY, copy) == {"ran": ["jacobian_seed0"], "skipped": ["none_seed0"]}
+    assert calls == [("jacobian", 0)]
+
+
+def test_a_job_file_of_another_configuration_is_refused(study: Path) -> None:
+    with pytest.raises(ValueError, match="another configuration"):
+        run_study(dataclasses.replace(TINY, lr=1.0), study)
+
+
+def test_the_page_numbers_equal_a_recomputation_from_the_job_files(
+    study: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "deq_training.md"
+    report.main(["--deq", str(study), "--out", str(out)])
+    text = out.read_text()
+    for name in ("accuracy", "spectral_radius", "kappa", "forward_steps"):
+        assert (tmp_path / "deq_training" / f"{name}.png").stat().st_size > 0
+        assert f"](deq_training/{name}.png)" in text
+    assert "from 2 of 2 planned jobs" in text
+    assert f"| {TINY.lr} / {TINY.conv_lr} |" in text
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines()
+            if line.startswith("| `") and "±" in line}  # fmt: skip
+    for arm in TINY.arms:  # one seed: each mean is the job's own value
+        job = json.loads(job_path(study, arm, 0).read_text())
+        steps, probes = job["steps"], job["probes"]
+        rho = [p["spectral_radius"] for p in probes]
+        expected = [
+            f"{probes[-1]['test_accuracy']:.3f} ± n/a",
+            f"| {rho[0]:.3f} | {max(rho):.3f} | {rho[-1]:.3f} | {int(max(rho) > 1)} / 1 |",
+            f"| {max(p['kappa'] for p in probes):.1f} | {probes[-1]['kappa']:.1f} |",
+            f"| {sum(s['forward_steps'] for s in steps) / len(steps):.1f} |",
+            f"| {100 * sum(not s['forward_converged'] for s in steps) / len(steps):.0f}% |",
+            f"| {100 * sum(not s['backward_at_fixed_point'] for s in steps) / len(steps):.0f}% |",
+            f"| {1e3 * statistics.median(s['time_s'] for s in steps):.0f} |",
+        ]
+        for cell in expected:
+            assert cell in rows[f"`{arm}`"], (arm, cell, rows[f"`{arm}`"])
+    built = page_module.build_page(study, tmp_path / "figures")
+    none = json.loads(job_path(study, "none", 0).read_text())
+    assert built.rows[0].arm == "none"
+    assert built.rows[0].rho_max == max(p["spectral_radius"] for p in none["probes"])
+    assert all(sentence in text for sentence in built.findings)
+
+
+def test_the_page_refuses_an_empty_study(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no finished job"):
+        page_module.build_page(tmp_path, tmp_path / "figures")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [({"arms": ("none", "dropout")}, "unknown arms"), ({"correction_states": (0, 5)}, r"\[0\]"),
+     ({"seeds": ()}, "at least one seed")],
+)  # fmt: skip
+def test_a_bad_configuration_is_refused_early(change: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(TINY, **change)
