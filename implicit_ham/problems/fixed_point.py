@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -160,7 +160,7 @@ def _one_solve(f: Callable[..., Any]) -> AbstractContextManager[Any]:
         if layers:
             stack.enter_context(parametrize.cached())
             for layer in layers:
-                for name in layer.parametrizations:
+                for name in cast(nn.ModuleDict, layer.parametrizations):
                     getattr(layer, name)  # fills the cache
     return stack
 

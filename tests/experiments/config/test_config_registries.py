@@ -20,13 +20,16 @@ from experiments.engine.build import build_context
 from implicit_ham._core.registry import parameter_names
 
 CONF = Path(__file__).resolve().parents[3] / "conf"
-BLOCK = {"dual", "compile_block", "version", "ham_channels", "lower_relu"}  # the block's options
+BLOCK = {
+    "dual", "compile_block", "version", "ham_channels", "lower_relu", "norm_layer", "act_layer"
+}  # the block's options
 # A valid value other than the default, for the parameters whose type does not give one.
 OTHER_CHOICE = {
     "stop_mode": "abs",
     "on_divergence": "raise",
     "online_update": "train",
     "lower_relu": True,
+    "eval_init": "random",
 }
 # Options the experiments set in conf/ on purpose (the test checks the rest keep the default).
 EXPERIMENT_SETTINGS = {("adjoint", "implicit", "max_steps"), ("adjoint", "truncated", "k")}
@@ -117,7 +120,8 @@ def test_every_decomposition_parameter_is_settable_in_its_context(name: str) -> 
     cfg = _compose(f"context={name}")
     expected = set(parameter_names(cls)) - set(CONTEXT_RUNTIME) | BLOCK
     assert set(cfg.context) - {"_target_", "name"} == expected
-    values = {p: _other(p, cfg.context[p]) for p in expected - {"init", "ham_channels", "rank"}}
+    skipped = {"init", "ham_channels", "rank", "norm_layer", "act_layer"}  # layer factories
+    values = {p: _other(p, cfg.context[p]) for p in expected - skipped}
     values["rank"] = 4  # small enough for the 16-channel test block
     values["version"] = "v2+"  # the version with dual hams
     if cls.nonnegative:

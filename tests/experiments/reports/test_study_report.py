@@ -245,12 +245,17 @@ def test_the_closing_note_quotes_both_verdicts_and_the_settings(
               "context": {"steps": 4, "eval_steps": 4, "rank": 5}}  # fmt: skip
     _paper_sweep(study, config)
     text = write_study_report(study, tmp_path / "docs", "").read_text()
+    fixed = tmp_path / "fixed"
+    _paper_sweep(fixed, {**config, "context": {**config["context"], "eval_init": "fixed"}})
+    fixed_text = write_study_report(fixed, tmp_path / "docs_fixed", "").read_text()
+    assert "evaluated from fixed initial bases" in " ".join(fixed_text.split())
     closing = text.split("## Closing note\n\n")[1].split("\n")[0]
     assert "fine-tuned with SGD and poly LR on occluded real digits, K = 4)" in closing
     assert "is refuted for NMF:" in closing
     stress = "on the legend_seg stress test it holds for VQ, CD and not for NMF (section 2)."
     assert stress in closing
-    assert "the hams at K = 4 (training and evaluation), rank 5;" in text
+    flat = " ".join(text.split())
+    assert "the hams at K = 4 (training and evaluation), rank 5, evaluated from random" in flat
     assert "| nmf | BPTT (unroll K = 4) |" in text
     alone = tmp_path / "alone"
     _paper_sweep(alone, {**config, "lr_poly_power": None})
