@@ -1,7 +1,9 @@
 """Train + evaluate one configuration: ``python -m experiments.train [overrides]``.
 
 Sweeps: ``python -m experiments.train -m adjoint=unroll,one_step,implicit context.steps=1,3,6``.
-Running the same command again resumes each job from its newest checkpoint; data parallel:
+Running the same command again resumes each job from its newest checkpoint (also after a
+preemption: SIGUSR1 / SIGTERM / SIGINT make a job checkpoint, write ``results.json`` with
+``status: "preempted"`` and exit with status 128 + signal number); data parallel:
 ``torchrun --standalone --nproc_per_node=2 -m experiments.train hydra.run.dir=DIR ...``.
 The logic lives in ``experiments.engine.run.run_training``; this file only wires Hydra and turns
 the composed config into the typed ``TrainConfig`` it runs.
@@ -10,6 +12,7 @@ the composed config into the typed ``TrainConfig`` it runs.
 from __future__ import annotations
 
 import os
+import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -17,6 +20,7 @@ from omegaconf import DictConfig
 
 from experiments.config.groups import TrainConfig, check_train_config, register_configs
 from experiments.config.typed import as_container, typed_config
+from experiments.engine.preemption import PreemptedError
 from experiments.engine.results import write_results
 from experiments.engine.resume import ResumeConflictError
 from experiments.engine.run import run_training
@@ -34,6 +38,8 @@ def main(cfg: DictConfig) -> float:
         results = run_training(config, output_dir)
     except ResumeConflictError:
         raise  # the directory belongs to another run: leave its results.json as it is
+    except PreemptedError as stopped:
+        sys.exit(stopped.exit_code)  # results.json says "preempted"; rerun to resume
     except Exception as err:
         if os.environ.get("RANK", "0") != "0":
             raise  # under torchrun only rank 0 writes the job's files

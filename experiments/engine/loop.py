@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from experiments.engine.distributed import DistributedContext
 from experiments.engine.metrics import ConfusionMatrix
+from experiments.engine.preemption import PreemptedError
 from experiments.engine.sampler import EpochBatchSampler
 from implicit_ham._core.validation import check_positive_int
 from implicit_ham.reliability.guard import GuardedStep, StepHooks, unwrap
@@ -212,6 +213,7 @@ def fit(
     checkpoint: Callable[[TrainState], None] | None = None,
     checkpoint_every: int = 0,
     dist: DistributedContext | None = None,
+    preempt: Callable[[], int | None] | None = None,
 ) -> dict[str, float]:
     """Train until ``epochs`` are done and evaluate after each; return the last epoch's metrics.
 
@@ -225,6 +227,12 @@ def fit(
     ``hooks`` are used by the default ``step_fn`` (a ``GuardedStep`` with policy "warn"); a
     given ``step_fn`` carries its own.
 
+    ``preempt()`` is asked after every step and after every epoch's checkpoint: a signal
+    number (not None) stops the run there, after ``checkpoint(state)`` (unless one was just
+    written), by raising ``experiments.engine.preemption.PreemptedError``; under data parallelism
+    the ranks agree (any rank's signal stops them all at the same step). Once the last epoch
+    is done a preemption is ignored (the run is finished).
+
     Logs one line per epoch (``logging``) and, when ``show_progress``, a rich progress bar
     (needs ``rich``, part of the ``experiments`` extra). ``epochs`` must be >= 1: the returned
     metrics are the last epoch's evaluation.
@@ -234,9 +242,19 @@ def fit(
     dist = dist or DistributedContext(device=device)
     runner = step_fn or GuardedStep(model, task, optimizer, hooks=hooks, dist=dist)
 
+    def stop(current: TrainState, saved: bool) -> None:
+        signum = dist.max_code((preempt() if preempt is not None else None) or 0)
+        if signum and current.epoch <= epochs:
+            if checkpoint is not None and not saved:
+                checkpoint(current)
+            raise PreemptedError(signum, current.step)
+
     def after_step(current: TrainState) -> None:
+        saved = False
         if checkpoint is not None and checkpoint_every and current.step % checkpoint_every == 0:
             checkpoint(current)
+            saved = True
+        stop(current, saved)
 
     try:
         with _progress_bar(show_progress) as progress:
@@ -291,6 +309,7 @@ def fit(
                 state.finish_epoch(metrics)
                 if checkpoint is not None:
                     checkpoint(state)
+                stop(state, saved=True)
     finally:
         if step_fn is None and isinstance(runner, GuardedStep):
             runner.close()

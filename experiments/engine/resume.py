@@ -35,7 +35,14 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_DIR = "checkpoints"
 # Settings that may differ between a run and its resumption (they change no number).
 RUN_SETTINGS = ("progress", "threads", "log_every", "logger", "diagnostics")
-RUN_RELIABILITY = ("resume", "checkpoint_every", "keep", "warn_first", "warn_every")
+RUN_RELIABILITY = (
+    "resume",
+    "checkpoint_every",
+    "keep",
+    "warn_first",
+    "warn_every",
+    "preempt_signals",
+)
 
 
 class ResumeConflictError(ValueError):

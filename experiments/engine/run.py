@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from experiments.engine.checkpoint import write_checkpoint
 from experiments.engine.determinism import configure_determinism
 from experiments.engine.distributed import DistributedContext, state_digest
 from experiments.engine.loop import Task, TrainState, fit
+from experiments.engine.preemption import PreemptedError, PreemptionGuard, parse_signals
 from experiments.engine.results import write_results
 from experiments.engine.resume import JobCheckpoints
 from experiments.engine.schedule import poly_lr_hooks
@@ -64,6 +66,10 @@ def run_training(cfg: TrainConfig, output_dir: str | Path) -> dict[str, Any]:
             the composed one, or a ``TrainConfig`` built by hand).
         output_dir: the job's directory.
 
+    Preemption: the signals of ``reliability.preempt_signals`` stop the run after the current
+    step with a checkpoint and ``results.json`` ``status: "preempted"``, then ``PreemptedError`` is
+    raised (``experiments.train`` exits with its ``exit_code``, 128 + signal number).
+
     Returns:
         The results: ``config`` (as plain data), final ``metrics``, ``best`` validation loss,
         ``failures`` (counts), ``parameters``, ``train_time_s``, ``world_size``,
@@ -74,13 +80,17 @@ def run_training(cfg: TrainConfig, output_dir: str | Path) -> dict[str, Any]:
     check_train_config(cfg)
     check_policy(cfg.reliability.on_failure)
     check_choice("config", "dtype", cfg.dtype, tuple(DTYPES))
-    dist = DistributedContext.from_env(cfg.device)
-    results = _train(cfg, Path(dist.broadcast(str(output_dir))), dist)
-    dist.close()
+    signals = parse_signals(cfg.reliability.preempt_signals)
+    with PreemptionGuard(signals) as guard:
+        dist = DistributedContext.from_env(cfg.device)
+        results = _train(cfg, Path(dist.broadcast(str(output_dir))), dist, guard)
+        dist.close()
     return results
 
 
-def _train(cfg: TrainConfig, output_dir: Path, dist: DistributedContext) -> dict[str, Any]:
+def _train(
+    cfg: TrainConfig, output_dir: Path, dist: DistributedContext, guard: PreemptionGuard
+) -> dict[str, Any]:
     reliability = cfg.reliability
     config = as_container(cfg)  # what the files record
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -160,7 +170,22 @@ def _train(cfg: TrainConfig, output_dir: Path, dist: DistributedContext) -> dict
             checkpoint=checkpoints.save,
             checkpoint_every=reliability.checkpoint_every,
             dist=dist,
+            preempt=lambda: guard.signum,
         )
+    except PreemptedError as stopped:
+        if dist.is_main:
+            write_results(
+                output_dir,
+                {
+                    "status": "preempted",
+                    "error": str(stopped),
+                    "signal": signal.Signals(stopped.signum).name,
+                    "step": stopped.step,
+                    "config": config,
+                },
+            )
+        logger.warning("%s; checkpoint written, run the same command to resume", stopped)
+        raise
     finally:
         step_fn.close()
         if callback is not None:
