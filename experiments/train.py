@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 
 from experiments.config.groups import TrainConfig, check_train_config, register_configs
 from experiments.config.typed import as_container, typed_config
+from experiments.engine.joblock import JobLockedError
 from experiments.engine.preemption import PreemptedError
 from experiments.engine.results import write_results
 from experiments.engine.resume import ResumeConflictError
@@ -33,10 +34,12 @@ def main(cfg: DictConfig) -> float:
     """Run the job; return the validation loss (for sweepers that minimise)."""
     config = typed_config(cfg, TrainConfig)  # unset mandatory values fail here
     check_train_config(config)  # before the job writes anything
-    output_dir = HydraConfig.get().runtime.output_dir
+    hydra_cfg = HydraConfig.get()
+    _check_tasks_per_node(int(hydra_cfg.launcher.get("tasks_per_node", 1) or 1))
+    output_dir = hydra_cfg.runtime.output_dir
     try:
         results = run_training(config, output_dir)
-    except ResumeConflictError:
+    except (ResumeConflictError, JobLockedError):
         raise  # the directory belongs to another run: leave its results.json as it is
     except PreemptedError as stopped:
         sys.exit(stopped.exit_code)  # results.json says "preempted"; rerun to resume
@@ -53,6 +56,18 @@ def main(cfg: DictConfig) -> float:
         )
         raise
     return float(results["metrics"]["val/loss"])
+
+
+def _check_tasks_per_node(tasks: int) -> None:
+    """Refuse several tasks per node without a distributed environment: each would be an
+    independent world-size-1 copy of the job writing the same directory."""
+    if tasks > 1 and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        raise ValueError(
+            f"hydra.launcher.tasks_per_node={tasks} but no distributed environment (WORLD_SIZE "
+            "is unset): the tasks would be independent copies of one job writing the same "
+            "directory. Set hydra.launcher.tasks_per_node=1, or launch the processes with "
+            "torchrun (which sets WORLD_SIZE / RANK)."
+        )
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Checkpoint files that are written atomically and verified when read.
 
 A checkpoint file is one header line ``implicit-ham-checkpoint v1 sha256=<hex> bytes=<n>``
-followed by the ``torch.save`` payload. Writing goes to a temporary file in the same directory,
-which is flushed, fsynced and then renamed over the final name, so a reader (or a resumed run)
+followed by the ``torch.save`` payload. Writing goes to a temporary file in the same directory
+(``<name>.<host>-<pid>.<random>.tmp``, so concurrent writers never touch each other's), which
+is flushed, fsynced and then renamed over the final name, so a reader (or a resumed run)
 sees either the old set of files or the new one, never half a file. Reading checks the header,
 the payload size (truncation) and its SHA-256 (silent corruption) before unpickling with
 ``weights_only=True``.
@@ -19,12 +20,14 @@ import io
 import logging
 import os
 import re
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from experiments.engine.joblock import pid_alive
 from implicit_ham._core.validation import check_positive_int
 
 logger = logging.getLogger(__name__)
@@ -32,6 +35,7 @@ logger = logging.getLogger(__name__)
 MAGIC = b"implicit-ham-checkpoint v1"
 HEADER = re.compile(rb"^implicit-ham-checkpoint v1 sha256=([0-9a-f]{64}) bytes=(\d+)$")
 NAME = re.compile(r"^step-(\d+)\.pt$")
+TEMP_WRITER = re.compile(r"\.pt\.(.+)-(\d+)\.[^.]*\.tmp$")
 
 
 class CheckpointError(RuntimeError):
@@ -46,7 +50,9 @@ def write_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     torch.save(payload, buffer)
     data = buffer.getvalue()
     header = MAGIC + f" sha256={hashlib.sha256(data).hexdigest()} bytes={len(data)}\n".encode()
-    with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as fh:
+    with tempfile.NamedTemporaryFile(
+        dir=path.parent, delete=False, prefix=f"{path.name}.{_writer()}.", suffix=".tmp"
+    ) as fh:
         fh.write(header)
         fh.write(data)
         fh.flush()
@@ -55,6 +61,11 @@ def write_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     os.replace(tmp, path)
     _fsync_directory(path.parent)
     return path
+
+
+def _writer() -> str:
+    """``<host>-<pid>``: the part of a temporary file's name that says whose it is."""
+    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -140,13 +151,11 @@ class CheckpointStore:
         """The newest checkpoint that verifies, with its payload; None when there is none.
 
         A file that fails verification is logged (error, naming it), renamed to
-        ``<name>.corrupt`` and skipped; temporary files of an interrupted write are removed
-        (call it only while no process writes to this store). Raises ``CheckpointError``
-        naming every bad file when checkpoints exist but none verifies.
+        ``<name>.corrupt`` and skipped; temporary files of an interrupted write by this
+        process or by a dead one of this host are removed (``remove_own_partials``). Raises
+        ``CheckpointError`` naming every bad file when checkpoints exist but none verifies.
         """
-        if self.directory.is_dir():
-            for partial in self.directory.glob("*.tmp"):
-                partial.unlink(missing_ok=True)
+        self.remove_own_partials()
         bad: list[str] = []
         for path in reversed(self.paths()):
             try:
@@ -163,6 +172,20 @@ class CheckpointStore:
                 + " Start over with reliability.resume=false or restore a good file."
             )
         return None
+
+    def remove_own_partials(self) -> None:
+        """Delete the temporary files (``<name>.<host>-<pid>.<random>.tmp``) of this process
+        and of processes of this host that are gone; another live writer's are left alone."""
+        if not self.directory.is_dir():
+            return
+        host = socket.gethostname()
+        for partial in self.directory.glob("*.tmp"):
+            match = TEMP_WRITER.search(partial.name)
+            if match is None or match.group(1) != host:
+                continue
+            pid = int(match.group(2))
+            if pid == os.getpid() or not pid_alive(pid):
+                partial.unlink(missing_ok=True)
 
     def clear(self) -> None:
         """Delete every checkpoint file (e.g. when a run starts over in the same directory)."""

@@ -6,6 +6,8 @@ import logging
 import random
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from experiments.engine.build import (
 from experiments.engine.checkpoint import write_checkpoint
 from experiments.engine.determinism import configure_determinism
 from experiments.engine.distributed import DistributedContext, state_digest
+from experiments.engine.joblock import JobLock, JobLockedError
 from experiments.engine.loop import Task, TrainState, fit
 from experiments.engine.preemption import PreemptedError, PreemptionGuard, parse_signals
 from experiments.engine.results import write_results
@@ -66,6 +69,9 @@ def run_training(cfg: TrainConfig, output_dir: str | Path) -> dict[str, Any]:
             the composed one, or a ``TrainConfig`` built by hand).
         output_dir: the job's directory.
 
+    One writer: the job directory's lock (``experiments.engine.joblock``) is held while the
+    job runs; ``JobLockedError`` (naming the holder) when another live process holds it.
+
     Preemption: the signals of ``reliability.preempt_signals`` stop the run after the current
     step with a checkpoint and ``results.json`` ``status: "preempted"``, then ``PreemptedError`` is
     raised (``experiments.train`` exits with its ``exit_code``, 128 + signal number).
@@ -83,9 +89,32 @@ def run_training(cfg: TrainConfig, output_dir: str | Path) -> dict[str, Any]:
     signals = parse_signals(cfg.reliability.preempt_signals)
     with PreemptionGuard(signals) as guard:
         dist = DistributedContext.from_env(cfg.device)
-        results = _train(cfg, Path(dist.broadcast(str(output_dir))), dist, guard)
+        job_dir = Path(dist.broadcast(str(output_dir)))
+        with _job_lock(job_dir, dist):
+            results = _train(cfg, job_dir, dist, guard)
         dist.close()
     return results
+
+
+@contextmanager
+def _job_lock(job_dir: Path, dist: DistributedContext) -> Iterator[None]:
+    """Hold the job directory's ``JobLock`` (rank 0 takes it; every rank raises
+    ``JobLockedError`` when it is held by another run)."""
+    lock = JobLock(job_dir) if dist.is_main else None
+    error = None
+    if lock is not None:
+        try:
+            lock.acquire()
+        except JobLockedError as err:
+            error = str(err)
+    error = dist.broadcast(error)
+    if error is not None:
+        raise JobLockedError(error)
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def _train(

@@ -7,6 +7,9 @@ import json
 import logging
 import os
 import random
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -78,15 +81,27 @@ def test_store_keeps_the_newest_and_falls_back_past_a_bad_one(
     assert [p.name for p in store.paths()] == ["step-000000006.pt", "step-000000009.pt"]
     newest = store.paths()[-1]
     newest.write_bytes(newest.read_bytes()[:100])
-    (tmp_path / "leftover.tmp").write_bytes(b"partial")
-    with caplog.at_level(logging.ERROR):
-        path, payload = store.latest()
+    host = socket.gethostname()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
+    own = f"step-000000012.pt.{host}-{os.getpid()}.abc123.tmp"
+    of_dead = f"step-000000012.pt.{host}-{int(dead.stdout)}.def456.tmp"
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        of_live = f"step-000000012.pt.{host}-{live.pid}.ghi789.tmp"
+        for name in (own, of_dead, of_live, "foreign.tmp"):
+            (tmp_path / name).write_bytes(b"partial")
+        with caplog.at_level(logging.ERROR):
+            path, payload = store.latest()
+    finally:
+        live.kill()
+        live.wait(timeout=60)
     assert path.name == "step-000000006.pt" and float(payload["weights"][0, 0]) == 6.0
     assert "step-000000009.pt is truncated" in caplog.text
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "step-000000006.pt",
-        "step-000000009.pt.corrupt",
-    ]
+    # only this process's and a dead writer's partial files are removed
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["foreign.tmp", of_live, "step-000000006.pt", "step-000000009.pt.corrupt"]
+    )
     path.write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match=r"step-000000006\.pt"):
         store.latest()

@@ -90,8 +90,8 @@ def _training_started(job: Path) -> bool:
 def test_signal_checkpoints_and_resumes_identically(
     reference: Path, tmp_path: Path, signum: signal.Signals, delay_s: float
 ) -> None:
-    proc = subprocess.Popen(_command(tmp_path), cwd=ROOT, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(_command(tmp_path), cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         deadline = time.monotonic() + TIMEOUT_S
         while not _training_started(tmp_path):
