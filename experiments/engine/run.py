@@ -78,7 +78,8 @@ def run_training(cfg: TrainConfig, output_dir: str | Path) -> dict[str, Any]:
 
     Returns:
         The results: ``config`` (as plain data), final ``metrics``, ``best`` validation loss,
-        ``failures`` (counts), ``parameters``, ``train_time_s``, ``world_size``,
+        ``failures`` (counts), ``parameters``, ``train_time_s`` (of the whole run, resumed
+        segments included), ``world_size``,
         ``state_digests`` (SHA-256 of the model state on each rank: all equal when the replicas
         are in sync), and the last forward solve statistics of each implicit layer
         (``solver``).
@@ -141,6 +142,7 @@ def _train(
     optimizer = build_optimizer(cfg.optim, model, cfg.model.backbone_lr_scale)
     model = dist.wrap(model)
     sinks = build_sinks(cfg.logger, output_dir, config) if dist.is_main else []
+    clock = _Clock()
     monitor = FailureMonitor(
         sinks, warn_first=reliability.warn_first, warn_every=reliability.warn_every
     )
@@ -152,6 +154,10 @@ def _train(
         scheduler=None,
         monitor=monitor,
         dist=dist,
+        totals=lambda: {
+            "train_time_s": clock.elapsed(),
+            "solver": _solver_summaries(unwrap(model)),
+        },
     )
     finished = checkpoints.finished_results()
     if finished is not None:
@@ -180,7 +186,7 @@ def _train(
         dist=dist,
     )
     state = state or TrainState()
-    start = time.perf_counter()
+    clock.start(float(checkpoints.restored_totals.get("train_time_s", 0.0)))
     try:
         metrics = fit(
             model,
@@ -230,10 +236,10 @@ def _train(
         "best": state.best,
         "failures": {**failures.summary(), "skipped_batches": state.skipped},
         "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
-        "train_time_s": time.perf_counter() - start,
+        "train_time_s": clock.elapsed(),
         "world_size": dist.world_size,
         "state_digests": dist.gather(state_digest(unwrap(model))),
-        "solver": _solver_summaries(unwrap(model)),
+        "solver": _solver_summaries(unwrap(model)) or checkpoints.restored_totals.get("solver", {}),
     }
     logger.info("failures: %s", results["failures"])
     if dist.is_main:
@@ -247,6 +253,20 @@ def _train(
         )
         write_results(output_dir, results)
     return results
+
+
+class _Clock:
+    """Train time of the whole run: earlier segments (from the checkpoint) plus this one."""
+
+    def __init__(self) -> None:
+        self.before = 0.0
+        self.since: float | None = None
+
+    def start(self, before: float) -> None:
+        self.before, self.since = before, time.perf_counter()
+
+    def elapsed(self) -> float:
+        return self.before + (0.0 if self.since is None else time.perf_counter() - self.since)
 
 
 def _diagnostics(
