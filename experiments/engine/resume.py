@@ -44,6 +44,8 @@ RUN_RELIABILITY = (
     "warn_first",
     "warn_every",
     "preempt_signals",
+    "max_consecutive_skips",
+    "max_skips",
 )
 
 

@@ -206,6 +206,8 @@ def _train(
             checkpoint_every=reliability.checkpoint_every,
             dist=dist,
             preempt=lambda: guard.signum,
+            max_consecutive_skips=reliability.max_consecutive_skips,
+            max_skips=reliability.max_skips,
         )
     except PreemptedError as stopped:
         if dist.is_main:
