@@ -16,13 +16,19 @@ RESULTS_FILE = "results.json"
 def write_results(directory: str | Path, results: Mapping[str, Any]) -> Path:
     """Write ``results`` to ``directory/results.json`` atomically (temporary file, rename).
 
-    Non-finite floats are written as null so the file stays valid JSON.
+    Non-finite floats are written as null so the file stays valid JSON; the file gets the mode
+    the umask gives.
     """
     path = Path(directory) / RESULTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as fh:
+    with tempfile.NamedTemporaryFile(
+        "w", dir=path.parent, delete=False, prefix=f"{RESULTS_FILE}.{os.getpid()}.", suffix=".tmp"
+    ) as fh:
         json.dump(_finite(results), fh, indent=2, sort_keys=True)
         tmp = fh.name
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(tmp, 0o666 & ~mask)  # the umask's mode, as open() gives, not tempfile's 0600
     os.replace(tmp, path)
     return path
 
