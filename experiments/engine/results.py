@@ -33,13 +33,33 @@ def write_results(directory: str | Path, results: Mapping[str, Any]) -> Path:
     return path
 
 
+class ResultsError(ValueError):
+    """A ``results.json`` is not valid JSON or not an object (the message names the file)."""
+
+
 def read_results(path: str | Path) -> dict[str, Any]:
-    """Read one ``results.json`` (a path to the file or to its job directory)."""
+    """Read one ``results.json`` (a path to the file or to its job directory).
+
+    Raises ``ResultsError`` naming the file when it is garbled (not JSON, or not an object);
+    a missing file raises ``FileNotFoundError`` as usual.
+    """
     path = Path(path)
     if path.is_dir():
         path = path / RESULTS_FILE
-    with path.open() as fh:
-        return json.load(fh)
+    with path.open(encoding="utf-8") as fh:
+        try:
+            results = json.load(fh)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ResultsError(
+                f"{path} is not valid JSON ({err}); the job's results file is damaged. Delete "
+                "it and run the job's command again (it resumes from its checkpoint)."
+            ) from err
+    if not isinstance(results, dict):
+        raise ResultsError(
+            f"{path} holds a JSON {type(results).__name__}, not the results object of a job. "
+            "Delete it and run the job's command again (it resumes from its checkpoint)."
+        )
+    return results
 
 
 def _finite(value: Any) -> Any:

@@ -27,7 +27,7 @@ from experiments.engine.checkpoint import (
 )
 from experiments.engine.file_sinks import CSVSink, JSONLSink
 from experiments.engine.loop import TrainState
-from experiments.engine.results import write_results
+from experiments.engine.results import ResultsError, read_results, write_results
 from experiments.engine.resume import comparable_config, config_differences, log_rows, rewind_logs
 from experiments.engine.sampler import EpochBatchSampler
 from implicit_ham.reliability.rng import capture_rng_state, restore_rng_state
@@ -259,3 +259,12 @@ def test_results_follow_the_umask(tmp_path: Path) -> None:
     finally:
         os.umask(old)
     assert path.stat().st_mode & 0o777 == 0o644
+
+
+@pytest.mark.parametrize("content", ['{"status": "ok", "metr', "[1, 2]", "\xff\xfe"])
+def test_garbled_results_name_the_file(tmp_path: Path, content: str) -> None:
+    (tmp_path / "results.json").write_bytes(content.encode("latin-1"))
+    with pytest.raises(ResultsError, match=r"results\.json .*Delete it"):
+        read_results(tmp_path)
+    write_results(tmp_path, {"status": "ok", "loss": float("nan")})
+    assert read_results(tmp_path) == {"status": "ok", "loss": None}
