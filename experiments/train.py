@@ -25,6 +25,7 @@ from experiments.engine.preemption import PreemptedError
 from experiments.engine.results import write_results
 from experiments.engine.resume import ResumeConflictError
 from experiments.engine.run import run_training
+from experiments.engine.targets import check_targets
 
 register_configs()
 
@@ -34,6 +35,7 @@ def main(cfg: DictConfig) -> float:
     """Run the job; return the validation loss (for sweepers that minimise)."""
     config = typed_config(cfg, TrainConfig)  # unset mandatory values fail here
     check_train_config(config)  # before the job writes anything
+    check_targets(as_container(config))  # no _target_ outside the allowlist runs
     hydra_cfg = HydraConfig.get()
     _check_tasks_per_node(int(hydra_cfg.launcher.get("tasks_per_node", 1) or 1))
     output_dir = hydra_cfg.runtime.output_dir

@@ -36,6 +36,7 @@ from experiments.engine.preemption import PreemptedError, PreemptionGuard, parse
 from experiments.engine.results import write_results
 from experiments.engine.resume import JobCheckpoints
 from experiments.engine.schedule import poly_lr_hooks
+from experiments.engine.targets import check_targets
 from implicit_ham._core.sinks import Sink
 from implicit_ham._core.validation import check_choice
 from implicit_ham.adjoints.layers import find_implicit_layers
@@ -69,7 +70,9 @@ def run_training(cfg: TrainConfig, output_dir: str | Path) -> dict[str, Any]:
             the composed one, or a ``TrainConfig`` built by hand).
         output_dir: the job's directory.
 
-    One writer: the job directory's lock (``experiments.engine.joblock``) is held while the
+    Every ``_target_`` of ``cfg`` is checked against ``experiments.engine.targets``'s allowlist
+    first (``UnsafeTargetError``). One writer: the job directory's lock
+    (``experiments.engine.joblock``) is held while the
     job runs; ``JobLockedError`` (naming the holder) when another live process holds it.
 
     Preemption: the signals of ``reliability.preempt_signals`` stop the run after the current
@@ -85,6 +88,7 @@ def run_training(cfg: TrainConfig, output_dir: str | Path) -> dict[str, Any]:
         (``solver``).
     """
     check_train_config(cfg)
+    check_targets(as_container(cfg))  # before anything is instantiated
     check_policy(cfg.reliability.on_failure)
     check_choice("config", "dtype", cfg.dtype, tuple(DTYPES))
     signals = parse_signals(cfg.reliability.preempt_signals)
