@@ -1,7 +1,7 @@
 """Graceful preemption of ``experiments.train`` end to end (subprocesses).
 
-A real run receives SIGTERM, SIGUSR1 or SIGINT once training has started (at a different moment
-for each signal); it must finish its step, write a checkpoint and ``results.json`` with
+A real run receives SIGTERM, SIGUSR1 or SIGINT once training has started (after 1, 5 or 9 logged
+training steps); it must finish its step, write a checkpoint and ``results.json`` with
 ``status: "preempted"``, and exit with 128 + the signal number, with no mid-epoch checkpoints
 configured (``checkpoint_every=0``, the default, so the checkpoint is the preemption's own).
 Running the same command again must end exactly like an uninterrupted run: metrics, failure
@@ -26,7 +26,7 @@ from experiments.engine.checkpoint import read_checkpoint
 
 ROOT = Path(__file__).resolve().parents[3]
 ARGS = [
-    "epochs=3", "data.train_size=48", "data.val_size=16", "data.image_size=32",
+    "epochs=4", "data.train_size=48", "data.val_size=16", "data.image_size=32",
     "data.num_classes=3", "context.rank=4", "context.steps=3", "context.eval_steps=3",
     "batch_size=8", "progress=false", "threads=1", "diagnostics.every=2", "log_every=1",
 ]  # fmt: skip
@@ -77,27 +77,26 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return job
 
 
-def _training_started(job: Path) -> bool:
+def _train_rows(job: Path) -> int:
     metrics = job / "metrics.jsonl"
-    return metrics.exists() and '"train/loss"' in metrics.read_text()
+    return metrics.read_text().count('"train/loss"') if metrics.exists() else 0
 
 
 @pytest.mark.parametrize(
-    ("signum", "delay_s"),
-    [(signal.SIGTERM, 0.0), (signal.SIGUSR1, 0.4), (signal.SIGINT, 0.8)],
+    ("signum", "rows"),
+    [(signal.SIGTERM, 1), (signal.SIGUSR1, 5), (signal.SIGINT, 9)],
     ids=["SIGTERM", "SIGUSR1", "SIGINT"],
 )
 def test_signal_checkpoints_and_resumes_identically(
-    reference: Path, tmp_path: Path, signum: signal.Signals, delay_s: float
+    reference: Path, tmp_path: Path, signum: signal.Signals, rows: int
 ) -> None:
     proc = subprocess.Popen(_command(tmp_path), cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         deadline = time.monotonic() + TIMEOUT_S
-        while not _training_started(tmp_path):
+        while _train_rows(tmp_path) < rows:  # a different moment for each signal
             assert proc.poll() is None and time.monotonic() < deadline, "no training step"
-            time.sleep(0.01)
-        time.sleep(delay_s)
+            time.sleep(0.002)
         proc.send_signal(signum)
         log, _ = proc.communicate(timeout=TIMEOUT_S)
     finally:
@@ -106,7 +105,7 @@ def test_signal_checkpoints_and_resumes_identically(
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["status"] == "preempted" and results["signal"] == signum.name
     step = results["step"]
-    assert 0 < step < 3 * STEPS_PER_EPOCH, "the run finished before the signal"
+    assert 0 < step < 4 * STEPS_PER_EPOCH, "the run finished before the signal"
     assert (tmp_path / "checkpoints" / f"step-{step:09d}.pt").exists()
     assert f"received {signum.name}" in log
 
