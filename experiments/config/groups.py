@@ -167,7 +167,13 @@ class ReliabilityConf:
     ``implicit_ham.reliability.failures``). checkpoint_every: also checkpoint every N steps
     (0: at epoch ends only). keep: checkpoints kept. resume: continue from the job
     directory's newest checkpoint. deterministic: ``torch.use_deterministic_algorithms``.
-    warn_first / warn_every: rate limit of the failure warnings.
+    warn_first / warn_every: rate limit of the failure warnings. preempt_signals: signals that
+    stop the run gracefully at the next step boundary (checkpoint, ``results.json`` with
+    ``status: "preempted"``, exit status 128 + signal number; see
+    ``experiments.engine.preemption``); [] keeps Python's default handlers.
+    max_consecutive_skips / max_skips: the run fails (``status: "failed"``, the reason in
+    ``error``) once the failure policy skipped that many batches in a row / in total (0: no
+    limit).
     """
 
     on_failure: str = "warn"
@@ -177,6 +183,9 @@ class ReliabilityConf:
     deterministic: bool = True
     warn_first: int = 3
     warn_every: int = 100
+    preempt_signals: list[str] = field(default_factory=lambda: ["SIGUSR1", "SIGTERM", "SIGINT"])
+    max_consecutive_skips: int = 10
+    max_skips: int = 0
 
 
 @dataclass

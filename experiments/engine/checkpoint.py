@@ -1,11 +1,15 @@
 """Checkpoint files that are written atomically and verified when read.
 
-A checkpoint file is one header line ``implicit-ham-checkpoint v1 sha256=<hex> bytes=<n>``
-followed by the ``torch.save`` payload. Writing goes to a temporary file in the same directory,
-which is flushed, fsynced and then renamed over the final name, so a reader (or a resumed run)
-sees either the old set of files or the new one, never half a file. Reading checks the header,
-the payload size (truncation) and its SHA-256 (silent corruption) before unpickling with
-``weights_only=True``.
+A checkpoint is a plain ``torch.save`` file (any code reads it with
+``torch.load(path, weights_only=True)``) plus a digest file ``<name>.sha256`` holding
+``sha256=<hex> bytes=<n>``, written after it. Each is written to a temporary file in the same
+directory (``<name>.<host>-<pid>.<random>.tmp``, so concurrent writers never touch each
+other's), flushed, fsynced and renamed over the final name, so a reader (or a resumed run) sees
+either the old file or the new one, never half a file. Reading checks the size (truncation)
+and SHA-256 (silent corruption) when the digest file exists, then unpickles with
+``weights_only=True``; every failure is a ``CheckpointError`` naming the file. Files of the
+older format (one header line ``implicit-ham-checkpoint v1 sha256=<hex> bytes=<n>`` before the
+payload) are still read and verified.
 
 ``CheckpointStore`` keeps the ``keep`` newest checkpoints of a run as ``step-<step>.pt`` in one
 directory; the newest is read back and verified before older ones are pruned, and ``latest()``
@@ -19,63 +23,121 @@ import io
 import logging
 import os
 import re
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from experiments.engine.joblock import pid_alive
 from implicit_ham._core.validation import check_positive_int
 
 logger = logging.getLogger(__name__)
 
 MAGIC = b"implicit-ham-checkpoint v1"
 HEADER = re.compile(rb"^implicit-ham-checkpoint v1 sha256=([0-9a-f]{64}) bytes=(\d+)$")
+DIGEST = re.compile(rb"^sha256=([0-9a-f]{64}) bytes=(\d+)$")
+DIGEST_SUFFIX = ".sha256"
 NAME = re.compile(r"^step-(\d+)\.pt$")
+TEMP_WRITER = re.compile(r"\.pt(?:\.sha256)?\.(.+)-(\d+)\.[^.]*\.tmp$")
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint file is missing, truncated, corrupted or not a checkpoint."""
 
 
+def sidecar(path: str | Path) -> Path:
+    """``<path>.sha256``: the digest file of the checkpoint at ``path``."""
+    path = Path(path)
+    return path.with_name(path.name + DIGEST_SUFFIX)
+
+
 def write_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
-    """Serialise ``payload`` (tensors, numbers, strings, containers) to ``path`` atomically."""
+    """Serialise ``payload`` (tensors, numbers, strings, containers) to ``path`` atomically,
+    then its digest to ``<path>.sha256`` (also atomically).
+
+    The file is a plain ``torch.save`` file (``torch.load(path, weights_only=True)`` reads it);
+    an older digest file is removed before the new checkpoint replaces the old one, so a crash
+    in between leaves a checkpoint without a digest (still loadable), never a wrong digest.
+    Files get the mode the umask gives (as ``open`` would), not tempfile's 0600.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     data = buffer.getvalue()
-    header = MAGIC + f" sha256={hashlib.sha256(data).hexdigest()} bytes={len(data)}\n".encode()
-    with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as fh:
-        fh.write(header)
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-        tmp = fh.name
+    tmp = _write_temporary(path, data)
+    sidecar(path).unlink(missing_ok=True)
     os.replace(tmp, path)
+    record = f"sha256={hashlib.sha256(data).hexdigest()} bytes={len(data)}\n".encode()
+    os.replace(_write_temporary(sidecar(path), record), sidecar(path))
     _fsync_directory(path.parent)
     return path
 
 
+def _write_temporary(path: Path, data: bytes) -> str:
+    """``data`` in a fsynced temporary file of this writer beside ``path``; its name."""
+    with tempfile.NamedTemporaryFile(
+        dir=path.parent, delete=False, prefix=f"{path.name}.{_writer()}.", suffix=".tmp"
+    ) as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+        os.chmod(fh.name, 0o666 & ~_umask())
+        return fh.name
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _writer() -> str:
+    """``<host>-<pid>``: the part of a temporary file's name that says whose it is."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The payload of the checkpoint at ``path``; ``CheckpointError`` naming the file if it is
-    not a checkpoint, truncated, or fails its SHA-256 check."""
+    """The payload of the checkpoint at ``path``, loaded with ``weights_only=True``.
+
+    The size and SHA-256 recorded in ``<path>.sha256`` are checked when that file exists (a
+    checkpoint of the older format, one header line before the payload, is checked against its
+    header). Any failure (unreadable, truncated, corrupted, not a checkpoint, an unpickling
+    error of a crafted file) raises ``CheckpointError`` naming the file.
+    """
     path = Path(path)
     try:
         raw = path.read_bytes()
     except OSError as err:
         raise CheckpointError(f"cannot read checkpoint {path}: {err}") from err
-    header, newline, data = raw.partition(b"\n")
-    match = HEADER.match(header)
-    if match is None and not newline and (raw.startswith(MAGIC) or MAGIC.startswith(raw)):
+    if raw.startswith(MAGIC) or (raw and MAGIC.startswith(raw)):
+        data = _legacy_payload(path, raw)
+    else:
+        data = raw
+        digest_file = sidecar(path)
+        if digest_file.exists():
+            _verify(path, data, digest_file.read_bytes().strip())
+    try:
+        payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as err:
+        first = str(err).splitlines()[0] if str(err) else ""
         raise CheckpointError(
-            f"checkpoint {path} is truncated inside its header ({len(raw)} bytes). Delete it to "
-            "resume from an older one."
-        )
+            f"{path} is not a loadable checkpoint ({type(err).__name__}: {first}); it is "
+            "damaged or was not written by this project. Delete it to resume from an older one."
+        ) from err
+    if not isinstance(payload, dict):
+        raise CheckpointError(f"{path} holds a {type(payload).__name__}, not a checkpoint dict")
+    return payload
+
+
+def _verify(path: Path, data: bytes, record: bytes) -> None:
+    match = DIGEST.match(record)
     if match is None:
         raise CheckpointError(
-            f"{path} is not an implicit-ham checkpoint (bad header); it was not written by "
-            "CheckpointStore, or its beginning is damaged. Delete it to resume from an older one."
+            f"the digest file of {path} is damaged ({record[:80]!r}). Delete it (the checkpoint "
+            "is then loaded unchecked) or the checkpoint to resume from an older one."
         )
     digest, size = match.group(1).decode(), int(match.group(2))
     if len(data) != size:
@@ -88,7 +150,18 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
             f"checkpoint {path} is corrupted: its SHA-256 does not match the one recorded when "
             "it was written. Delete it to resume from an older one."
         )
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+def _legacy_payload(path: Path, raw: bytes) -> bytes:
+    """The payload of an older-format checkpoint (header line, then payload), verified."""
+    header, _, data = raw.partition(b"\n")
+    if HEADER.match(header) is None:
+        raise CheckpointError(
+            f"checkpoint {path} is truncated inside its header ({len(raw)} bytes). Delete it to "
+            "resume from an older one."
+        )
+    _verify(path, data, header[len(MAGIC) + 1 :])
+    return data
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -134,19 +207,18 @@ class CheckpointStore:
         read_checkpoint(path)
         for old in self.paths()[: -self.keep]:
             old.unlink(missing_ok=True)
+            sidecar(old).unlink(missing_ok=True)
         return path
 
     def latest(self) -> tuple[Path, dict[str, Any]] | None:
         """The newest checkpoint that verifies, with its payload; None when there is none.
 
         A file that fails verification is logged (error, naming it), renamed to
-        ``<name>.corrupt`` and skipped; temporary files of an interrupted write are removed
-        (call it only while no process writes to this store). Raises ``CheckpointError``
-        naming every bad file when checkpoints exist but none verifies.
+        ``<name>.corrupt`` and skipped; temporary files of an interrupted write by this
+        process or by a dead one of this host are removed (``remove_own_partials``). Raises
+        ``CheckpointError`` naming every bad file when checkpoints exist but none verifies.
         """
-        if self.directory.is_dir():
-            for partial in self.directory.glob("*.tmp"):
-                partial.unlink(missing_ok=True)
+        self.remove_own_partials()
         bad: list[str] = []
         for path in reversed(self.paths()):
             try:
@@ -155,6 +227,8 @@ class CheckpointStore:
                 logger.error("%s (moved aside to %s.corrupt; trying an older one)", err, path.name)
                 bad.append(str(err))
                 path.replace(path.with_name(path.name + ".corrupt"))
+                if sidecar(path).exists():
+                    sidecar(path).replace(sidecar(path.with_name(path.name + ".corrupt")))
         if bad:
             raise CheckpointError(
                 "no usable checkpoint in "
@@ -164,7 +238,23 @@ class CheckpointStore:
             )
         return None
 
+    def remove_own_partials(self) -> None:
+        """Delete the temporary files (``<name>[.sha256].<host>-<pid>.<random>.tmp``) of this
+        process and of processes of this host that are gone; another live writer's are left
+        alone."""
+        if not self.directory.is_dir():
+            return
+        host = socket.gethostname()
+        for partial in self.directory.glob("*.tmp"):
+            match = TEMP_WRITER.search(partial.name)
+            if match is None or match.group(1) != host:
+                continue
+            pid = int(match.group(2))
+            if pid == os.getpid() or not pid_alive(pid):
+                partial.unlink(missing_ok=True)
+
     def clear(self) -> None:
         """Delete every checkpoint file (e.g. when a run starts over in the same directory)."""
         for path in self.paths():
             path.unlink()
+            sidecar(path).unlink(missing_ok=True)

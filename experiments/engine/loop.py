@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from experiments.engine.distributed import DistributedContext
 from experiments.engine.metrics import ConfusionMatrix
+from experiments.engine.preemption import PreemptedError
 from experiments.engine.sampler import EpochBatchSampler
 from implicit_ham._core.validation import check_positive_int
 from implicit_ham.reliability.guard import GuardedStep, StepHooks, unwrap
@@ -58,6 +59,7 @@ class TrainState:
         step: optimisation steps attempted so far (skipped batches included).
         loss_sum, loss_count: sum and number of this epoch's batch losses (skipped excluded).
         skipped: batches skipped by the failure policy so far.
+        consecutive_skipped: batches skipped in a row up to this step.
         metrics: the last finished epoch's metrics.
         best: the lowest validation loss so far and its epoch (empty before an evaluation).
     """
@@ -68,6 +70,7 @@ class TrainState:
     loss_sum: float = 0.0
     loss_count: int = 0
     skipped: int = 0
+    consecutive_skipped: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     best: dict[str, float] = field(default_factory=dict)
 
@@ -148,7 +151,9 @@ def train_epoch(
             loss = runner(_to(inputs, device, dtype), target.to(device), state.step)
             if loss is None:
                 state.skipped += 1
+                state.consecutive_skipped += 1
             else:
+                state.consecutive_skipped = 0
                 state.loss_sum, state.loss_count = (
                     state.loss_sum + float(loss),
                     state.loss_count + 1,
@@ -212,6 +217,9 @@ def fit(
     checkpoint: Callable[[TrainState], None] | None = None,
     checkpoint_every: int = 0,
     dist: DistributedContext | None = None,
+    preempt: Callable[[], int | None] | None = None,
+    max_consecutive_skips: int = 0,
+    max_skips: int = 0,
 ) -> dict[str, float]:
     """Train until ``epochs`` are done and evaluate after each; return the last epoch's metrics.
 
@@ -225,6 +233,16 @@ def fit(
     ``hooks`` are used by the default ``step_fn`` (a ``GuardedStep`` with policy "warn"); a
     given ``step_fn`` carries its own.
 
+    ``preempt()`` is asked after every step and after every epoch's checkpoint: a signal
+    number (not None) stops the run there, after ``checkpoint(state)`` (unless one was just
+    written), by raising ``experiments.engine.preemption.PreemptedError``; under data parallelism
+    the ranks agree (any rank's signal stops them all at the same step). Once the last epoch
+    is done a preemption is ignored (the run is finished).
+
+    ``max_consecutive_skips`` / ``max_skips`` (0: no limit) bound the batches the failure
+    policy may skip, in a row and in total: past either, ``SkipLimitError`` stops the run
+    (a run that skips most batches trains nothing and would otherwise end "ok").
+
     Logs one line per epoch (``logging``) and, when ``show_progress``, a rich progress bar
     (needs ``rich``, part of the ``experiments`` extra). ``epochs`` must be >= 1: the returned
     metrics are the last epoch's evaluation.
@@ -234,9 +252,20 @@ def fit(
     dist = dist or DistributedContext(device=device)
     runner = step_fn or GuardedStep(model, task, optimizer, hooks=hooks, dist=dist)
 
+    def stop(current: TrainState, saved: bool) -> None:
+        signum = dist.max_code((preempt() if preempt is not None else None) or 0)
+        if signum and current.epoch <= epochs:
+            if checkpoint is not None and not saved:
+                checkpoint(current)
+            raise PreemptedError(signum, current.step)
+
     def after_step(current: TrainState) -> None:
+        _check_skips(current, max_consecutive_skips, max_skips)
+        saved = False
         if checkpoint is not None and checkpoint_every and current.step % checkpoint_every == 0:
             checkpoint(current)
+            saved = True
+        stop(current, saved)
 
     try:
         with _progress_bar(show_progress) as progress:
@@ -291,10 +320,32 @@ def fit(
                 state.finish_epoch(metrics)
                 if checkpoint is not None:
                     checkpoint(state)
+                stop(state, saved=True)
     finally:
         if step_fn is None and isinstance(runner, GuardedStep):
             runner.close()
     return state.metrics
+
+
+class SkipLimitError(RuntimeError):
+    """The failure policy skipped more batches than ``reliability.max_consecutive_skips`` (in a
+    row) or ``reliability.max_skips`` (in total) allow."""
+
+
+def _check_skips(state: TrainState, max_consecutive: int, max_total: int) -> None:
+    if max_consecutive and state.consecutive_skipped >= max_consecutive:
+        raise SkipLimitError(
+            f"{state.consecutive_skipped} batches in a row skipped by the failure policy (up to "
+            f"step {state.step - 1}; reliability.max_consecutive_skips={max_consecutive}): the "
+            "model no longer trains. Lower the learning rate, check the data and "
+            "tables/failures.jsonl, or raise the limit (0: none)."
+        )
+    if max_total and state.skipped >= max_total:
+        raise SkipLimitError(
+            f"{state.skipped} batches skipped by the failure policy in total (up to step "
+            f"{state.step - 1}; reliability.max_skips={max_total}). Lower the learning rate, "
+            "check the data and tables/failures.jsonl, or raise the limit (0: none)."
+        )
 
 
 def _to(inputs: Tensor, device: torch.device, dtype: torch.dtype | None) -> Tensor:

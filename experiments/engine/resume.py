@@ -3,17 +3,19 @@
 A job's checkpoints live in ``<job dir>/checkpoints/step-<step>.pt`` (see
 ``training.checkpoint``). Each holds the model, optimiser and scheduler states, the
 ``TrainState`` (epoch, batch within the epoch, step, running loss, best metric), every rank's
-RNG states and failure counts, the number of rows each metric file had, and the config. Running
+RNG states and failure counts, the number of rows each metric file had, the run's totals so far
+(cumulative train time, last solver statistics) and the config. Running
 the same command again in the same directory resumes from the newest good checkpoint: the
 metric files are cut back to their rows at that checkpoint (so rows logged after it and before
-the crash do not appear twice), and training continues as if it had never stopped.
+the crash do not appear twice), and training continues as if it had never stopped. A job that
+starts from scratch (no usable checkpoint) removes the metric files of the earlier attempt.
 """
 
 from __future__ import annotations
 
 import csv
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,16 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_DIR = "checkpoints"
 # Settings that may differ between a run and its resumption (they change no number).
 RUN_SETTINGS = ("progress", "threads", "log_every", "logger", "diagnostics")
-RUN_RELIABILITY = ("resume", "checkpoint_every", "keep", "warn_first", "warn_every")
+RUN_RELIABILITY = (
+    "resume",
+    "checkpoint_every",
+    "keep",
+    "warn_first",
+    "warn_every",
+    "preempt_signals",
+    "max_consecutive_skips",
+    "max_skips",
+)
 
 
 class ResumeConflictError(ValueError):
@@ -79,6 +90,10 @@ class JobCheckpoints:
         model, optimizer, scheduler: what is saved and restored (the model may be wrapped).
         monitor: the failure monitor whose counts are saved.
         dist: the process group context.
+        totals: called at every save; its plain-data result (e.g. the cumulative train time and
+            the last solver statistics) is stored in the checkpoint and, after ``restore``,
+            available as ``restored_totals`` so that the results of a resumed run cover the
+            whole run.
     """
 
     def __init__(
@@ -91,8 +106,11 @@ class JobCheckpoints:
         scheduler: Any,
         monitor: FailureMonitor,
         dist: DistributedContext,
+        totals: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.output_dir, self.cfg, self.dist = output_dir, cfg, dist
+        self.totals = totals
+        self.restored_totals: dict[str, Any] = {}
         self.config = comparable_config(as_container(cfg))
         self.model, self.optimizer, self.scheduler, self.monitor = (
             model,
@@ -119,6 +137,7 @@ class JobCheckpoints:
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             "ranks": ranks,
             "logs": log_rows(self.output_dir),
+            "totals": {} if self.totals is None else self.totals(),
         }
         path = self.store.save(state.step, payload)
         logger.debug("checkpoint %s (epoch %d, batch %d)", path, state.epoch, state.batch)
@@ -143,7 +162,9 @@ class JobCheckpoints:
     def restore(self) -> TrainState | None:
         """Load the newest good checkpoint into the model, optimiser, scheduler, RNGs and
         monitor and return its ``TrainState``; None when starting from scratch (no checkpoint,
-        or ``reliability.resume=false``, which deletes the old checkpoints)."""
+        or ``reliability.resume=false``, which deletes the old checkpoints). A fresh start
+        removes the metric files of an earlier attempt (``metrics.jsonl`` / ``metrics.csv`` /
+        ``tables/*``), so that no row is logged twice."""
         path = None
         if self.dist.is_main:
             if not self.resume:
@@ -153,6 +174,8 @@ class JobCheckpoints:
                 path = None if latest is None else str(latest[0])
         path = self.dist.broadcast(path)
         if path is None:
+            if self.dist.is_main:
+                self._truncate_logs()
             return None
         payload = read_checkpoint(path)
         self._check_compatible(Path(path), payload)
@@ -163,6 +186,7 @@ class JobCheckpoints:
         mine = payload["ranks"][self.dist.rank]
         restore_rng_state(mine["rng"])
         self.monitor.load_state_dict(mine["failures"])
+        self.restored_totals = dict(payload.get("totals", {}))
         if self.dist.is_main:
             rewind_logs(self.output_dir, payload["logs"])
         state = TrainState.from_state_dict(payload["train_state"])
@@ -174,6 +198,16 @@ class JobCheckpoints:
             state.step,
         )
         return state
+
+    def _truncate_logs(self) -> None:
+        stale = _sink_files(self.output_dir)
+        if stale:
+            logger.warning(
+                "starting from scratch in %s: removing the metric files of an earlier attempt (%s)",
+                self.output_dir,
+                ", ".join(str(p.relative_to(self.output_dir)) for p in stale),
+            )
+            rewind_logs(self.output_dir, {})
 
     def _check_compatible(self, path: Path, payload: Mapping[str, Any]) -> None:
         differences = config_differences(payload["config"], self.config)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import logging
 import random
+import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +30,13 @@ from experiments.engine.build import (
 from experiments.engine.checkpoint import write_checkpoint
 from experiments.engine.determinism import configure_determinism
 from experiments.engine.distributed import DistributedContext, state_digest
+from experiments.engine.joblock import JobLock, JobLockedError
 from experiments.engine.loop import Task, TrainState, fit
+from experiments.engine.preemption import PreemptedError, PreemptionGuard, parse_signals
 from experiments.engine.results import write_results
 from experiments.engine.resume import JobCheckpoints
 from experiments.engine.schedule import poly_lr_hooks
+from experiments.engine.targets import check_targets
 from implicit_ham._core.sinks import Sink
 from implicit_ham._core.validation import check_choice
 from implicit_ham.adjoints.layers import find_implicit_layers
@@ -64,23 +70,61 @@ def run_training(cfg: TrainConfig, output_dir: str | Path) -> dict[str, Any]:
             the composed one, or a ``TrainConfig`` built by hand).
         output_dir: the job's directory.
 
+    Every ``_target_`` of ``cfg`` is checked against ``experiments.engine.targets``'s allowlist
+    first (``UnsafeTargetError``). One writer: the job directory's lock
+    (``experiments.engine.joblock``) is held while the
+    job runs; ``JobLockedError`` (naming the holder) when another live process holds it.
+
+    Preemption: the signals of ``reliability.preempt_signals`` stop the run after the current
+    step with a checkpoint and ``results.json`` ``status: "preempted"``, then ``PreemptedError`` is
+    raised (``experiments.train`` exits with its ``exit_code``, 128 + signal number).
+
     Returns:
         The results: ``config`` (as plain data), final ``metrics``, ``best`` validation loss,
-        ``failures`` (counts), ``parameters``, ``train_time_s``, ``world_size``,
+        ``failures`` (counts), ``parameters``, ``train_time_s`` (of the whole run, resumed
+        segments included), ``world_size``,
         ``state_digests`` (SHA-256 of the model state on each rank: all equal when the replicas
         are in sync), and the last forward solve statistics of each implicit layer
         (``solver``).
     """
     check_train_config(cfg)
+    check_targets(as_container(cfg))  # before anything is instantiated
     check_policy(cfg.reliability.on_failure)
     check_choice("config", "dtype", cfg.dtype, tuple(DTYPES))
-    dist = DistributedContext.from_env(cfg.device)
-    results = _train(cfg, Path(dist.broadcast(str(output_dir))), dist)
-    dist.close()
+    signals = parse_signals(cfg.reliability.preempt_signals)
+    with PreemptionGuard(signals) as guard:
+        dist = DistributedContext.from_env(cfg.device)
+        job_dir = Path(dist.broadcast(str(output_dir)))
+        with _job_lock(job_dir, dist):
+            results = _train(cfg, job_dir, dist, guard)
+        dist.close()
     return results
 
 
-def _train(cfg: TrainConfig, output_dir: Path, dist: DistributedContext) -> dict[str, Any]:
+@contextmanager
+def _job_lock(job_dir: Path, dist: DistributedContext) -> Iterator[None]:
+    """Hold the job directory's ``JobLock`` (rank 0 takes it; every rank raises
+    ``JobLockedError`` when it is held by another run)."""
+    lock = JobLock(job_dir) if dist.is_main else None
+    error = None
+    if lock is not None:
+        try:
+            lock.acquire()
+        except JobLockedError as err:
+            error = str(err)
+    error = dist.broadcast(error)
+    if error is not None:
+        raise JobLockedError(error)
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(
+    cfg: TrainConfig, output_dir: Path, dist: DistributedContext, guard: PreemptionGuard
+) -> dict[str, Any]:
     reliability = cfg.reliability
     config = as_container(cfg)  # what the files record
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -102,6 +146,7 @@ def _train(cfg: TrainConfig, output_dir: Path, dist: DistributedContext) -> dict
     optimizer = build_optimizer(cfg.optim, model, cfg.model.backbone_lr_scale)
     model = dist.wrap(model)
     sinks = build_sinks(cfg.logger, output_dir, config) if dist.is_main else []
+    clock = _Clock()
     monitor = FailureMonitor(
         sinks, warn_first=reliability.warn_first, warn_every=reliability.warn_every
     )
@@ -113,6 +158,10 @@ def _train(cfg: TrainConfig, output_dir: Path, dist: DistributedContext) -> dict
         scheduler=None,
         monitor=monitor,
         dist=dist,
+        totals=lambda: {
+            "train_time_s": clock.elapsed(),
+            "solver": _solver_summaries(unwrap(model)),
+        },
     )
     finished = checkpoints.finished_results()
     if finished is not None:
@@ -141,7 +190,7 @@ def _train(cfg: TrainConfig, output_dir: Path, dist: DistributedContext) -> dict
         dist=dist,
     )
     state = state or TrainState()
-    start = time.perf_counter()
+    clock.start(float(checkpoints.restored_totals.get("train_time_s", 0.0)))
     try:
         metrics = fit(
             model,
@@ -160,7 +209,24 @@ def _train(cfg: TrainConfig, output_dir: Path, dist: DistributedContext) -> dict
             checkpoint=checkpoints.save,
             checkpoint_every=reliability.checkpoint_every,
             dist=dist,
+            preempt=lambda: guard.signum,
+            max_consecutive_skips=reliability.max_consecutive_skips,
+            max_skips=reliability.max_skips,
         )
+    except PreemptedError as stopped:
+        if dist.is_main:
+            write_results(
+                output_dir,
+                {
+                    "status": "preempted",
+                    "error": str(stopped),
+                    "signal": signal.Signals(stopped.signum).name,
+                    "step": stopped.step,
+                    "config": config,
+                },
+            )
+        logger.warning("%s; checkpoint written, run the same command to resume", stopped)
+        raise
     finally:
         step_fn.close()
         if callback is not None:
@@ -176,10 +242,10 @@ def _train(cfg: TrainConfig, output_dir: Path, dist: DistributedContext) -> dict
         "best": state.best,
         "failures": {**failures.summary(), "skipped_batches": state.skipped},
         "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
-        "train_time_s": time.perf_counter() - start,
+        "train_time_s": clock.elapsed(),
         "world_size": dist.world_size,
         "state_digests": dist.gather(state_digest(unwrap(model))),
-        "solver": _solver_summaries(unwrap(model)),
+        "solver": _solver_summaries(unwrap(model)) or checkpoints.restored_totals.get("solver", {}),
     }
     logger.info("failures: %s", results["failures"])
     if dist.is_main:
@@ -193,6 +259,20 @@ def _train(cfg: TrainConfig, output_dir: Path, dist: DistributedContext) -> dict
         )
         write_results(output_dir, results)
     return results
+
+
+class _Clock:
+    """Train time of the whole run: earlier segments (from the checkpoint) plus this one."""
+
+    def __init__(self) -> None:
+        self.before = 0.0
+        self.since: float | None = None
+
+    def start(self, before: float) -> None:
+        self.before, self.since = before, time.perf_counter()
+
+    def elapsed(self) -> float:
+        return self.before + (0.0 if self.since is None else time.perf_counter() - self.since)
 
 
 def _diagnostics(

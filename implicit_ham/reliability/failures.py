@@ -10,12 +10,16 @@ Failure kinds (``FAILURE_KINDS``):
   truncated K-step solve); the residual recorded is ``||f(z*) - z*|| / ||f(z*)||``;
 * ``backward_not_converged``: an implicit backward solve missed its tolerance;
 * ``backward_nonfinite``: a backward solve produced NaN/inf;
-* ``loss_nonfinite`` / ``grad_nonfinite``: the loss, or a parameter gradient, is NaN/inf.
+* ``loss_nonfinite`` / ``grad_nonfinite``: the loss, or a parameter gradient, is NaN/inf;
+* ``input_nonfinite``: the batch's (floating-point) inputs hold NaN/inf (checked before the
+  forward pass, so no model sees them);
+* ``buffer_nonfinite``: a buffer (e.g. a BatchNorm running variance) became NaN/inf in the
+  forward pass.
 
 Policies (``on_failure``): ``"warn"`` (count, warn, keep the solver's result; non-finite values
 raise), ``"raise"`` (raise at the first failure), ``"skip_batch"`` (drop the batch: no optimiser
 step), ``"fallback"`` (the batch gets the one-step gradient; a non-finite forward, loss or
-gradient cannot be fallen back and skips the batch).
+gradient, input or buffer cannot be fallen back and skips the batch).
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ FAILURE_KINDS = (
     "backward_nonfinite",
     "loss_nonfinite",
     "grad_nonfinite",
+    "input_nonfinite",
+    "buffer_nonfinite",
 )
 ACTIONS = ("continued", "raised", "skipped", "fallback")
 

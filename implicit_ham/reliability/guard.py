@@ -2,8 +2,11 @@
 
 What it checks, in order (see ``failures`` for the kinds and policies):
 
+0. inputs: NaN/inf in floating-point inputs (``input_nonfinite``, before any forward);
 1. forward: ``ih.NonFiniteError`` from a layer (attributed to the innermost implicit layer
-   running, tracked by forward hooks), a non-finite loss, and every implicit layer whose
+   running, tracked by forward hooks), a non-finite buffer after the forward pass
+   (``buffer_nonfinite``, e.g. a BatchNorm running variance), a non-finite loss, and every
+   implicit layer whose
    ``last_solution.stats.converged`` is False;
 2. backward: every implicit layer's ``last_solution.backward_log`` entry that did not converge
    or fell back, an error raised inside the backward pass, and non-finite parameter gradients.
@@ -159,6 +162,9 @@ class GuardedStep:
     # ------------------------------------------------------------------------ forward
     def _forward(self, inputs: Tensor, target: Tensor, step: int) -> tuple[Tensor | None, int]:
         loss, error = None, None
+        if inputs.is_floating_point() and not bool(torch.isfinite(inputs).all()):
+            self._fail("input_nonfinite", "(inputs)", step, None, None)
+            return None, SKIP
         self._active.clear()
         with warnings.catch_warnings(record=True) as caught:
             try:
@@ -170,6 +176,11 @@ class GuardedStep:
             self._active.clear()
             self._reemit(caught, recorded=True)
             self._fail("forward_nonfinite", layer, step, None, error)
+            return None, SKIP
+        buffer = self._nonfinite_buffer()
+        if buffer is not None:
+            self._reemit(caught, recorded=False)
+            self._fail("buffer_nonfinite", buffer, step, None, None)
             return None, SKIP
         events = self._forward_misses(step)
         finite = bool(torch.isfinite(loss.detach()))
@@ -288,6 +299,13 @@ class GuardedStep:
     def _backward_layer(self) -> str:
         candidates = [n for n, m in self.layers.items() if isinstance(adjoint_of(m), AtFixedPoint)]
         return candidates[0] if len(candidates) == 1 else "(backward)"
+
+    def _nonfinite_buffer(self) -> str | None:
+        """The name of the first floating-point buffer holding NaN/inf, else None."""
+        for name, buffer in unwrap(self.model).named_buffers():
+            if buffer.is_floating_point() and not bool(torch.isfinite(buffer).all()):
+                return name
+        return None
 
     def _gradients_finite(self) -> bool:
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]

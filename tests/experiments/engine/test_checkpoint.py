@@ -3,10 +3,15 @@ epoch sampler, metric-file rewinding and the train state."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import logging
 import os
 import random
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +22,12 @@ from experiments.engine.checkpoint import (
     CheckpointError,
     CheckpointStore,
     read_checkpoint,
+    sidecar,
     write_checkpoint,
 )
 from experiments.engine.file_sinks import CSVSink, JSONLSink
 from experiments.engine.loop import TrainState
+from experiments.engine.results import ResultsError, read_results, write_results
 from experiments.engine.resume import comparable_config, config_differences, log_rows, rewind_logs
 from experiments.engine.sampler import EpochBatchSampler
 from implicit_ham.reliability.rng import capture_rng_state, restore_rng_state
@@ -35,7 +42,19 @@ def test_round_trip(tmp_path: Path) -> None:
     loaded = read_checkpoint(path)
     assert torch.equal(loaded["weights"], torch.ones(3, 2))
     assert loaded["nested"] == [1, (2.5,)] and loaded["step"] == 5
-    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt", "c.pt.sha256"]
+    plain = torch.load(path, weights_only=True)  # another codebase needs no reader of ours
+    assert torch.equal(plain["weights"], loaded["weights"]) and plain["nested"] == [1, (2.5,)]
+
+
+def test_files_follow_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        path = write_checkpoint(tmp_path / "c.pt", _payload())
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644
+    assert sidecar(path).stat().st_mode & 0o777 == 0o644
 
 
 def test_truncated_corrupted_and_foreign_files_are_named(tmp_path: Path) -> None:
@@ -49,8 +68,43 @@ def test_truncated_corrupted_and_foreign_files_are_named(tmp_path: Path) -> None
     path.write_bytes(bytes(flipped))
     with pytest.raises(CheckpointError, match=r"c\.pt is corrupted"):
         read_checkpoint(path)
-    torch.save(_payload(), path)
-    with pytest.raises(CheckpointError, match=r"c\.pt is not an implicit-ham checkpoint"):
+    path.write_bytes(raw)
+    sidecar(path).write_text("garbage")
+    with pytest.raises(CheckpointError, match=r"digest file of .*c\.pt is damaged"):
+        read_checkpoint(path)
+    sidecar(path).unlink()  # without a digest the file is loaded unchecked
+    assert torch.equal(read_checkpoint(path)["weights"], torch.ones(3, 2))
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match=r"c\.pt is not a loadable checkpoint"):
+        read_checkpoint(path)
+
+
+def test_crafted_pickle_is_refused_as_a_checkpoint_error_naming_the_file(tmp_path: Path) -> None:
+    class Payload:
+        def __reduce__(self) -> tuple:
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    path = tmp_path / "step-000000003.pt"
+    torch.save({"model": Payload()}, path)  # a valid torch file whose unpickling runs code
+    with pytest.raises(CheckpointError, match=r"step-000000003\.pt is not a loadable"):
+        read_checkpoint(path)
+    assert not (tmp_path / "pwned").exists()
+    store = CheckpointStore(tmp_path)
+    with pytest.raises(CheckpointError, match="no usable checkpoint"):
+        store.latest()
+    assert (tmp_path / "step-000000003.pt.corrupt").exists()  # moved aside
+
+
+def test_older_header_format_is_still_read_and_verified(tmp_path: Path) -> None:
+    buffer = io.BytesIO()
+    torch.save(_payload(), buffer)
+    data = buffer.getvalue()
+    header = f"implicit-ham-checkpoint v1 sha256={hashlib.sha256(data).hexdigest()} "
+    path = tmp_path / "old.pt"
+    path.write_bytes(header.encode() + f"bytes={len(data)}\n".encode() + data)
+    assert torch.equal(read_checkpoint(path)["weights"], torch.ones(3, 2))
+    path.write_bytes(path.read_bytes()[:-5])
+    with pytest.raises(CheckpointError, match=r"old\.pt is truncated"):
         read_checkpoint(path)
 
 
@@ -78,15 +132,27 @@ def test_store_keeps_the_newest_and_falls_back_past_a_bad_one(
     assert [p.name for p in store.paths()] == ["step-000000006.pt", "step-000000009.pt"]
     newest = store.paths()[-1]
     newest.write_bytes(newest.read_bytes()[:100])
-    (tmp_path / "leftover.tmp").write_bytes(b"partial")
-    with caplog.at_level(logging.ERROR):
-        path, payload = store.latest()
+    host = socket.gethostname()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
+    own = f"step-000000012.pt.{host}-{os.getpid()}.abc123.tmp"
+    of_dead = f"step-000000012.pt.{host}-{int(dead.stdout)}.def456.tmp"
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        of_live = f"step-000000012.pt.{host}-{live.pid}.ghi789.tmp"
+        for name in (own, of_dead, of_live, "foreign.tmp"):
+            (tmp_path / name).write_bytes(b"partial")
+        with caplog.at_level(logging.ERROR):
+            path, payload = store.latest()
+    finally:
+        live.kill()
+        live.wait(timeout=60)
     assert path.name == "step-000000006.pt" and float(payload["weights"][0, 0]) == 6.0
     assert "step-000000009.pt is truncated" in caplog.text
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "step-000000006.pt",
-        "step-000000009.pt.corrupt",
-    ]
+    # only this process's and a dead writer's partial files are removed
+    kept = ["foreign.tmp", of_live, "step-000000006.pt", "step-000000006.pt.sha256"]
+    aside = ["step-000000009.pt.corrupt", "step-000000009.pt.corrupt.sha256"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*kept, *aside])
     path.write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match=r"step-000000006\.pt"):
         store.latest()
@@ -184,3 +250,21 @@ def test_default_dtype_matches_checkpoints_written_before_the_option() -> None:
     assert config_differences(
         comparable_config(before), comparable_config({"seed": 0, "dtype": "float64"})
     ) == ["dtype"]
+
+
+def test_results_follow_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        path = write_results(tmp_path, {"status": "ok"})
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644
+
+
+@pytest.mark.parametrize("content", ['{"status": "ok", "metr', "[1, 2]", "\xff\xfe"])
+def test_garbled_results_name_the_file(tmp_path: Path, content: str) -> None:
+    (tmp_path / "results.json").write_bytes(content.encode("latin-1"))
+    with pytest.raises(ResultsError, match=r"results\.json .*Delete it"):
+        read_results(tmp_path)
+    write_results(tmp_path, {"status": "ok", "loss": float("nan")})
+    assert read_results(tmp_path) == {"status": "ok", "loss": None}

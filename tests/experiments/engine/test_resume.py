@@ -96,7 +96,7 @@ def test_killed_run_resumes_to_identical_results(reference: Path, tmp_path: Path
     proc = subprocess.Popen(_command(tmp_path), cwd=ROOT, env=_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = time.monotonic() + 300
-    while not (checkpoints / "step-000000010.pt").exists():
+    while not (checkpoints / "step-000000010.pt.sha256").exists():  # written after the .pt
         assert proc.poll() is None and time.monotonic() < deadline, "run ended before step 10"
         time.sleep(0.002)
     proc.send_signal(signal.SIGKILL)

@@ -218,17 +218,58 @@ def test_warn_counts_every_event_and_rate_limits_warnings(
 def test_non_finite_forward_is_skipped_and_counted(policy: str) -> None:
     model = Model(EXACT, ih.OneStep())
     before = _state(model)
+    with torch.no_grad():
+        model.layer.lin.weight[0, 0] = float("nan")  # the fixed-point solve produces NaN
+    before = _state(model)
     guard, rows = _guard(model, policy)
-    x, y = _batch()
-    x[0, 0] = float("nan")
-    assert guard(x, y, step=2) is None
+    assert guard(*_batch(), step=2) is None
     assert (rows[0]["kind"], rows[0]["layer"], rows[0]["action"]) == (
         "forward_nonfinite",
         "layer",
         "skipped",
     )
     for key, value in model.state_dict().items():
+        torch.testing.assert_close(value, before[key], rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("policy", ["skip_batch", "fallback"])
+def test_non_finite_input_is_skipped_before_the_forward(policy: str) -> None:
+    model = Model(EXACT, ih.OneStep())
+    before = _state(model)
+    guard, rows = _guard(model, policy)
+    x, y = _batch()
+    x[0, 0] = float("nan")
+    calls = []
+    model.register_forward_pre_hook(lambda *_: calls.append(1))
+    assert guard(x, y, step=2) is None
+    assert not calls  # the model never saw the NaN
+    assert (rows[0]["kind"], rows[0]["layer"], rows[0]["action"]) == (
+        "input_nonfinite",
+        "(inputs)",
+        "skipped",
+    )
+    for key, value in model.state_dict().items():
         assert torch.equal(value, before[key]), key
+    guard, _ = _guard(Model(EXACT, ih.OneStep()), "warn")
+    with pytest.raises(ih.NonFiniteError, match="input nonfinite"):
+        guard(x, y, step=0)
+
+
+def test_non_finite_batchnorm_buffer_is_caught_and_restored() -> None:
+    # float32 batch variance of +-1e30 overflows to inf in the running variance
+    model = nn.Sequential(nn.BatchNorm1d(WIDTH), nn.Linear(WIDTH, CLASSES))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    guard, rows = _guard(model, "skip_batch")
+    x = torch.full((4, WIDTH), 1e30) * torch.tensor([[1.0], [-1.0], [1.0], [-1.0]])
+    y = torch.zeros(4, dtype=torch.long)
+    assert torch.isfinite(x).all()
+    assert guard(x, y, step=0) is None
+    assert (rows[0]["kind"], rows[0]["layer"]) == ("buffer_nonfinite", "0.running_var")
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key  # the statistics are restored
+    guard, _ = _guard(model, "warn")
+    with pytest.raises(ih.NonFiniteError, match="buffer nonfinite"):
+        guard(x, y, step=0)
 
 
 def test_non_finite_forward_raises_under_raise() -> None:

@@ -1,0 +1,139 @@
+"""One writer per job directory: an advisory lock on ``<job dir>/.lock``.
+
+Two processes writing one job directory interleave their metric rows and overwrite each other's
+checkpoints. ``JobLock`` takes an exclusive ``fcntl.flock`` on ``<job dir>/.lock`` (the main
+process of a job takes it once, before reading or writing anything) and records its holder in
+the file as JSON (``host``, ``pid``, ``started``). A second process gets ``JobLockedError``
+naming the holder. The kernel releases a flock when its holder dies, so a dead holder's lock is
+simply taken again (the stale record is logged); a lock still held while its recorded holder
+is gone from this host (a forked child, e.g. a data-loader worker, kept the file open) is taken
+over by replacing the lock file, with a warning. ``flock`` is advisory and, on some network file
+systems, local to a node: it guards against the mistakes of one lab (the same command started
+twice), not against a hostile writer.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = ".lock"
+
+
+class JobLockedError(RuntimeError):
+    """Another live process holds the job directory's lock (the message names it)."""
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this host (one we may not signal counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class JobLock:
+    """Context manager holding the lock of ``directory`` (created if missing).
+
+    Raises ``JobLockedError`` on entry when another live process holds it.
+    """
+
+    def __init__(self, directory: str | Path) -> None:
+        self.path = Path(directory) / LOCK_FILE
+        self._fd: int | None = None
+
+    def holder(self) -> dict[str, Any]:
+        """The recorded holder (``host``, ``pid``, ``started``); {} when none is recorded."""
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8") or "{}")
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def acquire(self) -> None:
+        """Take the lock (see the module docstring for a dead holder)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(3):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                holder = self.holder()
+                if holder.get("host") == socket.gethostname() and not pid_alive(
+                    int(holder.get("pid", -1))
+                ):
+                    logger.warning(
+                        "%s is held by a process that outlived its writer (pid %s, gone); "
+                        "taking the lock over",
+                        self.path,
+                        holder.get("pid"),
+                    )
+                    self.path.unlink(missing_ok=True)
+                    continue
+                raise JobLockedError(
+                    f"{self.path.parent} is in use by another run: host {holder.get('host', '?')}"
+                    f", pid {holder.get('pid', '?')}, started {holder.get('started', '?')}. "
+                    "Wait for it to finish, use another output directory (hydra.run.dir), or "
+                    "stop that process first."
+                ) from None
+            if os.fstat(fd).st_ino != _inode(self.path):  # replaced by a take-over meanwhile
+                os.close(fd)
+                continue
+            self._record(fd)
+            return
+        raise JobLockedError(f"could not take {self.path}: it keeps being replaced")
+
+    def _record(self, fd: int) -> None:
+        previous = self.holder()
+        if previous:
+            logger.warning(
+                "%s: previous writer (host %s, pid %s, started %s) is gone; lock taken over",
+                self.path,
+                previous.get("host"),
+                previous.get("pid"),
+                previous.get("started"),
+            )
+        record = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode(), 0)
+        os.fsync(fd)
+        self._fd = fd
+
+    def release(self) -> None:
+        """Clear the record and drop the lock (a no-op when not held)."""
+        if self._fd is None:
+            return
+        os.ftruncate(self._fd, 0)
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> JobLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _inode(path: Path) -> int:
+    try:
+        return path.stat().st_ino
+    except FileNotFoundError:
+        return -1

@@ -1,0 +1,118 @@
+"""Graceful preemption of ``experiments.train`` end to end (subprocesses).
+
+A real run receives SIGTERM, SIGUSR1 or SIGINT once training has started (after 1, 5 or 9 logged
+training steps); it must finish its step, write a checkpoint and ``results.json`` with
+``status: "preempted"``, and exit with 128 + the signal number, with no mid-epoch checkpoints
+configured (``checkpoint_every=0``, the default, so the checkpoint is the preemption's own).
+Running the same command again must end exactly like an uninterrupted run: metrics, failure
+counts, logged rows and parameters (wall-clock fields excluded).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from experiments.engine.checkpoint import read_checkpoint
+
+ROOT = Path(__file__).resolve().parents[3]
+ARGS = [
+    "epochs=4", "data.train_size=48", "data.val_size=16", "data.image_size=32",
+    "data.num_classes=3", "context.rank=4", "context.steps=3", "context.eval_steps=3",
+    "batch_size=8", "progress=false", "threads=1", "diagnostics.every=2", "log_every=1",
+]  # fmt: skip
+STEPS_PER_EPOCH = 6
+TIMEOUT_S = 240
+
+pytestmark = pytest.mark.slow
+
+
+def _command(job: Path) -> list[str]:
+    return [sys.executable, "-m", "experiments.train", *ARGS, f"hydra.run.dir={job}"]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "1", "OMP_NUM_THREADS": "1"}
+
+
+def _run(job: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(_command(job), cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=TIMEOUT_S, check=False)  # fmt: skip
+
+
+def _untimed(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _untimed(v) for k, v in value.items() if "time" not in k and "seconds" not in k}
+    return value
+
+
+def _results(job: Path) -> dict[str, Any]:
+    results = json.loads((job / "results.json").read_text())
+    assert results["status"] == "ok", results.get("error")
+    return {k: _untimed(results[k]) for k in ("metrics", "best", "failures", "solver")}
+
+
+def _rows(job: Path) -> list[dict[str, Any]]:
+    return [_untimed(json.loads(line)) for line in (job / "metrics.jsonl").read_text().splitlines()]
+
+
+def _parameters(job: Path) -> dict[str, torch.Tensor]:
+    return read_checkpoint(job / "checkpoint.pt")["model"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    job = tmp_path_factory.mktemp("reference")
+    proc = _run(job)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return job
+
+
+def _train_rows(job: Path) -> int:
+    metrics = job / "metrics.jsonl"
+    return metrics.read_text().count('"train/loss"') if metrics.exists() else 0
+
+
+@pytest.mark.parametrize(
+    ("signum", "rows"),
+    [(signal.SIGTERM, 1), (signal.SIGUSR1, 5), (signal.SIGINT, 9)],
+    ids=["SIGTERM", "SIGUSR1", "SIGINT"],
+)
+def test_signal_checkpoints_and_resumes_identically(
+    reference: Path, tmp_path: Path, signum: signal.Signals, rows: int
+) -> None:
+    proc = subprocess.Popen(_command(tmp_path), cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while _train_rows(tmp_path) < rows:  # a different moment for each signal
+            assert proc.poll() is None and time.monotonic() < deadline, "no training step"
+            time.sleep(0.002)
+        proc.send_signal(signum)
+        log, _ = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signum, log[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["status"] == "preempted" and results["signal"] == signum.name
+    step = results["step"]
+    assert 0 < step < 4 * STEPS_PER_EPOCH, "the run finished before the signal"
+    assert (tmp_path / "checkpoints" / f"step-{step:09d}.pt").exists()
+    assert f"received {signum.name}" in log
+
+    proc2 = _run(tmp_path)
+    assert proc2.returncode == 0, proc2.stderr[-3000:]
+    assert f"step {step}" in proc2.stdout + proc2.stderr  # "resuming from ...: ..., step N"
+    assert _results(tmp_path) == _results(reference)
+    a, b = _parameters(tmp_path), _parameters(reference)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert _rows(tmp_path) == _rows(reference)
