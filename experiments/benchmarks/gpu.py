@@ -45,6 +45,7 @@ from torch import Tensor, nn
 
 import implicit_ham as ih
 from experiments.benchmarks.measure import MIB, interleaved_medians
+from implicit_ham.diagnostics.table import markdown_table
 from implicit_ham.nn import segnext_nmf
 
 logger = logging.getLogger(__name__)
@@ -451,11 +452,8 @@ def render(sections: Sequence[Section], header: Sequence[str]) -> str:
             continue
         if section.rows:
             columns = list(dict.fromkeys(k for row in section.rows for k in row))
-            lines.append("| " + " | ".join(columns) + " |")
-            lines.append("|" + "---|" * len(columns))
-            for row in section.rows:
-                lines.append("| " + " | ".join(fmt(row.get(c)) for c in columns) + " |")
-            lines.append("")
+            body = [[fmt(row.get(c)) for c in columns] for row in section.rows]
+            lines += [markdown_table(columns, body).rstrip("\n"), ""]
         lines += [*section.notes, ""] if section.notes else []
     return "\n".join(lines).rstrip() + "\n"
 

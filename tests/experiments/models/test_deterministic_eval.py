@@ -75,7 +75,7 @@ def test_the_experiments_evaluate_every_ham_with_fixed_bases(name: str) -> None:
         cfg = compose("config", overrides=[f"context={name}"])
     assert cfg.context.eval_init == "fixed"
     block = build_context(
-        OmegaConf.to_container(cfg.context), 16, ih.FixedPointIteration(), ih.OneStep()
+        OmegaConf.to_object(cfg.context), 16, ih.FixedPointIteration(), ih.OneStep()
     )
     assert block.ham.init_mode == "random" and block.ham.eval_init_mode == "fixed"
     assert hasattr(block.ham, "fixed_bases")
