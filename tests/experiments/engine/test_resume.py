@@ -8,19 +8,21 @@ Wall-clock fields (``*time*``, ``*seconds*``) are the only ones excluded from th
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-
-from experiments.engine.checkpoint import read_checkpoint
+from helpers.train_jobs import (
+    job_parameters,
+    job_results,
+    metric_rows,
+    run_train,
+    train_command,
+    train_env,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 # NMF context: random initial bases are drawn from torch's global RNG at every forward.
@@ -36,37 +38,14 @@ pytestmark = pytest.mark.slow
 
 
 def _command(job: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "experiments.train", *ARGS, *extra, f"hydra.run.dir={job}"]
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "1", "OMP_NUM_THREADS": "1"}
+    return train_command(job, ARGS, *extra)
 
 
 def _run(job: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(_command(job, *extra), cwd=ROOT, env=_env(), capture_output=True,
-                          text=True, timeout=600, check=False)  # fmt: skip
-    return proc
+    return run_train(job, ARGS, *extra)
 
 
-def _untimed(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _untimed(v) for k, v in value.items() if "time" not in k and "seconds" not in k}
-    return value
-
-
-def _results(job: Path) -> dict[str, Any]:
-    results = json.loads((job / "results.json").read_text())
-    assert results["status"] == "ok", results.get("error")
-    return {k: _untimed(results[k]) for k in ("metrics", "best", "failures", "solver")}
-
-
-def _rows(job: Path) -> list[dict[str, Any]]:
-    return [_untimed(json.loads(line)) for line in (job / "metrics.jsonl").read_text().splitlines()]
-
-
-def _parameters(job: Path) -> dict[str, torch.Tensor]:
-    return read_checkpoint(job / "checkpoint.pt")["model"]
+_env, _results, _rows, _parameters = train_env, job_results, metric_rows, job_parameters
 
 
 def _assert_same_state(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
