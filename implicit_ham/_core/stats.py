@@ -34,6 +34,10 @@ class SolverStats:
         abs_residual: (B,) the last absolute residual.
         rel_residual: (B,) the last residual divided by the norm of the iterate it produced.
         converged: (B,) bool, ``rel/abs residual <= tol``; None when the solver had no tolerance.
+        sample_steps: (B,) int64, the steps each sample took before it was frozen (per-sample
+            stopping: with a tolerance, a sample that has converged takes no further update while
+            the others go on); None when every sample took ``steps`` (no tolerance, or a solver
+            without per-sample stopping). ``steps`` is the batch's count (the largest).
     """
 
     solver: str
@@ -42,6 +46,13 @@ class SolverStats:
     abs_residual: Tensor
     rel_residual: Tensor
     converged: Tensor | None
+    sample_steps: Tensor | None = None
+
+    def steps_per_sample(self) -> Tensor:
+        """(B,) int64: ``sample_steps``, or ``steps`` for every sample when it is None."""
+        if self.sample_steps is not None:
+            return self.sample_steps
+        return torch.full((self.abs_residual.shape[0],), self.steps, dtype=torch.int64)
 
     def summary(self) -> dict[str, str | float | int | bool | None]:
         """Plain numbers (max over the batch); synchronises with the device once."""
@@ -93,13 +104,20 @@ class BackwardStats:
 
 @dataclass
 class TraceRecorder:
-    """Accumulates per-step residuals and finiteness flags on the device (no host sync)."""
+    """Accumulates per-step residuals on the device (no host sync).
+
+    Per step it keeps the (B,) absolute and relative residuals and the (B, n_tensors) norms of
+    each state tensor's change ((B,) for a one-tensor state); the finiteness of a step is read from those norms only when
+    ``check_finite`` asks (no per-step flag is computed). For a one-tensor state the norms are
+    one ``vector_norm`` each (no per-tensor stacking or rescaling).
+    """
 
     solver: str
     scale: float = 1.0
     residuals: list[Tensor] = field(default_factory=list)
     rel: list[Tensor] = field(default_factory=list)
-    finite: list[Tensor] = field(default_factory=list)
+    parts: list[Tensor] = field(default_factory=list)
+    sample_steps: Tensor | None = None
 
     def record(self, z_prev: State, z_next: State) -> Tensor:
         """Record one step ``z_prev -> z_next``; return its (B,) absolute residual.
@@ -111,19 +129,42 @@ class TraceRecorder:
         ``scale`` undoes a damping factor: for ``z' = a f(z) + (1-a) z``, ``||f(z) - z|| =
         ||z' - z|| / a``.
         """
-        with torch.no_grad():
-            prev = tuple(t.detach() for t in z_prev)
-            nxt = tuple(t.detach() for t in z_next)
-            parts = per_tensor_norms(tuple(x - y for x, y in zip(nxt, prev, strict=True)))
-            res = combine_norms(parts) / self.scale
-            self.residuals.append(res)
-            self.rel.append(res / (per_sample_norm(nxt) + torch.finfo(res.dtype).tiny))
-            self.finite.append(torch.isfinite(parts).all(0))
+        if len(z_next) == 1 and not (z_next[0].requires_grad or z_prev[0].requires_grad):
+            res, size = self._one(z_prev[0], z_next[0])  # no graph: no detach, no no_grad
+        else:
+            with torch.no_grad():
+                if len(z_next) == 1:
+                    res, size = self._one(z_prev[0].detach(), z_next[0].detach())
+                else:
+                    nxt = tuple(t.detach() for t in z_next)
+                    changes = (x - y.detach() for x, y in zip(nxt, z_prev, strict=True))
+                    parts = per_tensor_norms(tuple(changes))
+                    self.parts.append(parts)
+                    res, size = combine_norms(parts), per_sample_norm(nxt)
+        if self.scale != 1.0:
+            res = res / self.scale
+        self.residuals.append(res)
+        self.rel.append(res / size.clamp_min(torch.finfo(res.dtype).tiny))
         return res
 
+    def _one(self, prev: Tensor, nxt: Tensor) -> tuple[Tensor, Tensor]:
+        """A one-tensor state's step: its (B,) change norm (kept as the step's part) and the
+        (B,) norm of the new iterate."""
+        res = _sample_norm(nxt - prev)
+        self.parts.append(res)
+        return res, _sample_norm(nxt)
+
     def check_finite(self, z0: State, steps_offset: int = 0) -> None:
-        """Raise NonFiniteError naming the first step and state tensor that went non-finite."""
-        flags = torch.stack([finite_flags(tuple(t.detach() for t in z0)), *self.finite])
+        """Raise NonFiniteError naming the first step and state tensor that went non-finite.
+
+        One reduction over the recorded (steps, B, n_tensors) norms and one host
+        synchronisation when everything is finite; z0 and the steps are examined one by one
+        only to name the culprit."""
+        if self.parts and bool(torch.isfinite(torch.stack(self.parts)).all()):
+            return
+        z0_flags = finite_flags(tuple(t.detach() for t in z0))
+        rows = (torch.isfinite(p.reshape(p.shape[0], -1)).all(0) for p in self.parts)
+        flags = torch.stack([z0_flags, *rows])
         if bool(flags.all()):
             return
         bad = (~flags).nonzero()[0].tolist()
@@ -143,10 +184,17 @@ class TraceRecorder:
         tol: float | None,
         stop_mode: str,
     ) -> SolverStats:
-        """The SolverStats of everything recorded so far."""
+        """The SolverStats of everything recorded so far. With ``sample_steps`` (B,) set (a
+        solve that froze samples as they converged), each sample's rows after its stop repeat
+        its residual at the stop, so its trace and final residuals are those of solving it
+        alone."""
         if self.residuals:
             residuals = torch.stack(self.residuals)
             rel = torch.stack(self.rel)
+            if self.sample_steps is not None:
+                rows = torch.arange(len(residuals), device=residuals.device)[:, None]
+                index = torch.minimum(rows, self.sample_steps[None] - 1).clamp_min(0)
+                residuals, rel = residuals.gather(0, index), rel.gather(0, index)
         else:
             residuals = torch.zeros(0, batch, device=device, dtype=dtype)
             rel = residuals
@@ -156,5 +204,16 @@ class TraceRecorder:
         if tol is not None:
             converged = (last_rel if stop_mode == "rel" else last_abs) <= tol
         return SolverStats(
-            self.solver, len(self.residuals), residuals, last_abs, last_rel, converged
+            self.solver,
+            len(self.residuals),
+            residuals,
+            last_abs,
+            last_rel,
+            converged,
+            self.sample_steps,
         )
+
+
+def _sample_norm(t: Tensor) -> Tensor:
+    """(B,): the Euclidean norm of each sample of ``t`` (B, ...)."""
+    return t.abs() if t.ndim == 1 else torch.linalg.vector_norm(t, dim=tuple(range(1, t.ndim)))

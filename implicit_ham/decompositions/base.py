@@ -6,7 +6,9 @@ roles are swapped, d = H*W and n = C/S. The iteration state is the tuple (bases 
 coefficients C (B*S, n, r)); X goes in the problem's ``args`` so every backward mode's gradient
 reaches the input through them. A subclass supplies the algorithm:
 
-* ``init(x, bases) -> (D0, C0)`` (default ``C0 = softmax_r(inv_t * X^T D0)``),
+* ``init(x, bases) -> (D0, C0)`` (default ``C0 = softmax_r(inv_t * X^T D0)``), optionally
+  ``init_shared(x, bases) -> ((D0, C0), product)`` handing a product of the initialisation to
+  the first step (read there with ``shared_product``; NMF's ``X^T D0``),
 * ``step(x, state) -> state``: one iteration, the map ``f`` of the fixed-point problem,
 * optionally ``loop_invariants(x)`` and ``step_with(x, state, invariants)``: quantities of X
   that every iteration needs, computed once per solve (see ``IterationMap``),
@@ -30,8 +32,10 @@ Gradient semantics of ``forward`` (the solve always runs ``steps`` iterations in
 from __future__ import annotations
 
 import dataclasses
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any, ClassVar
 
@@ -74,6 +78,13 @@ def is_finite(x: Tensor) -> bool:
         return True
     low, high = torch.aminmax(x.detach())
     return bool(torch.isfinite(torch.stack([low, high])).all())
+
+
+def value_range(x: Tensor, *others: Tensor) -> list[float]:
+    """``[min(x), max(x), min(others[0]), ...]`` in one pass over x (``aminmax`` propagates
+    NaN, so a NaN anywhere in x makes both non-finite) and one host synchronisation."""
+    low, high = torch.aminmax(x.detach())
+    return torch.stack([low, high, *(t.detach().amin() for t in others)]).tolist()
 
 
 class Decomposition(nn.Module, ABC):
@@ -197,6 +208,7 @@ class Decomposition(nn.Module, ABC):
         self.grad_through_bases = bool(grad_through_bases)
         self.use_compile = bool(compile)
         self._compiled: dict[str, Callable[..., Any]] = {}
+        self._shared: tuple[Tensor, Tensor, Tensor] | None = None
         self.last_solution: Solution | None = None
         if channels is not None:
             check_positive_int(owner, "channels", channels)
@@ -217,6 +229,31 @@ class Decomposition(nn.Module, ABC):
         """The initial state from the initial bases D0 (B*S, d, r) that the init policy chose:
         ``(D0, C0)`` with ``C0 = softmax_r(inv_t * X^T D0)`` (B*S, n, r)."""
         return bases, torch.softmax(self.inv_t * (x.transpose(1, 2) @ bases), dim=-1)
+
+    def init_shared(self, x: Tensor, bases: Tensor) -> tuple[State, Tensor | None]:
+        """``(init(x, bases), product)``: the initial state and a product the initialisation
+        computed that the first step needs again (None by default; NMF: ``X^T D0``). The
+        problem's map hands it to the first step at exactly this state (``IterationMap``),
+        whose ``shared_product`` returns it instead of recomputing it."""
+        return tuple(self.init(x, bases)), None
+
+    @contextmanager
+    def sharing(self, bases: Tensor, x: Tensor, product: Tensor) -> Iterator[None]:
+        """While the first step runs: ``shared_product(bases, x)`` returns ``product``."""
+        self._shared = (bases, x, product)
+        try:
+            yield
+        finally:
+            self._shared = None
+
+    def shared_product(self, bases: Tensor, x: Tensor) -> Tensor | None:
+        """The product ``init_shared`` handed over for exactly these tensors, or None (then
+        the caller computes it). Used once."""
+        shared = self._shared
+        if shared is None or shared[0] is not bases or shared[1] is not x:
+            return None
+        self._shared = None
+        return shared[2]
 
     @abstractmethod
     def step(self, x: Tensor, state: State) -> State:
@@ -241,7 +278,7 @@ class Decomposition(nn.Module, ABC):
 
     def readout(self, x: Tensor, state: State) -> Tensor:
         """The low-rank reconstruction ``D compute_coef(X, state)^T`` (B*S, d, n)."""
-        return state[0] @ self.compute_coef(x, state).transpose(1, 2)
+        return torch.bmm(state[0], self.compute_coef(x, state).transpose(1, 2))
 
     def objective(self, x: Tensor, state: State) -> Tensor:
         """(B*S,): the reconstruction error ``||X - readout(X, state)||_F^2`` per sample."""
@@ -249,7 +286,29 @@ class Decomposition(nn.Module, ABC):
 
     def check_input(self, x: Tensor, bases: Tensor) -> None:
         """Raise ValueError if X (B*S, d, n) or the initial bases are outside the algorithm's
-        domain (e.g. negative values for NMF). Default: anything finite is accepted."""
+        domain. Default: anything finite is accepted (finiteness, and non-negativity for a
+        class with ``nonnegative = True``, are checked before, in one pass over X:
+        ``check_values``)."""
+
+    def check_values(self, x: Tensor, bases: Tensor) -> None:
+        """NonFiniteError if X (B*S, d, n) holds NaN / inf; for a ``nonnegative`` layer,
+        ValueError if X or the initial bases hold a negative value. One pass over X
+        (``aminmax``, which propagates NaN) and one host synchronisation for both checks."""
+        if x.numel() == 0 or not host_checks():  # vmap / compile: values cannot be read
+            return
+        low, high, *base_low = value_range(x, *([bases] if self.nonnegative else []))
+        if not (math.isfinite(low) and math.isfinite(high)):
+            raise NonFiniteError(
+                f"{type(self).__name__}: the input contains NaN or infinity; check the layer "
+                "that produces it (or the data) before the decomposition."
+            )
+        for what, value in zip(("input", "initial bases"), (low, *base_low), strict=False):
+            if self.nonnegative and value < 0:
+                raise ValueError(
+                    f"{type(self).__name__} needs a non-negative {what}, got a minimum of "
+                    f"{value:.3g}; put a ReLU in front of it (Hamburger's lower bread does) or "
+                    "use VQ / CD."
+                )
 
     # ------------------------------------------------------------------------ the layer
     def flatten(self, x: Tensor) -> Tensor:
@@ -319,17 +378,15 @@ class Decomposition(nn.Module, ABC):
         ``step`` (an ``IterationMap``, which computes the loop invariants once per solve),
         ``z0 = init(X, D0)``, ``args = (X,)`` with X (B*S, d, n). With random init, each call
         draws new bases; pass ``init`` for a reproducible problem."""
-        if not is_finite(x):
-            raise NonFiniteError(
-                f"{type(self).__name__}: the input contains NaN or infinity; check the layer "
-                "that produces it (or the data) before the decomposition."
-            )
         flat = self.flatten(x)
         self._check_rank(flat)
         bases = self.initial_bases(flat, init)
+        self.check_values(flat, bases)
         self.check_input(flat, bases)
-        z0 = tuple(self.init(flat, bases))
-        return FixedPointProblem(IterationMap(self), z0, (flat,))
+        z0, product = self.init_shared(flat, bases)
+        step = IterationMap(self)
+        step.share(z0[0], flat, product)
+        return FixedPointProblem(step, z0, (flat,))
 
     def iterate(self, state: State, x: Tensor) -> State:
         """``f(z, *args)`` in ``fixed_point``'s argument order: ``step(x, state)`` (without the
@@ -413,6 +470,7 @@ class Decomposition(nn.Module, ABC):
         """Pickle / deep-copy state without the compiled functions (rebuilt on demand)."""
         state = self.__dict__.copy()
         state["_compiled"] = {}
+        state["_shared"] = None
         return state
 
     # ------------------------------------------------------------------------- internals

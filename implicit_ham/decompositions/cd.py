@@ -52,7 +52,7 @@ class CD(Decomposition):
     def step_with(self, x: Tensor, state: State, invariants: Tensor) -> State:
         coef = torch.softmax(normalized_similarity(x, state[0], invariants), dim=-1)
         coef = normalize_over_n(coef, self.eps)
-        return F.normalize(x @ coef, dim=1, eps=self.eps), coef
+        return F.normalize(torch.bmm(x, coef), dim=1, eps=self.eps), coef
 
     def compute_coef(self, x: Tensor, state: State) -> Tensor:
         """``C^T = (D^T D + beta I)^-1 (D^T X)`` (B*S, n, r): the r x r inverse is well

@@ -49,7 +49,7 @@ def normalized_similarity(x: Tensor, bases: Tensor, scale: Tensor) -> Tensor:
     """``(X^T D) * scale`` (B, n, r) for X (B, d, n), D (B, d, r) and a per-pixel ``scale``
     (B, n, 1); with ``scale = inv_t / max(||x_j||, eps)`` it is ``inv_t normalize_d(X)^T D``
     without materialising the normalised copy of X (B, d, n) at every iteration."""
-    similarity = x.mT @ bases
+    similarity = torch.bmm(x.mT, bases)
     if not may_overwrite(x, bases, scale):
         return similarity * scale
     return similarity.mul_(scale)

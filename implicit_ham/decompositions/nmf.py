@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from implicit_ham._core.transforms import host_checks
 from implicit_ham.decompositions.base import Decomposition, State
 from implicit_ham.decompositions.fused import multiplicative_update
 from implicit_ham.decompositions.registry import register_decomposition
@@ -31,7 +30,11 @@ class NMF(Decomposition):
     the only products of size d x n x r are ``X^T D``, ``X C`` and the readout; C is kept in
     an (r, n) memory layout (a transposed view, see ``_update_coef``); temporaries are updated
     in place when autograd does not need them (see ``fused``); the quotient is
-    ``(X^T D) * (C / (C D^T D + eps))``.
+    ``(X^T D) * (C / (C D^T D + eps))``. The products are plain ``torch.bmm`` calls on the
+    3-D operands (no ``matmul`` reshaping per product), and ``X^T D0``, formed once for
+    ``C0 = softmax_r(X^T D0)``, is handed to the first C update (``init_shared``) instead of
+    being recomputed: 14 products of size d x n x r per 6-step forward instead of 15. The
+    input's finiteness and non-negativity are checked in one pass (``check_values``).
     """
 
     default_inv_t = 1.0
@@ -41,11 +44,21 @@ class NMF(Decomposition):
         """Uniform [0, 1) bases (non-negative, as NMF needs)."""
         return torch.rand(shape, device=like.device, dtype=like.dtype)
 
+    def init(self, x: Tensor, bases: Tensor) -> State:
+        return self.init_shared(x, bases)[0]
+
+    def init_shared(self, x: Tensor, bases: Tensor) -> tuple[State, Tensor]:
+        """``(D0, softmax_r(inv_t X^T D0))`` and ``X^T D0`` (B*S, n, r), formed as the first C
+        update forms it (``(D0^T X)^T``, (r, n) layout), for that update to reuse."""
+        product = torch.bmm(bases.mT, x)  # (B*S, r, n)
+        logits = product if self.inv_t == 1.0 else self.inv_t * product
+        return (bases, torch.softmax(logits, dim=1).mT), product.mT
+
     def step(self, x: Tensor, state: State) -> State:
         bases, coef = state
         coef = self._update_coef(x, bases, coef)
-        numer = x @ coef
-        denom = bases @ (coef.mT @ coef)
+        numer = torch.bmm(x, coef)
+        denom = torch.bmm(bases, torch.bmm(coef.mT, coef))
         return multiplicative_update(bases, numer, denom, self.eps), coef
 
     def compute_coef(self, x: Tensor, state: State) -> Tensor:
@@ -56,17 +69,6 @@ class NMF(Decomposition):
         bases, coef = state
         return (x - bases @ coef.transpose(1, 2)).square().sum(dim=(1, 2))
 
-    def check_input(self, x: Tensor, bases: Tensor) -> None:
-        if x.numel() == 0 or not host_checks():  # vmap / compile: values cannot be read
-            return
-        lows = torch.stack([x.detach().amin(), bases.detach().amin()]).tolist()
-        for what, low in zip(("input", "initial bases"), lows, strict=True):
-            if low < 0:
-                raise ValueError(
-                    f"NMF needs a non-negative {what}, got a minimum of {low:.3g}; put a ReLU "
-                    "in front of it (Hamburger's lower bread does) or use VQ / CD."
-                )
-
     def _update_coef(self, x: Tensor, bases: Tensor, coef: Tensor) -> Tensor:
         """``C * (X^T D) / (C D^T D + eps)``: (B*S, n, r), stored as its transpose (r, n).
 
@@ -76,6 +78,8 @@ class NMF(Decomposition):
         produced in X's own (d, n) layout: no strided transpose copy of an (n, d) gradient in
         the backward pass (the official formulation's ``bmm(X^T, D)`` pays one per step).
         """
-        numer = (bases.mT @ x).mT
-        denom = ((bases.mT @ bases) @ coef.mT).mT
+        numer = self.shared_product(bases, x)
+        if numer is None:
+            numer = torch.bmm(bases.mT, x).mT
+        denom = torch.bmm(torch.bmm(bases.mT, bases), coef.mT).mT
         return multiplicative_update(coef, numer, denom, self.eps)

@@ -50,7 +50,7 @@ class VQ(Decomposition):
 
     def step_with(self, x: Tensor, state: State, invariants: Tensor) -> State:
         coef = normalize_over_n(self._assignments(x, state[0], invariants), self.eps)
-        return x @ coef, coef
+        return torch.bmm(x, coef), coef
 
     def compute_coef(self, x: Tensor, state: State) -> Tensor:
         scale = self.inv_t / (column_norms(x.detach()) + self.eps)

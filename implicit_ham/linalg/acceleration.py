@@ -12,7 +12,12 @@ written for this library's solver contract:
   ``torch.linalg.solve_ex`` (no exception, no host synchronisation; a singular system shows up
   as a non-finite iterate);
 * one host synchronisation per evaluation when there is a tolerance (the stopping decision,
-  which also detects NaN / inf), none per evaluation without one (one at the end).
+  which also detects NaN / inf), none per evaluation without one (one at the end);
+* per-sample stopping: with a tolerance, a sample that has converged is frozen (its returned
+  iterate and residual stay those of its stop) while the others go on; the mixing is per
+  sample, so a sample's value and step count do not depend on its batch-mates (torchdeq's
+  solvers stop the whole batch on the worst sample and keep updating converged samples'
+  iterates, only their best-so-far choice keeps them from getting worse).
 
 ``Iterate`` is the shared result; ``anderson`` and ``broyden`` are plain functions of
 ``f: (B, N) -> (B, N)``.
@@ -38,9 +43,12 @@ class Iterate:
     Attributes:
         x: (B, N) per sample the evaluated iterate with the lowest residual.
         abs_residual, rel_residual: (B,) ``||f(x) - x||`` and that over ``||f(x)||`` at ``x``.
-        residuals, rel_residuals: (evaluations, B) the residual of every evaluated iterate.
+        residuals, rel_residuals: (evaluations, B) the residual of every evaluated iterate;
+            a sample frozen at its stop repeats its residual there in the later rows.
         failed_at: None, or the index (0-based) of the first evaluation whose residual was
             NaN / inf (then ``x`` must not be trusted).
+        sample_steps: (B,) int64 evaluations each sample took before it converged and was
+            frozen (per-sample stopping); None when no sample stopped before the others.
     """
 
     x: Tensor
@@ -49,6 +57,7 @@ class Iterate:
     residuals: Tensor
     rel_residuals: Tensor
     failed_at: int | None
+    sample_steps: Tensor | None = None
 
     @property
     def evaluations(self) -> int:
@@ -57,11 +66,17 @@ class Iterate:
 
 
 class _Tracker:
-    """Per-sample best iterate and the residual trace, kept on the device."""
+    """Per-sample best iterate, per-sample stopping and the residual trace, kept on the device.
+
+    With a tolerance, a sample whose residual is ``<= tol`` is frozen: its best iterate and
+    residual no longer change (``hold`` keeps its iterate), and it no longer counts in the
+    stopping decision or the NaN / inf check, so its value and step count are those of solving
+    it alone. One host synchronisation per evaluation (two numbers while no sample is frozen:
+    the smallest and largest residual; then the largest over the running samples)."""
 
     def __init__(self, x0: Tensor, tol: float | None, stop_mode: str) -> None:
         self.tol, self.use_rel = tol, stop_mode == "rel"
-        self.best = x0.clone()
+        self.best = x0
         batch = x0.shape[0]
         self.best_abs = x0.new_full((batch,), float("inf"))
         self.best_rel = x0.new_full((batch,), float("inf"))
@@ -69,40 +84,70 @@ class _Tracker:
         self.rel: list[Tensor] = []
         self.finite = torch.ones((), dtype=torch.bool, device=x0.device)
         self.failed_at: int | None = None
+        self.active: Tensor | None = None  # None while no sample is frozen
+        self.stops: Tensor | None = None
 
     def add(self, x: Tensor, fx: Tensor, gx: Tensor) -> bool:
         """Record the evaluation ``fx = f(x)`` with residual ``gx = fx - x``; True to stop."""
         abs_res = torch.linalg.vector_norm(gx, dim=1)
-        rel_res = abs_res / (torch.linalg.vector_norm(fx, dim=1) + torch.finfo(x.dtype).tiny)
+        size = torch.linalg.vector_norm(fx, dim=1).clamp_min(torch.finfo(x.dtype).tiny)
+        rel_res = abs_res / size
         self.abs.append(abs_res)
         self.rel.append(rel_res)
         metric = rel_res if self.use_rel else abs_res
         best_metric = self.best_rel if self.use_rel else self.best_abs
         better = metric < best_metric
+        if self.active is not None:
+            better = better & self.active
         self.best = torch.where(better[:, None], x, self.best)
         self.best_abs = torch.where(better, abs_res, self.best_abs)
         self.best_rel = torch.where(better, rel_res, self.best_rel)
         if self.tol is None:
             self.finite = self.finite & torch.isfinite(metric).all()
             return False
-        worst = float(metric.max())  # the evaluation's one host synchronisation
-        if worst != worst or worst == float("inf"):
-            self.failed_at = len(self.abs) - 1
+        return self._decide(metric, float(self.tol))
+
+    def _decide(self, metric: Tensor, tol: float) -> bool:
+        """The evaluation's one host synchronisation: stop, freeze samples, or go on."""
+        count = len(self.abs)
+        if self.active is None:
+            bounds = torch.aminmax(metric)
+            low, high = bounds.min.item(), bounds.max.item()
+            done = metric <= tol if low <= tol < high else None
+        else:
+            high = metric.masked_fill(~self.active, 0.0).max().item()
+            done = self.active & (metric <= tol)
+        if high != high or high == float("inf"):
+            self.failed_at = count - 1
             return True
-        return worst <= self.tol
+        if high <= tol:
+            return True
+        if done is not None:
+            if self.stops is None:
+                self.stops = torch.zeros(metric.shape, dtype=torch.int64, device=metric.device)
+            self.stops = self.stops.masked_fill(done, count)
+            self.active = ~done if self.active is None else self.active & ~done
+        return False
+
+    def hold(self, x_next: Tensor, x: Tensor) -> Tensor:
+        """The next iterate: ``x_next``, but ``x`` for the frozen samples."""
+        return x_next if self.active is None else torch.where(self.active[:, None], x_next, x)
 
     def result(self) -> Iterate:
         if self.tol is None and self.failed_at is None and not bool(self.finite):
             rows = torch.stack(self.abs)
             bad = ~torch.isfinite(rows).all(dim=1)
             self.failed_at = int(bad.nonzero()[0, 0])
+        residuals, rel = torch.stack(self.abs), torch.stack(self.rel)
+        steps = None
+        if self.stops is not None and self.active is not None:
+            steps = torch.where(self.active, torch.full_like(self.stops, len(self.abs)), self.stops)
+            index = torch.minimum(
+                torch.arange(len(residuals), device=steps.device)[:, None], steps[None] - 1
+            )
+            residuals, rel = residuals.gather(0, index), rel.gather(0, index)
         return Iterate(
-            self.best,
-            self.best_abs,
-            self.best_rel,
-            torch.stack(self.abs),
-            torch.stack(self.rel),
-            self.failed_at,
+            self.best, self.best_abs, self.best_rel, residuals, rel, self.failed_at, steps
         )
 
 
@@ -148,7 +193,7 @@ def anderson(
             break
         n = min(k + 1, m)
         if n == 1:
-            x = fx
+            x = tracker.hold(fx, x)
             gram[:, 0, 0] = torch.linalg.vector_norm(gx, dim=1).square().to(small)
             continue
         row = torch.bmm(gs[:, :n], gx[:, :, None])[:, :, 0].to(small)  # (B, n): <g_i, g_new>
@@ -157,9 +202,10 @@ def anderson(
         system[:, 1 : n + 1, 1 : n + 1] = gram[:, :n, :n] + ridge[:n, :n]
         solution, _ = torch.linalg.solve_ex(system[:, : n + 1, : n + 1], rhs[:, : n + 1])
         alpha = solution[:, 1 : n + 1, 0][:, None].to(x0.dtype)  # (B, 1, n)
-        x = torch.bmm(alpha, fs[:, :n])[:, 0]
+        x_next = torch.bmm(alpha, fs[:, :n])[:, 0]
         if damping != 1.0:
-            x = damping * x + (1 - damping) * torch.bmm(alpha, xs[:, :n])[:, 0]
+            x_next = damping * x_next + (1 - damping) * torch.bmm(alpha, xs[:, :n])[:, 0]
+        x = tracker.hold(x_next, x)
     return tracker.result()
 
 
@@ -188,7 +234,7 @@ def broyden(
         return tracker.result()
     update = gx
     for step in range(1, max_evals):
-        x_new = x + update
+        x_new = tracker.hold(x + update, x)
         fx = f(x_new)
         gx_new = fx - x_new
         if tracker.add(x_new, fx, gx_new) or step == max_evals - 1:

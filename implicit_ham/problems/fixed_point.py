@@ -113,8 +113,14 @@ def fixed_point(
     wanted = state_indices(states, solver.max_steps)
     recorder = StateRecorder(wanted) if wanted else None
 
+    single = None if spec.is_tuple or len(spec.shapes) != 1 else (spec.shapes[0], spec.dtype)
+
     def call(z: State, inputs: tuple[Any, ...]) -> State:
-        out = spec.check(f(spec.restore(z), *inputs), where="fixed_point")
+        value = f(spec.restore(z), *inputs)
+        if single is not None and type(value) is Tensor and (value.shape, value.dtype) == single:
+            out: State = (value,)  # the common case of spec.check, without its general walk
+        else:
+            out = spec.check(value, where="fixed_point")
         if recorder is not None:
             recorder.see(out)
         return out

@@ -92,6 +92,7 @@ class NativeSolver(FixedPointSolver):
             result.abs_residual,
             result.rel_residual,
             converged,
+            result.sample_steps,
         )
         warn_if_not_converged(stats, self.tol)
         return z, stats

@@ -4,31 +4,34 @@ The solver whose steps are plain steps of ``f``: it runs the last ``grad_steps``
 gradient (so ``Unroll`` / ``Truncated`` differentiate the very iterations), the others without.
 With ``tol=None`` it runs exactly ``max_steps`` steps with no host synchronisation per step
 (Hamburger's K steps), recording the per-step residual trace only when asked (``trace=True``);
-with a tolerance it checks the residual each step and, when some steps must carry gradient,
-solves without gradient and then redoes the last ``grad_steps`` steps with it
+with a tolerance it checks the residual each step (one host synchronisation) and stops each
+sample on its own: a sample whose residual is ``<= tol`` is frozen (no further update) while the
+others go on, so a sample's value and step count do not depend on its batch-mates (given an
+``f`` that treats samples independently). When some steps must carry gradient it solves
+without gradient and then redoes each sample's last ``grad_steps`` steps with it
 (``_replay_tail``), so the value is the one a fully unrolled solve stops at.
 """
 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 
+from implicit_ham._core.errors import NonFiniteError
 from implicit_ham._core.state import (
     State,
     StateSpec,
     StepFn,
     detached,
-    finite_flags,
 )
 from implicit_ham._core.stats import SolverStats, TraceRecorder
-from implicit_ham._core.transforms import host_checks, under_vmap
+from implicit_ham._core.transforms import active_transforms, host_checks, under_vmap
 from implicit_ham._core.validation import (
     check_budget,
     check_choice,
@@ -51,18 +54,22 @@ class FixedPointIteration(FixedPointSolver):
 
     Args:
         max_steps: iterations K. With ``tol=None`` exactly K run, without host synchronisation.
-        tol: stop once every sample's residual (relative or absolute, see ``stop_mode``) is
-            ``<= tol``; this checks the residual on the host each step.
+        tol: stop a sample once its residual (relative or absolute, see ``stop_mode``) is
+            ``<= tol`` (it is then frozen while the others go on; ``stats.sample_steps`` holds
+            each sample's count) and the solve once every sample is; this checks the residual
+            on the host each step.
         damping: step size in (0, 1].
         stop_mode: "rel" (``||f(z) - z|| / ||f(z)||``) or "abs".
-        check_finite: raise NonFiniteError if an iterate is NaN/inf (one sync per solve).
+        check_finite: raise NonFiniteError if the solve went NaN / inf (one sync per solve).
         trace: record the residual of every step in ``stats.residuals`` (steps, B). Without a
             tolerance and with ``trace=False`` (the default) only the last step's residual is
             measured (``stats.residuals`` is then (1, B), ``stats.steps`` still K), and the
-            finiteness check folds each iterate into one running sum (a NaN / inf anywhere
-            makes it non-finite); when that sum is non-finite the solve is replayed with the
-            trace to name the first non-finite step and tensor. With a tolerance the trace is
-            always recorded (the stopping decision needs it).
+            finiteness check looks at z0 and the last step (the final state and its change)
+            once per solve; when they are not finite the solve is replayed with the trace to
+            name the first non-finite step and tensor. A NaN / inf that ``f`` itself maps back
+            to finite values before the last step is therefore not reported on this path (it
+            is with ``trace=True`` or a tolerance, which check every step's change). With a
+            tolerance the trace is always recorded (the stopping decision needs it).
     """
 
     max_steps: int = 6
@@ -81,7 +88,7 @@ class FixedPointIteration(FixedPointSolver):
         self, f: StepFn, z0: State, spec: StateSpec, grad_steps: int = 0
     ) -> tuple[State, SolverStats]:
         step = damped(f, self.damping)
-        grad_steps = min(grad_steps, self.max_steps)
+        grad_steps = min(grad_steps, self.max_steps) if _records_gradient() else 0
         rec = TraceRecorder(self.name, scale=self.damping)
         if self.tol is not None and under_vmap():
             raise NotImplementedError(
@@ -94,7 +101,8 @@ class FixedPointIteration(FixedPointSolver):
         if self.tol is None:
             z = self._fixed_budget(step, z0, grad_steps, rec)
         elif grad_steps >= self.max_steps:
-            z = self._until_converged(step, z0, rec, keep=0)[0]
+            z, stops = self._until_converged(step, z0, rec, keep=0)
+            rec.sample_steps = stops.per_sample if stops.staggered else None
         else:
             z = self._replay_tail(step, z0, grad_steps, rec)
         if self.check_finite and host_checks():
@@ -107,27 +115,28 @@ class FixedPointIteration(FixedPointSolver):
         self, step: StepFn, z0: State, spec: StateSpec, grad_steps: int, rec: TraceRecorder
     ) -> tuple[State, SolverStats]:
         """K steps without a per-step trace: the last step's residual, one finiteness sync."""
-        check = self.check_finite and host_checks()
-        dtype = torch.promote_types(z0[0].dtype, torch.float32)  # fp16 sums would overflow
-        health = torch.zeros((), dtype=dtype, device=z0[0].device)
         prev, z = z0, z0
         if grad_steps < self.max_steps:
             with torch.no_grad():
                 for _ in range(self.max_steps - grad_steps):
                     prev, z = z, step(z)
-                    health = _fold_sums(health, z) if check else health
             z = detached(z)  # no_grad does not stop forward-mode tangents (jvp, jacfwd)
         for _ in range(grad_steps):
             prev, z = z, step(z)
-            health = _fold_sums(health, z) if check else health
         rec.record(prev, z)
-        if check and not _is_finite(health, z0):
+        if self.check_finite and host_checks() and not _last_step_finite(rec):
             replay = TraceRecorder(self.name, scale=self.damping)
             with torch.no_grad():
                 self._fixed_budget(step, z0, 0, replay)
             replay.check_finite(z0)  # names the first non-finite step and tensor
-        stats = rec.build(spec.batch, z0[0].device, z0[0].dtype, None, self.stop_mode)
-        return z, dataclasses.replace(stats, steps=self.max_steps)
+            raise NonFiniteError(
+                f"{self.name}: non-finite value (NaN or inf, or a step whose size overflows) in "
+                f"the final state after {self.max_steps} steps (the replay without gradient "
+                "stayed finite: f differs between grad and no-grad mode). Check f for overflow "
+                "or division by zero, or use float64."
+            )
+        res, rel = rec.residuals[-1], rec.rel[-1]
+        return z, SolverStats(self.name, self.max_steps, res[None], res, rel, None)
 
     def _fixed_budget(self, step: StepFn, z0: State, grad_steps: int, rec: TraceRecorder) -> State:
         z = z0
@@ -142,31 +151,116 @@ class FixedPointIteration(FixedPointSolver):
 
     def _until_converged(
         self, step: StepFn, z0: State, rec: TraceRecorder, keep: int
-    ) -> tuple[State, deque[State]]:
-        """Iterate until converged; also return the last ``keep + 1`` iterates (oldest first)."""
-        history: deque[State] = deque([z0], maxlen=keep + 1)
+    ) -> tuple[State, _Stops]:
+        """Iterate until every sample is converged, freezing each one as it converges.
+
+        Returns the final state and the per-sample stops: each sample's step count and, when
+        ``keep > 0``, the iterate ``keep`` steps before its stop (z0 where it stopped sooner).
+        One host synchronisation per step: the (min, max) of the stopping metric over the
+        samples still running (NaN / inf stops the solve; the finite check then names it).
+        """
+        tol = float(self.tol or 0.0)
+        batch = z0[0].shape[0]
+        device = z0[0].device
+        active: Tensor | None = None  # None while no sample is frozen
+        stops = torch.full((batch,), self.max_steps, dtype=torch.int64, device=device)
+        window: deque[State] = deque([z0], maxlen=keep + 1)
+        starts: State | None = None  # per sample: the iterate keep steps before its stop
         z = z0
-        for _ in range(self.max_steps):
-            z = _advance(step, z, rec)
-            history.append(z)
+        for k in range(1, self.max_steps + 1):
+            z_next = step(z)
+            rec.record(z, z_next)
             metric = (rec.rel if self.stop_mode == "rel" else rec.residuals)[-1]
-            worst = float(metric.max())
-            if not math.isfinite(worst) or worst <= float(self.tol or 0.0):
+            if active is None:
+                z = z_next
+                bounds = torch.aminmax(metric)
+                low, high = bounds.min.item(), bounds.max.item()
+                done = metric <= tol if low <= tol and high > tol else None
+            else:
+                z = _select(active, z_next, z)
+                running = metric.masked_fill(~active, 0.0)
+                high = float(running.max())
+                done = active & (metric <= tol)
+            if keep:
+                window.append(z)
+            if not math.isfinite(high) or high <= tol:
                 break
-        return z, history
+            if done is not None:  # some samples converged at step k: freeze them
+                stops = stops.masked_fill(done, k)
+                if keep:
+                    starts = _select(done, window[0], z0 if starts is None else starts)
+                active = ~done if active is None else active & ~done
+        if active is not None:
+            stops = torch.where(active, torch.full_like(stops, k), stops)
+        else:
+            stops = torch.full_like(stops, k)
+        if keep:
+            running_start = window[0]
+            starts = running_start if starts is None or active is None else _select(
+                active, running_start, starts
+            )
+        return z, _Stops(stops, k, starts, active is not None)
 
     def _replay_tail(self, step: StepFn, z0: State, grad_steps: int, rec: TraceRecorder) -> State:
-        """Solve to tolerance without gradient, then redo the last steps with gradient.
+        """Solve to tolerance without gradient, then redo each sample's last steps with gradient.
 
-        The replay starts from the iterate ``grad_steps`` before the stopping point, so the value
-        equals the one a fully unrolled solve with the same tolerance stops at.
+        Each sample's replay starts from its own iterate ``grad_steps`` before its stop, so the
+        value equals the one a fully unrolled solve with the same tolerance stops at; a sample
+        that stopped after fewer steps replays only those (masked).
         """
         with torch.no_grad():
-            z, history = self._until_converged(step, z0, rec, keep=grad_steps)
+            z, stops = self._until_converged(step, z0, rec, keep=grad_steps)
+        rec.sample_steps = stops.per_sample if stops.staggered else None
         if grad_steps == 0:
             return z
-        start = history[0] if history[0] is z0 else detached(history[0])
-        return apply_steps(step, start, len(history) - 1)
+        assert stops.starts is not None
+        start = stops.starts
+        counts = stops.per_sample.tolist() if stops.staggered else [stops.last]
+        if min(counts) >= grad_steps:
+            return apply_steps(step, start if start is z0 else detached(start), grad_steps)
+        counts = stops.per_sample.tolist()
+        at_z0 = torch.tensor([c <= grad_steps for c in counts], device=z0[0].device)
+        z = _select(at_z0, z0, detached(start))  # keeps z0's graph where a replay starts there
+        for j in range(grad_steps):
+            live = torch.tensor([c + j >= grad_steps for c in counts], device=z0[0].device)
+            z_next = step(z)
+            z = _select(live, z_next, z)
+        return z
+
+
+@dataclass
+class _Stops:
+    """Where each sample of a solve with a tolerance stopped.
+
+    Attributes:
+        per_sample: (B,) int64 steps of each sample. last: the solve's steps (the largest).
+        starts: per sample the iterate ``keep`` steps before its stop (None without ``keep``).
+        staggered: whether some sample stopped before the others.
+    """
+
+    per_sample: Tensor
+    last: int
+    starts: State | None
+    staggered: bool
+
+
+def _records_gradient() -> bool:
+    """Whether a gradient step can record anything: grad mode, a torch.func transform or
+    forward-mode AD (dual tensors propagate under no_grad). Without any of them every step runs
+    without gradient: the value is the same, and a tolerance solve skips its replay."""
+    if torch.is_grad_enabled() or active_transforms():
+        return True
+    return bool(forward_ad._current_level >= 0)
+
+
+def _rows(mask: Tensor, like: Tensor) -> Tensor:
+    """The (B,) mask shaped to broadcast over ``like`` (B, ...)."""
+    return mask.view(mask.shape[0], *([1] * (like.ndim - 1)))
+
+
+def _select(mask: Tensor, a: State, b: State) -> State:
+    """Per sample ``a`` where ``mask`` else ``b``."""
+    return tuple(torch.where(_rows(mask, x), x, y) for x, y in zip(a, b, strict=True))
 
 
 def _advance(step: StepFn, z: State, rec: TraceRecorder) -> State:
@@ -175,17 +269,7 @@ def _advance(step: StepFn, z: State, rec: TraceRecorder) -> State:
     return z_next
 
 
-def _fold_sums(health: Tensor, z: State) -> Tensor:
-    """``health + sum of every entry of z``: NaN / inf once any iterate held NaN / inf (or,
-    rarely, once the sums overflow; the replay then finds nothing and the solve goes on)."""
-    with torch.no_grad():
-        for t in z:
-            health = health + t.detach().sum(dtype=health.dtype)
-    return health
-
-
-def _is_finite(health: Tensor, z0: State) -> bool:
-    """One host synchronisation: whether z0 and the folded iterates are finite."""
-    flags = torch.cat([finite_flags(tuple(t.detach() for t in z0)), torch.isfinite(health)[None]])
-    return bool(flags.all())
-
+def _last_step_finite(rec: TraceRecorder) -> bool:
+    """One host synchronisation: whether the last recorded change is finite (a NaN / inf in
+    the final state, or in the one before it, makes the norm of its change non-finite)."""
+    return bool(torch.isfinite(rec.parts[-1]).all())
