@@ -23,16 +23,43 @@ backward pass of a training step, library over peer.
     python -m experiments.benchmarks.peers --markdown docs/benchmarks_peers.md   # also the docs
     page
     python -m experiments.benchmarks.peers --only hams --sizes 64           # one group
+    python -m experiments.benchmarks.peers --json runs/1/peers.json          # the rows as JSON
+
+Before timing, every case checks that both sides compute the same thing: the hams' outputs and
+input gradients from the same initial bases (``check_same``: relative difference below the
+case's tolerance, else ``SystemExit`` naming the case), the solvers' residuals, the DEQ step's
+dL/dW.
+
+**The JSON row format** (``--json``), shared by every section of the peer page, whichever
+virtualenv produced it (this module; ``experiments.benchmarks.peers_loops`` in the TorchOpt
+virtualenv; the optimisation-layer sections for Theseus / TorchOpt in their own files): one
+file per section run,
+
+    {"section": "hams",                       # a short name of the section
+     "meta": {"command": "...", "torch": "2.13.0+cpu", "threads": 1, "clock": "cpu",
+              "rounds": 15, "load": "load average: ...", "python": "/path/to/bin/python"},
+     "rows": [{"target": "1. NMF ham forward", "case": "1x512x64^2 r64 K6",
+               "peer": "official formulation", "ours_ms": 59.1, "peer_ms": 57.2,
+               "ratio": 0.97, "goal": ">= 1.1", "met": "yes" | "no", "notes": "...",
+               "floor_ms": 61.8}]}           # floor_ms optional: the matmul floor
+
+``ratio`` is peer / ours for a time (above 1: ours is faster) and ours / peer for a memory row
+(``goal`` then reads ``<= 1``); ``met`` compares it with ``goal``. A row is identified on the page
+by ``(target, case, peer)``; ``write_json`` writes a section, ``read_json`` reads one, and
+``python -m experiments.bench page --peers-runs DIR1 DIR2`` merges every ``*.json`` of each
+run's folder into ``docs/benchmarks_peers.md`` with the runs' ratios side by side
+(``experiments.benchmarks.page.write_peer_page``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
 import sys
-import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -46,38 +73,25 @@ from torchdeq.solver import anderson_solver, broyden_solver
 
 import implicit_ham as ih
 from experiments.benchmarks.official_hams import OFFICIAL
+from experiments.benchmarks.peers_rows import (
+    CLOCK,
+    COLUMNS,
+    Table,
+    _clock,
+    check_same,
+    medians,
+    read_json,
+    run_meta,
+    write_json,
+)
 from experiments.reports.render import Table as MarkdownTable
 from experiments.reports.render import render
 from implicit_ham._core.state import StateSpec
 from implicit_ham.diagnostics.measure import SavedTensorBytes
 from implicit_ham.linalg.operator import AdjointOperator, LinearSolve, LinearSolver
 
-GROUPS = ("hams", "solvers", "gmres", "deq_train")
-COLUMNS = ("target", "case", "peer", "ours_ms", "peer_ms", "ratio", "goal", "met", "notes")
-
-
-@dataclass
-class Table:
-    """Rows of the peer table (one dict per measured case)."""
-
-    rows: list[dict[str, object]] = field(default_factory=list)
-
-    def add(self, target: str, case: str, peer: str, ours: float, theirs: float, goal: float,
-            notes: str = "") -> None:
-        ratio = theirs / ours
-        self.rows.append({
-            "target": target, "case": case, "peer": peer, "ours_ms": ours, "peer_ms": theirs,
-            "ratio": ratio, "goal": f">= {goal:g}", "met": "yes" if ratio >= goal else "no",
-            "notes": notes,
-        })  # fmt: skip
-
-    def as_table(self) -> MarkdownTable:
-        """The rows in ``COLUMNS`` order, for the markdown writer."""
-        return MarkdownTable.of(COLUMNS, ([row[c] for c in COLUMNS] for row in self.rows))
-
-    def markdown(self) -> str:
-        """The table as markdown (floats to 4 significant digits)."""
-        return self.as_table().markdown()
+GROUPS = ("hams", "memory", "solvers", "accuracy", "gmres", "deq_train")
+__all__ = ["COLUMNS", "Table", "read_json", "write_json"]
 
 
 @dataclass(frozen=True)
@@ -91,27 +105,6 @@ class PeerPage:
     clock: str
     rounds: int
     table: MarkdownTable
-
-
-CLOCK = {"cpu": time.process_time, "wall": time.perf_counter}
-_clock = [time.process_time]
-
-
-def medians(
-    cases: Mapping[str, Callable[[], object]], rounds: int, warmup: int = 2
-) -> dict[str, float]:
-    """Median milliseconds of each case over ``rounds`` interleaved rounds (``--clock``: the
-    process CPU time by default, which on a shared host does not count the time other jobs
-    hold the core)."""
-    now = _clock[0]
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    for index in range(warmup + rounds):
-        for name, case in cases.items():
-            start = now()
-            case()
-            if index >= warmup:
-                samples[name].append((now() - start) * 1e3)
-    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 # ---------------------------------------------------------------------------------- hams
@@ -209,21 +202,116 @@ def ham_cases(
     return cases, memory
 
 
+def ham_agreement(name: str, size: int, channels: int, rank: int, steps: int) -> float:
+    """Output and input-gradient agreement of the library's ham and the official formulation
+    from the same initial bases (relative; checked before timing)."""
+    ours = ih.make_decomposition(name, rank=rank, steps=steps, eval_steps=steps)
+    official = OFFICIAL[name](rank=rank, steps=steps, eval_steps=steps)
+    gen = torch.Generator().manual_seed(size + 1)
+    draw = torch.rand if ours.nonnegative else torch.randn
+    x = draw((1, channels, size, size), generator=gen, dtype=torch.float64)
+    bases = F.normalize(torch.rand(1, channels, rank, generator=gen, dtype=torch.float64), dim=1)
+    outputs, grads = [], []
+    for module in (ours, official):
+        xg = x.clone().requires_grad_()
+        with torch.random.fork_rng():
+            out = module(xg, init=bases) if module is ours else _official_from(module, xg, bases)
+        out.square().sum().backward()
+        outputs.append(out)
+        grads.append(cast(Tensor, xg.grad))
+    return check_same(f"{name} ham {size}^2 (output, dx)", outputs[:1] + grads[:1],
+                      outputs[1:] + grads[1:], 1e-8)
+
+
+def _official_from(module: nn.Module, x: Tensor, bases: Tensor) -> Tensor:
+    """The official formulation's forward with given initial bases."""
+    batch, channels, height, width = x.shape
+    flat = x.view(batch, channels, height * width)
+    state = module.local_inference(flat, bases)  # type: ignore[operator]
+    coef = module.compute_coef(flat, *state)  # type: ignore[operator]
+    return torch.bmm(state[0], coef.transpose(1, 2)).view(batch, channels, height, width)
+
+
 def measure_hams(table: Table, sizes: Sequence[int], rounds: int, channels: int = 512,
                  rank: int = 64, steps: int = 6) -> None:
     for size in sizes:
         for name in ("nmf", "vq", "cd"):
+            agree = ham_agreement(name, size, channels, rank, steps)
             cases, memory = ham_cases(name, size, channels, rank, steps)
             times = medians({f"{a}/{b}": fn for (a, b), fn in cases.items()}, rounds)
             mem = memory["ours"] / memory["official"]
             for what in ("forward", "train"):
                 ours, peer, floor = (times[f"{w}/{what}"] for w in ("ours", "official", "floor"))
                 notes = f"floor {floor:.1f} ms = {100 * floor / ours:.0f}% of ours"
+                notes += f"; float64 output / dx agree to {agree:.0e}"
                 if what == "train":
                     notes += f"; saved bytes ours/official {mem:.2f}"
                 case = f"1x{channels}x{size}^2 r{rank} K{steps}"
+                goal = 1.3 if what == "train" and name != "nmf" else 1.1
                 table.add(f"1. {name.upper()} ham {what}", case, "official formulation", ours,
-                          peer, 1.1, notes)
+                          peer, goal, notes, floor=floor)
+
+
+def _status_kib(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {key}")
+
+
+def rss_probe(who: str, name: str, size: int, train: bool, channels: int = 512,
+              rank: int = 64, steps: int = 6) -> int:
+    """Run in a fresh process: the peak RSS increase (KiB) of three forwards (or training
+    steps) of one side's ham over the RSS before them (the peak is reset through
+    ``/proc/self/clear_refs`` first, so the imports' peak does not count)."""
+    torch.set_num_threads(1)
+    if who == "ours":
+        module: nn.Module = ih.make_decomposition(name, rank=rank, steps=steps, eval_steps=steps)
+    else:
+        module = OFFICIAL[name](rank=rank, steps=steps, eval_steps=steps)
+    draw = torch.rand if name == "nmf" else torch.randn
+    x = draw((1, channels, size, size), generator=torch.Generator().manual_seed(size))
+    if train:
+        x.requires_grad_()
+    else:
+        module.eval()
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status_kib("VmRSS:")
+    for _ in range(3):
+        if train:
+            x.grad = None
+            module(x).sum().backward()
+        else:
+            with torch.no_grad():
+                module(x)
+    return _status_kib("VmHWM:") - before
+
+
+def peak_rss(who: str, name: str, size: int, train: bool) -> int:
+    """``rss_probe`` in a separate process (this interpreter, this checkout)."""
+    code = ("from experiments.benchmarks.peers import rss_probe; "
+            f"print(rss_probe({who!r}, {name!r}, {size}, {train}))")
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=env, cwd=root)
+    return int(out.stdout.split()[-1])
+
+
+def measure_memory(table: Table, sizes: Sequence[int], repeats: int = 3) -> None:
+    """Peak RSS of the NMF forward and training step, separate processes, median of
+    ``repeats`` processes per side (ours / official, goal <= 1)."""
+    for size in sizes:
+        for train in (False, True):
+            values = {who: statistics.median(peak_rss(who, "nmf", size, train)
+                                             for _ in range(repeats))
+                      for who in ("ours", "official")}
+            what = "training step" if train else "forward"
+            table.add_at_most(f"5. NMF {what} peak RSS", f"1x512x{size}^2 r64 K6",
+                              "official formulation", values["ours"] / 1024,
+                              values["official"] / 1024, 1.0,
+                              f"MiB above the RSS before, separate processes, median of "
+                              f"{repeats}")
 
 
 # ------------------------------------------------------------------------------- solvers
@@ -318,6 +406,64 @@ def measure_solvers(table: Table, rounds: int, tol: float = 1e-5, budget: int = 
                      f"{residuals[0]:.2e} / torchdeq {residuals[1]:.2e}")
             table.add(f"2. {name.capitalize()} forward", f"{problem.name} tol {tol:g}",
                       f"torchdeq {name}", times[f"{name}/ours"], times[f"{name}/peer"], 1.1, notes)
+
+
+def conv_problem64() -> tuple[DEQProblem, Tensor]:
+    """``conv_problem`` in float64 and its fixed point (Anderson to 1e-13)."""
+    problem = conv_problem()
+    weight = problem.layer.__closure__[0].cell_contents  # type: ignore[attr-defined]
+    w64 = weight.double()
+    exact = DEQProblem("conv64", lambda z: F.conv2d(z, w64, padding=1), problem.x.double())
+    solver = ih.Anderson(max_steps=300, tol=1e-13)
+    with torch.no_grad():
+        z = ih.fixed_point(exact.f, torch.zeros_like(exact.x), solver=solver).value
+    return exact, cast(Tensor, z)
+
+
+def accuracy_cases(budget: int) -> dict[str, tuple[Tensor, Tensor]]:
+    """(z, dL/dx) of ours and torchdeq at ``budget`` forward evaluations (no tolerance) on the
+    conv DEQ, L = sum(z^2), both differentiated by the implicit function theorem solved to
+    1e-10 (so the gradient's error is the forward point's)."""
+    problem = conv_problem()
+    z0 = torch.zeros_like(problem.x)
+    out: dict[str, tuple[Tensor, Tensor]] = {}
+    x = problem.x.clone().requires_grad_()
+    solver = ih.Anderson(max_steps=budget + 1, tol=None)
+    adjoint = ih.Implicit(max_steps=200, tol=1e-10, fixed_point_tol=None)
+    sol = ih.fixed_point(problem.f, z0, x, solver=solver, adjoint=adjoint)
+    value = cast(Tensor, sol.value)
+    value.square().sum().backward()
+    out["ours"] = (value.detach(), cast(Tensor, x.grad))
+    x = problem.x.clone().requires_grad_()
+    deq = get_deq(f_solver="anderson", f_max_iter=budget, f_tol=0.0, f_stop_mode="rel",
+                  b_solver="fixed_point_iter", b_max_iter=200, b_tol=1e-10, ift=True)
+    z_out, _ = deq(lambda z: problem.f(z, x), z0)
+    z_out[-1].square().sum().backward()
+    out["torchdeq"] = (z_out[-1].detach(), cast(Tensor, x.grad))
+    return out
+
+
+def measure_accuracy(table: Table, budgets: Sequence[int] = (5, 8, 12, 20)) -> None:
+    """Residual and error of z and of dL/dx against float64, at equal f-evaluation budgets."""
+    exact, z_exact = conv_problem64()
+    x64 = exact.x.clone().requires_grad_()
+    sol = ih.fixed_point(exact.f, torch.zeros_like(x64), x64,
+                         solver=ih.Anderson(max_steps=300, tol=1e-13),
+                         adjoint=ih.Implicit(max_steps=400, tol=1e-13))
+    cast(Tensor, sol.value).square().sum().backward()
+    g_exact = cast(Tensor, x64.grad)
+    for budget in budgets:
+        cases = accuracy_cases(budget)
+        err = {who: float((z.double() - z_exact).norm() / z_exact.norm())
+               for who, (z, _) in cases.items()}
+        gerr = {who: float((g.double() - g_exact).norm() / g_exact.norm())
+                for who, (_, g) in cases.items()}
+        res = {who: exact.residual(z.double()) for who, (z, _) in cases.items()}
+        notes = (f"rel. error of z ours {err['ours']:.1e} / torchdeq {err['torchdeq']:.1e}; "
+                 f"of dL/dx {gerr['ours']:.1e} / {gerr['torchdeq']:.1e}; residual "
+                 f"{res['ours']:.1e} / {res['torchdeq']:.1e}")
+        table.add("6. Anderson accuracy vs float64", f"conv B8 C16 16x16, {budget} f evals",
+                  "torchdeq anderson", err["ours"], err["torchdeq"], 1.0, notes)
 
 
 # --------------------------------------------------------------------------------- GMRES
@@ -476,6 +622,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--clock", choices=list(CLOCK), default="cpu", help="process CPU or wall")
     parser.add_argument("--markdown", default=None, help="also write the table as a page here")
+    parser.add_argument("--json", default=None, help="also write the rows (JSON row format)")
     return parser.parse_args(argv)
 
 
@@ -487,8 +634,12 @@ def main(argv: Sequence[str] | None = None) -> Table:
     warnings.simplefilter("ignore", ih.ConvergenceWarning)  # NMF's GMRES: expected, see README
     if "hams" in args.only:
         measure_hams(table, args.sizes, args.rounds)
+    if "memory" in args.only:
+        measure_memory(table, args.sizes)
     if "solvers" in args.only:
         measure_solvers(table, args.rounds)
+    if "accuracy" in args.only:
+        measure_accuracy(table)
     if "gmres" in args.only:
         measure_gmres(table, args.rounds)
     if "deq_train" in args.only:
@@ -499,6 +650,9 @@ def main(argv: Sequence[str] | None = None) -> Table:
         command, torch.__version__, args.threads, args.clock, args.rounds, table.as_table()
     )
     print(render("benchmarks/peers_console.txt.j2", page=page), end="")
+    if args.json:
+        meta = run_meta(command, args.threads, args.clock, args.rounds)
+        write_json(args.json, "peers", table, meta)
     if args.markdown:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(args.markdown).write_text(render("benchmarks/peers.md.j2", page=page))
