@@ -107,9 +107,10 @@ class TraceRecorder:
     """Accumulates per-step residuals on the device (no host sync).
 
     Per step it keeps the (B,) absolute and relative residuals and the (B, n_tensors) norms of
-    each state tensor's change ((B,) for a one-tensor state); the finiteness of a step is read from those norms only when
-    ``check_finite`` asks (no per-step flag is computed). For a one-tensor state the norms are
-    one ``vector_norm`` each (no per-tensor stacking or rescaling).
+    each state tensor's change ((B,) for a one-tensor state); the finiteness of a step is read
+    from those norms only when ``check_finite`` asks (no per-step flag is computed). For a
+    one-tensor state the norms are one ``vector_norm`` each (no per-tensor stacking or
+    rescaling).
     """
 
     solver: str

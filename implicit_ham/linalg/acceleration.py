@@ -74,9 +74,13 @@ class _Tracker:
     it alone. One host synchronisation per evaluation (two numbers while no sample is frozen:
     the smallest and largest residual; then the largest over the running samples)."""
 
-    def __init__(self, x0: Tensor, tol: float | None, stop_mode: str) -> None:
+    def __init__(
+        self, x0: Tensor, tol: float | None, stop_mode: str, keep_image: bool = False
+    ) -> None:
         self.tol, self.use_rel = tol, stop_mode == "rel"
         self.best = x0
+        self.best_image: Tensor | None = x0 if keep_image else None  # f(best)
+        self.extra: tuple[Tensor, Tensor] | None = None  # the polish evaluation's residuals
         batch = x0.shape[0]
         self.best_abs = x0.new_full((batch,), float("inf"))
         self.best_rel = x0.new_full((batch,), float("inf"))
@@ -100,6 +104,8 @@ class _Tracker:
         if self.active is not None:
             better = better & self.active
         self.best = torch.where(better[:, None], x, self.best)
+        if self.best_image is not None:
+            self.best_image = torch.where(better[:, None], fx, self.best_image)
         self.best_abs = torch.where(better, abs_res, self.best_abs)
         self.best_rel = torch.where(better, rel_res, self.best_rel)
         if self.tol is None:
@@ -129,6 +135,23 @@ class _Tracker:
             self.active = ~done if self.active is None else self.active & ~done
         return False
 
+    def polish(self, f: FlatMap) -> None:
+        """One more evaluation, at ``f(best)``: per sample, ``f(best)`` replaces ``best`` when
+        its measured residual (the stopping metric) is lower. Frozen samples take part like
+        the others (their ``best`` is the one of their stop), so the choice is per sample."""
+        assert self.best_image is not None
+        y = self.best_image
+        fy = f(y)
+        abs_res = torch.linalg.vector_norm(fy - y, dim=1)
+        size = torch.linalg.vector_norm(fy, dim=1).clamp_min(torch.finfo(y.dtype).tiny)
+        rel_res = abs_res / size
+        metric = rel_res if self.use_rel else abs_res
+        better = metric < (self.best_rel if self.use_rel else self.best_abs)
+        self.best = torch.where(better[:, None], y, self.best)
+        self.best_abs = torch.where(better, abs_res, self.best_abs)
+        self.best_rel = torch.where(better, rel_res, self.best_rel)
+        self.extra = (torch.minimum(abs_res, self.best_abs), torch.minimum(rel_res, self.best_rel))
+
     def hold(self, x_next: Tensor, x: Tensor) -> Tensor:
         """The next iterate: ``x_next``, but ``x`` for the frozen samples."""
         return x_next if self.active is None else torch.where(self.active[:, None], x_next, x)
@@ -146,6 +169,10 @@ class _Tracker:
                 torch.arange(len(residuals), device=steps.device)[:, None], steps[None] - 1
             )
             residuals, rel = residuals.gather(0, index), rel.gather(0, index)
+        if self.extra is not None:  # the polish evaluation: one more row, one more step
+            residuals = torch.cat([residuals, self.extra[0][None]])
+            rel = torch.cat([rel, self.extra[1][None]])
+            steps = None if steps is None else steps + 1
         return Iterate(
             self.best, self.best_abs, self.best_rel, residuals, rel, self.failed_at, steps
         )
@@ -161,6 +188,7 @@ def anderson(
     m: int = 5,
     lam: float = 1e-4,
     damping: float = 1.0,
+    polish: bool = False,
 ) -> Iterate:
     """Anderson acceleration of ``x <- f(x)`` for x (B, N), at most ``max_evals`` evaluations.
 
@@ -168,6 +196,10 @@ def anderson(
     the weights alpha (summing to 1) minimise ``||alpha G||^2 + lam ||alpha||^2`` and
     ``x_{k+1} = damping * alpha F + (1 - damping) * alpha X`` (``x_1 = f(x_0)``), as in
     torchdeq. Stops once the worst sample's residual (``stop_mode``) is ``<= tol``.
+
+    With ``polish`` the last evaluation (of the ``max_evals``) goes to ``f(x_best)`` (torchdeq
+    returns that point, unmeasured): per sample the one of ``x_best`` and ``f(x_best)`` with the
+    lower measured residual is returned, so the returned residual stays exact.
     """
     batch, size = x0.shape
     xs = x0.new_empty(batch, m, size)
@@ -181,15 +213,16 @@ def anderson(
     rhs = x0.new_zeros(batch, m + 1, 1, dtype=small)
     rhs[:, 0] = 1
     ridge = lam * torch.eye(m, dtype=small, device=x0.device)
-    tracker = _Tracker(x0, tol, stop_mode)
+    tracker = _Tracker(x0, tol, stop_mode, keep_image=polish)
+    loop_evals = max_evals - 1 if polish else max_evals
     x = x0
-    for k in range(max_evals):
+    for k in range(loop_evals):
         fx = f(x)
         slot = k % m
         xs[:, slot] = x
         fs[:, slot] = fx
         gx = torch.sub(fx, x, out=gs[:, slot])
-        if tracker.add(x, fx, gx) or k == max_evals - 1:
+        if tracker.add(x, fx, gx) or k == loop_evals - 1:
             break
         n = min(k + 1, m)
         if n == 1:
@@ -206,6 +239,8 @@ def anderson(
         if damping != 1.0:
             x_next = damping * x_next + (1 - damping) * torch.bmm(alpha, xs[:, :n])[:, 0]
         x = tracker.hold(x_next, x)
+    if polish and tracker.failed_at is None:
+        tracker.polish(f)
     return tracker.result()
 
 

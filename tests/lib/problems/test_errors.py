@@ -152,8 +152,11 @@ def blows_up_at_step_3(state: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
 
 @pytest.mark.parametrize("tol", [None, 1e-6])
 def test_non_finite_iterate_names_the_step_and_state_index(tol) -> None:
+    """A transient inf (f maps it back to finite values at the next step) is found by the
+    per-step check: with a tolerance, or with the trace (the default fixed-budget path checks
+    the final state only, see test_fixed_budget_finite_check_*)."""
     z0 = (torch.ones(2, 3, dtype=DT), torch.zeros(2, 2, dtype=DT))
-    solver = ih.FixedPointIteration(max_steps=10, tol=tol)
+    solver = ih.FixedPointIteration(max_steps=10, tol=tol, trace=tol is None)
     with pytest.raises(ih.NonFiniteError, match=r"state\[1\] at forward step 3"):
         ih.fixed_point(blows_up_at_step_3, z0, solver=solver)
 

@@ -123,9 +123,10 @@ def syncs(kind: str, steps: int, check_finite: bool = True) -> int:
 # a deliberate subset: the three base decompositions (Hamburger's NMF, VQ, CD)
 @pytest.mark.parametrize("kind", ["nmf", "vq", "cd"])
 def test_host_synchronisations_do_not_grow_with_k(kind):
-    """Per forward: the input's finiteness (one), NMF's sign check of input and bases (one),
-    the solver's finite check (one, removed by check_finite=False); none per iteration."""
-    per_solve = 3 if kind == "nmf" else 2
+    """Per forward: the input's finiteness and, for NMF, the sign of input and bases (one, the
+    same pass), the solver's finite check (one, removed by check_finite=False); none per
+    iteration."""
+    per_solve = 2
     assert syncs(kind, 1) == syncs(kind, 9) == per_solve
     assert syncs(kind, 9, check_finite=False) == per_solve - 1
 

@@ -1,0 +1,138 @@
+"""Per-sample stopping: with a tolerance a converged sample is frozen while the others go on, so
+a sample's value and step count do not depend on its batch-mates (FixedPointIteration and the
+native Anderson / Broyden), and the value stays the same under every backward mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+
+import implicit_ham as ih
+
+WIDTH = 24
+
+
+def contraction_problem() -> tuple[Tensor, Tensor, Tensor]:
+    """W (N, N) with ||W||_2 = 1, per-sample contraction rates (sample 1 is slow) and x."""
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(WIDTH, WIDTH, generator=gen)
+    weight = weight / torch.linalg.matrix_norm(weight, ord=2)
+    rates = torch.tensor([0.3, 0.97, 0.5, 0.1])
+    return weight, rates, torch.randn(4, WIDTH, generator=gen)
+
+
+def f(z: Tensor, x: Tensor, rates: Tensor, weight: Tensor) -> Tensor:
+    """``tanh(rate_i W z_i + x_i)``: each sample on its own, with its own contraction rate."""
+    return torch.tanh(rates[:, None] * (z @ weight.T) + x)
+
+
+SOLVERS = {
+    "fixed_point": lambda: ih.FixedPointIteration(max_steps=400, tol=1e-5),
+    "anderson": lambda: ih.Anderson(max_steps=80, tol=1e-5),
+    "broyden": lambda: ih.Broyden(max_steps=80, tol=1e-5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SOLVERS))
+def test_a_sample_alone_and_beside_a_slow_neighbour_agree(name: str) -> None:
+    weight, rates, x = contraction_problem()
+    solver = SOLVERS[name]()
+    with torch.no_grad():
+        batch = ih.fixed_point(f, torch.zeros(4, WIDTH), x, rates, weight, solver=solver)
+    steps = batch.stats.steps_per_sample()
+    assert batch.stats.sample_steps is not None  # the slow sample took more steps
+    assert int(steps[1]) == batch.stats.steps > int(steps[3])
+    for i in range(4):
+        with torch.no_grad():
+            alone = ih.fixed_point(
+                f, torch.zeros(1, WIDTH), x[i : i + 1], rates[i : i + 1], weight, solver=solver
+            )
+        rel = float((batch.value[i] - alone.value[0]).norm() / alone.value[0].norm())
+        assert rel <= 1e-6, (name, i, rel)
+        assert int(steps[i]) == alone.stats.steps, (name, i)
+        torch.testing.assert_close(
+            batch.stats.rel_residual[i], alone.stats.rel_residual[0], rtol=0.05, atol=2e-7
+        )
+        assert bool(batch.stats.converged[i])
+
+
+@pytest.mark.parametrize("name", sorted(SOLVERS))
+def test_frozen_samples_keep_their_stop_in_the_trace(name: str) -> None:
+    """After its stop a sample's rows repeat its residual at the stop (as alone)."""
+    weight, rates, x = contraction_problem()
+    with torch.no_grad():
+        sol = ih.fixed_point(f, torch.zeros(4, WIDTH), x, rates, weight, solver=SOLVERS[name]())
+    stop = int(sol.stats.steps_per_sample()[3])
+    rows = sol.stats.residuals[:, 3]
+    assert torch.equal(rows[stop - 1 :], rows[stop - 1].expand(len(rows) - stop + 1))
+    assert torch.equal(sol.stats.abs_residual[3], rows[stop - 1])
+
+
+def double(t: Tensor) -> Tensor:
+    return t.to(torch.float64)
+
+
+@pytest.mark.parametrize(
+    ("name", "adjoints"),
+    [
+        ("fixed_point", [ih.Unroll(), ih.Truncated(3), ih.OneStep(), ih.Implicit(), ih.Phantom()]),
+        ("anderson", [ih.OneStep(), ih.Truncated(2), ih.Implicit(), ih.Neumann()]),
+        ("broyden", [ih.OneStep(), ih.Implicit()]),
+    ],
+)
+def test_per_sample_value_is_the_same_under_every_backward_mode(name, adjoints) -> None:
+    weight, rates, x = contraction_problem()
+    weight, rates, x = double(weight), double(rates), double(x)
+    values = []
+    for adjoint in adjoints:
+        xg = x.clone().requires_grad_()
+        sol = ih.fixed_point(
+            f, torch.zeros(4, WIDTH, dtype=torch.float64), xg, rates, weight,
+            solver=SOLVERS[name](), adjoint=adjoint,
+        )
+        assert sol.stats.sample_steps is not None
+        sol.value.square().sum().backward()
+        assert xg.grad is not None and bool(torch.isfinite(xg.grad).all())
+        values.append(sol.value.detach())
+    for value in values[1:]:
+        assert torch.equal(value, values[0])
+
+
+def test_one_step_gradient_of_a_frozen_sample_is_its_own_last_step() -> None:
+    """OneStep through per-sample stops: each sample's gradient is that of f at its own
+    second-to-last iterate (compared with the sample solved alone)."""
+    weight, rates, x = (double(t) for t in contraction_problem())
+    solver = ih.FixedPointIteration(max_steps=400, tol=1e-8)
+    xg = x.clone().requires_grad_()
+    sol = ih.fixed_point(f, torch.zeros(4, WIDTH, dtype=torch.float64), xg, rates, weight,
+                         solver=solver, adjoint=ih.OneStep())
+    sol.value.square().sum().backward()
+    for i in range(4):
+        xi = x[i : i + 1].clone().requires_grad_()
+        alone = ih.fixed_point(f, torch.zeros(1, WIDTH, dtype=torch.float64), xi,
+                               rates[i : i + 1], weight, solver=solver, adjoint=ih.OneStep())
+        alone.value.square().sum().backward()
+        torch.testing.assert_close(xg.grad[i], xi.grad[0], rtol=1e-10, atol=1e-12)
+
+
+def test_truncated_replay_of_a_sample_that_stopped_early_keeps_its_own_steps() -> None:
+    """Truncated(k) with k above a sample's step count: the replay starts at z0 for it and runs
+    only its own steps (its value and Unroll-like gradient are those of solving it alone)."""
+    weight, rates, x = (double(t) for t in contraction_problem())
+    solver = ih.FixedPointIteration(max_steps=400, tol=1e-4)
+    with torch.no_grad():
+        fast = ih.fixed_point(f, torch.zeros(4, WIDTH, dtype=torch.float64), x, rates, weight,
+                              solver=solver).stats.steps_per_sample()
+    k = int(fast[3]) + 2  # sample 3 stops before k steps, sample 1 after
+    assert k < int(fast[1])
+    xg = x.clone().requires_grad_()
+    sol = ih.fixed_point(f, torch.zeros(4, WIDTH, dtype=torch.float64), xg, rates, weight,
+                         solver=solver, adjoint=ih.Truncated(k))
+    sol.value.square().sum().backward()
+    xi = x[3:4].clone().requires_grad_()
+    alone = ih.fixed_point(f, torch.zeros(1, WIDTH, dtype=torch.float64), xi, rates[3:4],
+                           weight, solver=solver, adjoint=ih.Unroll())
+    alone.value.square().sum().backward()
+    torch.testing.assert_close(sol.value[3], alone.value[0], rtol=1e-12, atol=0)
+    torch.testing.assert_close(xg.grad[3], xi.grad[0], rtol=1e-10, atol=1e-12)
