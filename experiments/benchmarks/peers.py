@@ -341,11 +341,12 @@ def dense_problem() -> DEQProblem:
     return DEQProblem("dense B64 N256", lambda z: z @ weight.T, torch.randn(64, 256, generator=gen))
 
 
-def conv_problem() -> DEQProblem:
+def conv_problem(dtype: torch.dtype = torch.float32) -> DEQProblem:
+    """``z = tanh(conv(z) + x)`` on (8, 16, 16, 16), drawn in float32 (then cast to ``dtype``)."""
     gen = torch.Generator().manual_seed(1)
     weight = torch.randn(16, 16, 3, 3, generator=gen)
-    weight = 0.9 * weight / torch.linalg.matrix_norm(weight.flatten(1), ord=2) / 3
-    x = torch.randn(8, 16, 16, 16, generator=gen)
+    weight = (0.9 * weight / torch.linalg.matrix_norm(weight.flatten(1), ord=2) / 3).to(dtype)
+    x = torch.randn(8, 16, 16, 16, generator=gen).to(dtype)
     return DEQProblem("conv B8 C16 16x16", lambda z: F.conv2d(z, weight, padding=1), x)
 
 
@@ -410,10 +411,7 @@ def measure_solvers(table: Table, rounds: int, tol: float = 1e-5, budget: int = 
 
 def conv_problem64() -> tuple[DEQProblem, Tensor]:
     """``conv_problem`` in float64 and its fixed point (Anderson to 1e-13)."""
-    problem = conv_problem()
-    weight = problem.layer.__closure__[0].cell_contents  # type: ignore[attr-defined]
-    w64 = weight.double()
-    exact = DEQProblem("conv64", lambda z: F.conv2d(z, w64, padding=1), problem.x.double())
+    exact = conv_problem(torch.float64)
     solver = ih.Anderson(max_steps=300, tol=1e-13)
     with torch.no_grad():
         z = ih.fixed_point(exact.f, torch.zeros_like(exact.x), solver=solver).value

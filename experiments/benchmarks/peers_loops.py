@@ -22,6 +22,7 @@ Each case first checks that both sides compute the same value and gradient (``ch
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -138,8 +139,7 @@ def torchopt_cases(steps: int = 30, terms: int = 20) -> tuple[Callable[[], Tenso
                                                               Callable[[], Tensor]]:
     """(ours, TorchOpt) training steps on the tanh map: ``steps`` plain iterations, then a
     ``terms``-term Neumann series for ``(I - J)^-T``; each returns dL/dx, L = sum(z*^2)."""
-    import torchopt
-
+    torchopt = importlib.import_module("torchopt")
     f, x_data, z0 = tanh_map()
     adjoint = ih.Neumann(k=terms, tau=1.0)
     solver = ih.FixedPointIteration(max_steps=steps)
@@ -175,8 +175,7 @@ def ridge_cases(steps: int = 200, cg_steps: int = 20) -> tuple[Callable[[], Tens
     """(ours, TorchOpt) on ``argmin_z 0.5 ||A z - x||^2 + 0.5 lam ||z||^2`` (B 64, 128 x 64):
     ``steps`` gradient-descent steps forward, ``cg_steps`` CG iterations on the Hessian
     backward; each returns dL/dx, L = sum(z*^2)."""
-    import torchopt
-
+    torchopt = importlib.import_module("torchopt")
     gen = torch.Generator().manual_seed(5)
     mat = torch.randn(128, 64, generator=gen) / 128**0.5
     x_data = torch.randn(64, 128, generator=gen)
@@ -218,7 +217,7 @@ def ridge_cases(steps: int = 200, cg_steps: int = 20) -> tuple[Callable[[], Tens
 
 def measure_torchopt(table: Table, rounds: int) -> None:
     try:
-        import torchopt
+        torchopt = importlib.import_module("torchopt")
     except ImportError:
         print("peers_loops: TorchOpt is not installed here; run this section in .peers/torchopt",
               file=sys.stderr)

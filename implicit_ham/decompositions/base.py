@@ -235,7 +235,8 @@ class Decomposition(nn.Module, ABC):
         computed that the first step needs again (None by default; NMF: ``X^T D0``). The
         problem's map hands it to the first step at exactly this state (``IterationMap``),
         whose ``shared_product`` returns it instead of recomputing it."""
-        return tuple(self.init(x, bases)), None
+        bases0, coef0 = self.init(x, bases)
+        return (bases0, coef0), None
 
     @contextmanager
     def sharing(self, bases: Tensor, x: Tensor, product: Tensor) -> Iterator[None]:
@@ -291,17 +292,23 @@ class Decomposition(nn.Module, ABC):
         ``check_values``)."""
 
     def check_values(self, x: Tensor, bases: Tensor) -> None:
-        """NonFiniteError if X (B*S, d, n) holds NaN / inf; for a ``nonnegative`` layer,
-        ValueError if X or the initial bases hold a negative value. One pass over X
-        (``aminmax``, which propagates NaN) and one host synchronisation for both checks."""
-        if x.numel() == 0 or not host_checks():  # vmap / compile: values cannot be read
-            return
-        low, high, *base_low = value_range(x, *([bases] if self.nonnegative else []))
+        """NonFiniteError if X (B*S, d, n) holds NaN / inf; ValueError if the rank is not below
+        min(d, n); for a ``nonnegative`` layer, ValueError if X or the initial bases hold a
+        negative value. One pass over X
+        (``aminmax``, which propagates NaN) and one host synchronisation for both checks (none
+        under vmap / compile, where values cannot be read). Also the rank check, between the two
+        (the order of precedence: non-finite, rank, sign)."""
+        low, high, *base_low = (
+            value_range(x, *([bases] if self.nonnegative else []))
+            if x.numel() and host_checks()
+            else (0.0, 0.0)
+        )
         if not (math.isfinite(low) and math.isfinite(high)):
             raise NonFiniteError(
                 f"{type(self).__name__}: the input contains NaN or infinity; check the layer "
                 "that produces it (or the data) before the decomposition."
             )
+        self._check_rank(x)
         for what, value in zip(("input", "initial bases"), (low, *base_low), strict=False):
             if self.nonnegative and value < 0:
                 raise ValueError(
@@ -379,9 +386,8 @@ class Decomposition(nn.Module, ABC):
         ``z0 = init(X, D0)``, ``args = (X,)`` with X (B*S, d, n). With random init, each call
         draws new bases; pass ``init`` for a reproducible problem."""
         flat = self.flatten(x)
-        self._check_rank(flat)
         bases = self.initial_bases(flat, init)
-        self.check_values(flat, bases)
+        self.check_values(flat, bases)  # NaN / inf first, then the rank, then the sign
         self.check_input(flat, bases)
         z0, product = self.init_shared(flat, bases)
         step = IterationMap(self)

@@ -237,27 +237,36 @@ def test_phantom_keeps_the_solvers_value_and_takes_damped_steps_from_it(k, tau, 
 
 
 def test_truncated_with_a_tolerance_replays_the_last_steps_before_the_stop() -> None:
-    tol, k = 1e-8, 2
-    z0, args = coupled_inputs(batch=3)
-    trajectory = [z0]
-    with torch.no_grad():
-        while True:
-            trajectory.append(coupled_map(trajectory[-1], *args))
-            new, old = trajectory[-1], trajectory[-2]
-            diff = torch.cat([(a - b).reshape(3, -1) for a, b in zip(new, old, strict=True)], 1)
-            norm = torch.cat([a.reshape(3, -1) for a in new], 1)
-            if float((diff.norm(dim=1) / norm.norm(dim=1)).max()) <= tol:
-                break
-    z = tuple(t.detach() for t in trajectory[-1 - k])
-    for _ in range(k):
-        z = coupled_map(z, *args)
+    """Per-sample stopping: each sample's value is k steps (with gradient) from its own iterate
+    k steps before its own stop; the reference solves each sample alone here."""
+    tol, k, batch = 1e-8, 2, 3
+    z0, args = coupled_inputs(batch=batch)
+    x, rest = args[0], args[1:]
+    ends, counts = [], []
+    for i in range(batch):
+        trajectory = [tuple(t[i : i + 1] for t in z0)]
+        with torch.no_grad():
+            while True:
+                trajectory.append(coupled_map(trajectory[-1], x[i : i + 1], *rest))
+                new, old = trajectory[-1], trajectory[-2]
+                diff = torch.cat([(a - b).reshape(1, -1) for a, b in zip(new, old, strict=True)], 1)
+                norm = torch.cat([a.reshape(1, -1) for a in new], 1)
+                if float(diff.norm() / norm.norm()) <= tol:
+                    break
+        z = tuple(t.detach() for t in trajectory[-1 - k])
+        for _ in range(k):
+            z = coupled_map(z, x[i : i + 1], *rest)
+        ends.append(z)
+        counts.append(len(trajectory) - 1)
+    z = tuple(torch.cat(parts) for parts in zip(*ends, strict=True))
     expected = torch.cat([g.reshape(-1) for g in torch.autograd.grad(coupled_loss(z), args[:3])])
 
     solver = ih.FixedPointIteration(max_steps=100, tol=tol)
     sol = ih.fixed_point(coupled_map, z0, *args, solver=solver, adjoint=ih.Truncated(k))
     got = torch.cat([g.reshape(-1) for g in torch.autograd.grad(coupled_loss(sol.value), args[:3])])
 
-    assert sol.stats.steps == len(trajectory) - 1
+    assert sol.stats.steps == max(counts)
+    assert sol.stats.steps_per_sample().tolist() == counts
     torch.testing.assert_close(got, expected, rtol=1e-13, atol=0)
 
 

@@ -26,16 +26,20 @@ def all_modes() -> list[ih.plugins.Adjoint]:
 
 
 def loop_until(problem, max_steps: int, tol: float | None) -> Tensor:
-    """Plain iteration written here; with ``tol``, stop at the first step whose per-sample
-    relative residual ``||z_k - z_{k-1}|| / ||z_k||`` is ``<= tol`` for every sample."""
+    """Plain iteration written here; with ``tol``, each sample stops (is frozen) at its first
+    step whose relative residual ``||z_k - z_{k-1}|| / ||z_k||`` is ``<= tol``, and the loop
+    once every sample has (per-sample stopping)."""
     z = problem.z0
+    running = torch.ones(z.shape[0], dtype=torch.bool)
     with torch.no_grad():
         for _ in range(max_steps):
             z_next = problem.f(z, *problem.args)
             rel = (z_next - z).norm(dim=1) / z_next.norm(dim=1)
-            z = z_next
-            if tol is not None and float(rel.max()) <= tol:
-                break
+            z = torch.where(running[:, None], z_next, z)
+            if tol is not None:
+                running = running & ~(rel <= tol)
+                if not bool(running.any()):
+                    break
     return z
 
 
