@@ -113,6 +113,10 @@ class JobCheckpoints:
             the last solver statistics) is stored in the checkpoint and, after ``restore``,
             available as ``restored_totals`` so that the results of a resumed run cover the
             whole run.
+        rank_totals: called on every rank at every save; its plain-data result (e.g. the rank's
+            warning-event counts) is stored per rank and, after ``restore``, this rank's is
+            ``restored_rank_totals`` (after a reshard: rank 0 gets every old rank's
+            ``{key: {source: {kind: n}}}`` counts summed, the others none).
     """
 
     def __init__(
@@ -126,10 +130,12 @@ class JobCheckpoints:
         monitor: FailureMonitor,
         dist: DistributedContext,
         totals: Callable[[], dict[str, Any]] | None = None,
+        rank_totals: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.output_dir, self.cfg, self.dist = output_dir, cfg, dist
-        self.totals = totals
+        self.totals, self.rank_totals = totals, rank_totals
         self.restored_totals: dict[str, Any] = {}
+        self.restored_rank_totals: dict[str, Any] = {}
         self.config = comparable_config(as_container(cfg))
         self.model, self.optimizer, self.scheduler, self.monitor = (
             model,
@@ -149,8 +155,9 @@ class JobCheckpoints:
 
     def save(self, state: TrainState) -> None:
         """Write a checkpoint of ``state`` (rank 0), with every rank's RNG and failure counts."""
+        extra = {} if self.rank_totals is None else self.rank_totals()
         ranks = self.dist.gather(
-            {"rng": capture_rng_state(), "failures": self.monitor.state_dict()}
+            {"rng": capture_rng_state(), "failures": self.monitor.state_dict(), "totals": extra}
         )
         if not self.dist.is_main:
             return
@@ -201,8 +208,10 @@ class JobCheckpoints:
         restore_rng_state(ranks[self.dist.rank % old_world]["rng"])
         if old_world == self.dist.world_size:
             self.monitor.load_state_dict(ranks[self.dist.rank]["failures"])
+            self.restored_rank_totals = dict(ranks[self.dist.rank].get("totals", {}))
         elif self.dist.is_main:  # resharded: rank 0 carries every old rank's counts
             self.monitor.merge([rank["failures"] for rank in ranks])
+            self.restored_rank_totals = _summed([rank.get("totals", {}) for rank in ranks])
         self.restored_totals = dict(payload.get("totals", {}))
         if self.dist.is_main:
             rewind_logs(self.output_dir, payload["logs"])
@@ -287,6 +296,18 @@ def finished_results(
         ):
             done = results
     return dist.broadcast(done)
+
+
+def _summed(totals: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """``{key: {source: {kind: n}}}`` counts of several ranks added up."""
+    out: dict[str, Any] = {}
+    for total in totals:
+        for key, counts in total.items():
+            into = out.setdefault(key, {})
+            for source, kinds in counts.items():
+                for kind, n in kinds.items():
+                    into.setdefault(source, {})[kind] = into.get(source, {}).get(kind, 0) + n
+    return out
 
 
 def reshard_batch(batch: int, old_world_size: int, new_world_size: int) -> int:

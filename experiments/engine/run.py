@@ -182,11 +182,11 @@ def _train(
         totals=lambda: {
             "train_time_s": clock.elapsed(),
             "solver": _solver_summaries(unwrap(model)),
-            "events": run_events.counts(),
         },
+        rank_totals=lambda: {"events": run_events.counts()},
     )
     state = checkpoints.restore()
-    run_events.restore(checkpoints.restored_totals.get("events") or {})
+    run_events.restore(checkpoints.restored_rank_totals.get("events") or {})
     hooks, callback = _diagnostics(cfg.diagnostics, unwrap(model), sinks, optimizer)
     if cfg.lr_poly_power is not None:
         total = cfg.epochs * len(train_loader)

@@ -4,7 +4,7 @@ The library counts every ``ConvergenceWarning`` / ``NotFixedPointWarning`` /
 ``ConditioningWarning`` in the process's event ledger (``implicit_ham.diagnostics.events()``)
 and shows only a few of them. ``RunEvents`` gives a run its share of that ledger: the counts
 since the run started (the ledger is process-wide and may hold earlier runs' events) plus the
-counts of the earlier segments of a resumed run (carried in the checkpoint's totals). While it
+counts of the earlier segments of a resumed run (carried per rank in the checkpoint). While it
 is active, every implicit layer's forward is an ``event_source`` scope named after the layer,
 so forward-solve events are counted per layer; events raised outside a layer's forward (the
 backward solves) keep the ledger's own source (e.g. "implicit backward").
@@ -58,7 +58,7 @@ class RunEvents:
             self._handles.append(layer.register_forward_hook(self._exit, always_call=True))
 
     def restore(self, counts: Mapping[str, Mapping[str, int]]) -> None:
-        """Add ``counts()`` of the run's earlier segments (from the checkpoint's totals)."""
+        """Add ``counts()`` of the run's earlier segments (this rank's, from the checkpoint)."""
         self._restored = Counter()
         _add(self._restored, counts)
 
