@@ -11,7 +11,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from experiments.config.groups import TrainConfig, register_configs
-from experiments.config.typed import typed_config
+from experiments.config.typed import as_container, typed_config
+from experiments.engine.targets import check_targets
 from experiments.studies.model_studies import run_convergence
 
 register_configs()
@@ -19,8 +20,11 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    """Run the study and write its results into the job directory."""
-    run_convergence(typed_config(cfg, TrainConfig), HydraConfig.get().runtime.output_dir)
+    """Run the study and write its results into the job directory (every ``_target_`` checked
+    against the allowlist first)."""
+    config = typed_config(cfg, TrainConfig)
+    check_targets(as_container(config))  # no _target_ outside the allowlist runs
+    run_convergence(config, HydraConfig.get().runtime.output_dir)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from experiments.config.typed import as_container, typed_config
+from experiments.engine.paths import check_write_paths
 from experiments.engine.results import write_results
 from experiments.engine.resume import ResumeConflictError
+from experiments.engine.targets import check_targets
 from experiments.generation.config import (
     GenerateConfig,
     check_generate_config,
@@ -33,7 +35,9 @@ def main(cfg: DictConfig) -> float:
     """Run the job; return the final FID (for sweepers that minimise)."""
     config = typed_config(cfg, GenerateConfig)  # unset mandatory values fail here
     check_generate_config(config)  # before the job writes anything
+    check_targets(as_container(config))  # no _target_ outside the allowlist runs
     output_dir = HydraConfig.get().runtime.output_dir
+    check_write_paths(as_container(config), output_dir)  # e.g. metrics.classifier_cache
     try:
         results = run_generation(config, output_dir)
     except ResumeConflictError:

@@ -174,6 +174,13 @@ class ReliabilityConf:
     max_consecutive_skips / max_skips: the run fails (``status: "failed"``, the reason in
     ``error``) once the failure policy skipped that many batches in a row / in total (0: no
     limit).
+    dist_timeout_s: seconds a collective of a data-parallel run may wait for a peer before the
+    run fails with ``DistributedTimeoutError`` naming the rank(s) that did not answer.
+    world_size_change: a resume with another process count is "refuse"d (``ResumeConflictError``)
+    or "reshard"ed (the sampler re-slices the remaining batches; not bit-identical).
+    threads_change: a resume with another ``torch.get_num_threads()`` than the checkpoint's is
+    "refuse"d (the float reduction order, hence the weights, would change) or runs with a
+    "warn"ing naming both numbers.
     """
 
     on_failure: str = "warn"
@@ -186,6 +193,9 @@ class ReliabilityConf:
     preempt_signals: list[str] = field(default_factory=lambda: ["SIGUSR1", "SIGTERM", "SIGINT"])
     max_consecutive_skips: int = 10
     max_skips: int = 0
+    dist_timeout_s: float = 300.0
+    world_size_change: str = "refuse"
+    threads_change: str = "refuse"
 
 
 @dataclass

@@ -6,12 +6,23 @@ collectives the training loop needs.
 (one GPU per process, ``cuda:LOCAL_RANK``), ``gloo`` on the CPU. Without torchrun (or with one
 process) it is the trivial single-process context and every collective is the identity, so the
 loop has one code path.
+
+A peer that hangs (stopped, deadlocked, its node gone) would block every other rank forever in
+its next collective. The process group is created with a timeout (``reliability.dist_timeout_s``,
+default 300 s): a collective that waits longer fails, and ``diagnose_hangs`` turns that failure
+into ``DistributedTimeoutError`` naming the ranks that did not answer (found with gloo's
+``monitored_barrier`` on a side group of its own, so the diagnosis does not depend on the
+failed group's state).
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
+import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +32,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from experiments.engine.sync_batchnorm import convert_batchnorm
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 300.0
+
+
+class DistributedTimeoutError(RuntimeError):
+    """A collective waited longer than the process-group timeout; the message names this rank
+    and the ranks that did not answer."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +58,8 @@ class DistributedContext:
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    side_group: Any = field(default=None, compare=False, repr=False)
 
     @property
     def enabled(self) -> bool:
@@ -50,13 +72,23 @@ class DistributedContext:
         return self.rank == 0
 
     @classmethod
-    def from_env(cls, device: str) -> DistributedContext:
+    def from_env(cls, device: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> DistributedContext:
         """Join torchrun's process group if ``WORLD_SIZE > 1``; else the single-process context.
 
         Args:
             device: the configured device ("cpu", "cuda", "cuda:0", ...). Under torchrun a CUDA
                 device becomes ``cuda:LOCAL_RANK``.
+            timeout_s: how long a collective may wait for a peer (> 0) before it fails.
         """
+        if (
+            isinstance(timeout_s, bool)
+            or not isinstance(timeout_s, (int, float))
+            or not (timeout_s > 0)
+        ):
+            raise ValueError(
+                f"reliability.dist_timeout_s={timeout_s!r}: must be a number of seconds > 0; "
+                "e.g. reliability.dist_timeout_s=300"
+            )
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         if world_size <= 1:
             return cls(device=torch.device(device))
@@ -70,10 +102,47 @@ class DistributedContext:
                 f"distributed training supports device=cpu (gloo) or cuda (nccl), got "
                 f"{device!r}; set device=cpu or device=cuda."
             )
+        timeout = datetime.timedelta(seconds=float(timeout_s))
         if not dist.is_initialized():
             backend = "nccl" if target.type == "cuda" else "gloo"
-            dist.init_process_group(backend, device_id=target if target.type == "cuda" else None)
-        return cls(rank, world_size, local_rank, target)
+            dist.init_process_group(
+                backend, timeout=timeout, device_id=target if target.type == "cuda" else None
+            )
+        side = dist.new_group(backend="gloo", timeout=timeout)
+        return cls(rank, world_size, local_rank, target, float(timeout_s), side)
+
+    @contextmanager
+    def diagnose_hangs(self) -> Iterator[None]:
+        """Turn a collective that timed out in the body into ``DistributedTimeoutError`` naming
+        the ranks that did not answer (a no-op in one process)."""
+        try:
+            yield
+        except DistributedTimeoutError:
+            raise
+        except RuntimeError as err:
+            if not self.enabled or "timed out" not in str(err).lower():
+                raise
+            raise DistributedTimeoutError(self._hang_report(err)) from err
+
+    def _hang_report(self, err: RuntimeError) -> str:
+        """Who did not answer: rank 0 waits for every rank at a monitored barrier (the others
+        check in with rank 0), bounded by the same timeout."""
+        wait = datetime.timedelta(seconds=min(self.timeout_s, 30.0))
+        try:
+            dist.monitored_barrier(group=self.side_group, timeout=wait, wait_all_ranks=True)
+        except RuntimeError as barrier:
+            found = str(barrier).splitlines()[0]
+            if self.rank != 0 and "monitoredBarrier" not in found:
+                found = f"rank 0 did not answer ({found})"
+        else:
+            found = "every rank answered the check afterwards (a slow rank, not a dead one)"
+        return (
+            f"rank {self.rank} of {self.world_size}: a collective waited more than "
+            f"reliability.dist_timeout_s={self.timeout_s:g} s for a peer ({err}); {found}. A "
+            "peer is hung (stopped, deadlocked) or its node is gone: look at that rank's log; "
+            "raise reliability.dist_timeout_s if it is only slow. Rerun the command to resume "
+            "from the last checkpoint."
+        )
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """``model`` (already on ``device``) with BatchNorm synchronised across processes and
@@ -136,4 +205,3 @@ def state_digest(module: nn.Module) -> str:
         digest.update(key.encode())
         digest.update(tensor.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
-

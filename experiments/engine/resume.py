@@ -9,6 +9,19 @@ the same command again in the same directory resumes from the newest good checkp
 metric files are cut back to their rows at that checkpoint (so rows logged after it and before
 the crash do not appear twice), and training continues as if it had never stopped. A job that
 starts from scratch (no usable checkpoint) removes the metric files of the earlier attempt.
+
+Two settings that change the numbers may still differ on resume, by choice:
+
+* the process count (``reliability.world_size_change``): "refuse" (default,
+  ``ResumeConflictError``) or "reshard": the remaining batches of the epoch are re-sliced over
+  the new ranks (the samples consumed so far, ``batch * batch_size * old_world_size``, are
+  skipped in the same global order, rounded down to whole new global batches), every new rank
+  takes the RNG state of old rank ``rank % old_world_size`` and rank 0 carries all failure
+  counts. The run continues, but it is not bit-identical to an uninterrupted one.
+* the CPU threads (``reliability.threads_change``): checkpoints record
+  ``torch.get_num_threads()``; another count on resume changes the float reduction order and
+  hence the weights (3e-3 measured after a resume with 2 threads instead of 1), so it is
+  "refuse"d by default, or run with a "warn"ing naming both counts.
 """
 
 from __future__ import annotations
@@ -28,6 +41,7 @@ from experiments.engine.checkpoint import CheckpointStore, read_checkpoint
 from experiments.engine.distributed import DistributedContext
 from experiments.engine.loop import TrainState
 from experiments.engine.results import RESULTS_FILE, read_results
+from implicit_ham._core.validation import check_choice
 from implicit_ham.reliability.failures import FailureMonitor
 from implicit_ham.reliability.guard import unwrap
 from implicit_ham.reliability.rng import capture_rng_state, restore_rng_state
@@ -46,7 +60,12 @@ RUN_RELIABILITY = (
     "preempt_signals",
     "max_consecutive_skips",
     "max_skips",
+    "dist_timeout_s",
+    "world_size_change",
+    "threads_change",
 )
+WORLD_SIZE_CHANGES = ("refuse", "reshard")
+THREADS_CHANGES = ("refuse", "warn")
 
 
 class ResumeConflictError(ValueError):
@@ -94,6 +113,10 @@ class JobCheckpoints:
             the last solver statistics) is stored in the checkpoint and, after ``restore``,
             available as ``restored_totals`` so that the results of a resumed run cover the
             whole run.
+        rank_totals: called on every rank at every save; its plain-data result (e.g. the rank's
+            warning-event counts) is stored per rank and, after ``restore``, this rank's is
+            ``restored_rank_totals`` (after a reshard: rank 0 gets every old rank's
+            ``{key: {source: {kind: n}}}`` counts summed, the others none).
     """
 
     def __init__(
@@ -107,10 +130,12 @@ class JobCheckpoints:
         monitor: FailureMonitor,
         dist: DistributedContext,
         totals: Callable[[], dict[str, Any]] | None = None,
+        rank_totals: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.output_dir, self.cfg, self.dist = output_dir, cfg, dist
-        self.totals = totals
+        self.totals, self.rank_totals = totals, rank_totals
         self.restored_totals: dict[str, Any] = {}
+        self.restored_rank_totals: dict[str, Any] = {}
         self.config = comparable_config(as_container(cfg))
         self.model, self.optimizer, self.scheduler, self.monitor = (
             model,
@@ -120,17 +145,26 @@ class JobCheckpoints:
         )
         self.store = CheckpointStore(output_dir / CHECKPOINT_DIR, keep=cfg.reliability.keep)
         self.resume = cfg.reliability.resume
+        check_choice(
+            "reliability", "world_size_change", cfg.reliability.world_size_change,
+            WORLD_SIZE_CHANGES,
+        )  # fmt: skip
+        check_choice(
+            "reliability", "threads_change", cfg.reliability.threads_change, THREADS_CHANGES
+        )
 
     def save(self, state: TrainState) -> None:
         """Write a checkpoint of ``state`` (rank 0), with every rank's RNG and failure counts."""
+        extra = {} if self.rank_totals is None else self.rank_totals()
         ranks = self.dist.gather(
-            {"rng": capture_rng_state(), "failures": self.monitor.state_dict()}
+            {"rng": capture_rng_state(), "failures": self.monitor.state_dict(), "totals": extra}
         )
         if not self.dist.is_main:
             return
         payload = {
             "config": self.config,
             "world_size": self.dist.world_size,
+            "threads": torch.get_num_threads(),
             "train_state": state.state_dict(),
             "model": unwrap(self.model).state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -143,21 +177,8 @@ class JobCheckpoints:
         logger.debug("checkpoint %s (epoch %d, batch %d)", path, state.epoch, state.batch)
 
     def finished_results(self) -> dict[str, Any] | None:
-        """The results of this job when it already finished with this config (results.json
-        says ok and the newest checkpoint is past the last epoch), else None."""
-        if not self.resume:
-            return None
-        done = None
-        if self.dist.is_main and (self.output_dir / RESULTS_FILE).exists():
-            results = read_results(self.output_dir)
-            latest = self.store.latest() if results.get("status") == "ok" else None
-            if (
-                latest is not None
-                and latest[1]["train_state"]["epoch"] > self.cfg.epochs
-                and not config_differences(latest[1]["config"], self.config)
-            ):
-                done = results
-        return self.dist.broadcast(done)
+        """``finished_results(output_dir, cfg, dist)`` of this job."""
+        return finished_results(self.output_dir, self.cfg, self.dist)
 
     def restore(self) -> TrainState | None:
         """Load the newest good checkpoint into the model, optimiser, scheduler, RNGs and
@@ -183,13 +204,20 @@ class JobCheckpoints:
         self.optimizer.load_state_dict(payload["optimizer"])
         if self.scheduler is not None and payload["scheduler"] is not None:
             self.scheduler.load_state_dict(payload["scheduler"])
-        mine = payload["ranks"][self.dist.rank]
-        restore_rng_state(mine["rng"])
-        self.monitor.load_state_dict(mine["failures"])
+        ranks, old_world = payload["ranks"], int(payload["world_size"])
+        restore_rng_state(ranks[self.dist.rank % old_world]["rng"])
+        if old_world == self.dist.world_size:
+            self.monitor.load_state_dict(ranks[self.dist.rank]["failures"])
+            self.restored_rank_totals = dict(ranks[self.dist.rank].get("totals", {}))
+        elif self.dist.is_main:  # resharded: rank 0 carries every old rank's counts
+            self.monitor.merge([rank["failures"] for rank in ranks])
+            self.restored_rank_totals = _summed([rank.get("totals", {}) for rank in ranks])
         self.restored_totals = dict(payload.get("totals", {}))
         if self.dist.is_main:
             rewind_logs(self.output_dir, payload["logs"])
         state = TrainState.from_state_dict(payload["train_state"])
+        if old_world != self.dist.world_size:
+            state.batch = reshard_batch(state.batch, old_world, self.dist.world_size)
         logger.info(
             "resuming from %s: epoch %d, batch %d, step %d",
             path,
@@ -219,11 +247,74 @@ class JobCheckpoints:
                 "here."
             )
         if payload["world_size"] != self.dist.world_size:
-            raise ResumeConflictError(
-                f"{path} was written by {payload['world_size']} processes, this run has "
-                f"{self.dist.world_size}; resume with the same --nproc_per_node (the data order "
-                "and the RNG states are per rank)."
+            if self.cfg.reliability.world_size_change == "refuse":
+                raise ResumeConflictError(
+                    f"{path} was written by {payload['world_size']} processes, this run has "
+                    f"{self.dist.world_size}; resume with the same --nproc_per_node (the data "
+                    "order and the RNG states are per rank), or continue on the new process "
+                    "count with reliability.world_size_change=reshard (not bit-identical)."
+                )
+            logger.warning(
+                "%s was written by %d processes, this run has %d: resharding the remaining "
+                "batches (reliability.world_size_change=reshard); the run continues but is not "
+                "bit-identical to one on a fixed process count",
+                path,
+                payload["world_size"],
+                self.dist.world_size,
             )
+        saved, now = payload.get("threads"), torch.get_num_threads()
+        if saved is not None and saved != now:
+            message = (
+                f"{path} was written with {saved} CPU thread(s) (torch.get_num_threads()), this "
+                f"run has {now}: the float reduction order, hence the weights, would differ from "
+                "an uninterrupted run"
+            )
+            if self.cfg.reliability.threads_change == "refuse":
+                raise ResumeConflictError(
+                    f"{message}. Resume with threads={saved}, or accept the difference with "
+                    "reliability.threads_change=warn."
+                )
+            logger.warning("%s (reliability.threads_change=warn: continuing)", message)
+
+
+def finished_results(
+    output_dir: Path, cfg: TrainConfig, dist: DistributedContext
+) -> dict[str, Any] | None:
+    """The results of the job in ``output_dir`` when it already finished with this config
+    (``results.json`` says ok and the newest checkpoint is past the last epoch), else None
+    (also with ``reliability.resume=false``). Needs no model or data, so a finished job of a
+    sweep is skipped before they are built (collective: rank 0 reads, every rank gets it)."""
+    done = None
+    if cfg.reliability.resume and dist.is_main and (output_dir / RESULTS_FILE).exists():
+        results = read_results(output_dir)
+        store = CheckpointStore(output_dir / CHECKPOINT_DIR, keep=cfg.reliability.keep)
+        latest = store.latest() if results.get("status") == "ok" else None
+        if (
+            latest is not None
+            and latest[1]["train_state"]["epoch"] > cfg.epochs
+            and not config_differences(latest[1]["config"], comparable_config(as_container(cfg)))
+        ):
+            done = results
+    return dist.broadcast(done)
+
+
+def _summed(totals: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """``{key: {source: {kind: n}}}`` counts of several ranks added up."""
+    out: dict[str, Any] = {}
+    for total in totals:
+        for key, counts in total.items():
+            into = out.setdefault(key, {})
+            for source, kinds in counts.items():
+                for kind, n in kinds.items():
+                    into.setdefault(source, {})[kind] = into.get(source, {}).get(kind, 0) + n
+    return out
+
+
+def reshard_batch(batch: int, old_world_size: int, new_world_size: int) -> int:
+    """The batch index on ``new_world_size`` ranks that resumes after ``batch`` global batches
+    of ``old_world_size`` ranks (same per-rank batch size): the samples consumed so far,
+    rounded down to whole new global batches (a few samples may be seen twice, none skipped)."""
+    return batch * old_world_size // new_world_size
 
 
 def _sink_files(directory: Path) -> list[Path]:

@@ -34,8 +34,10 @@ from experiments.engine.joblock import JobLock, JobLockedError
 from experiments.engine.loop import Task, TrainState, fit
 from experiments.engine.preemption import PreemptedError, PreemptionGuard, parse_signals
 from experiments.engine.results import write_results
-from experiments.engine.resume import JobCheckpoints
+from experiments.engine.resume import JobCheckpoints, finished_results
+from experiments.engine.run_events import RunEvents, events_summary
 from experiments.engine.schedule import poly_lr_hooks
+from experiments.engine.submitit_requeue import preemption_signals, requeue
 from experiments.engine.targets import check_targets
 from implicit_ham._core.sinks import Sink
 from implicit_ham._core.validation import check_choice
@@ -77,7 +79,14 @@ def run_training(cfg: TrainConfig, output_dir: str | Path) -> dict[str, Any]:
 
     Preemption: the signals of ``reliability.preempt_signals`` stop the run after the current
     step with a checkpoint and ``results.json`` ``status: "preempted"``, then ``PreemptedError`` is
-    raised (``experiments.train`` exits with its ``exit_code``, 128 + signal number).
+    raised (``experiments.train`` exits with its ``exit_code``, 128 + signal number). Under
+    submitit its preemption signal is handled too, and the job is requeued through its
+    ``checkpoint()`` hook instead (``experiments.engine.submitit_requeue``).
+
+    A job that finished earlier with this config returns its results before its data and
+    model are built. Under torchrun a collective that waits more than
+    ``reliability.dist_timeout_s`` for a hung peer raises ``DistributedTimeoutError`` naming
+    the ranks that did not answer.
 
     Returns:
         The results: ``config`` (as plain data), final ``metrics``, ``best`` validation loss,
@@ -85,19 +94,26 @@ def run_training(cfg: TrainConfig, output_dir: str | Path) -> dict[str, Any]:
         segments included), ``world_size``,
         ``state_digests`` (SHA-256 of the model state on each rank: all equal when the replicas
         are in sync), and the last forward solve statistics of each implicit layer
-        (``solver``).
+        (``solver``), ``threads`` (``torch.get_num_threads()``) and ``events``: the library's
+        warning events of the run (``experiments.engine.run_events.events_summary``: total,
+        by kind, by source, the implicit layers by name).
     """
     check_train_config(cfg)
     check_targets(as_container(cfg))  # before anything is instantiated
     check_policy(cfg.reliability.on_failure)
     check_choice("config", "dtype", cfg.dtype, tuple(DTYPES))
-    signals = parse_signals(cfg.reliability.preempt_signals)
+    signals = preemption_signals(parse_signals(cfg.reliability.preempt_signals))
     with PreemptionGuard(signals) as guard:
-        dist = DistributedContext.from_env(cfg.device)
-        job_dir = Path(dist.broadcast(str(output_dir)))
-        with _job_lock(job_dir, dist):
-            results = _train(cfg, job_dir, dist, guard)
-        dist.close()
+        dist = DistributedContext.from_env(cfg.device, cfg.reliability.dist_timeout_s)
+        with dist.diagnose_hangs():
+            job_dir = Path(dist.broadcast(str(output_dir)))
+            with _job_lock(job_dir, dist):
+                try:
+                    results = _train(cfg, job_dir, dist, guard)
+                except PreemptedError as stopped:
+                    requeue(stopped.signum)  # under submitit: requeued, exits here
+                    raise
+            dist.close()
     return results
 
 
@@ -134,6 +150,10 @@ def _train(
         logging.getLogger().setLevel(logging.WARNING)
     configure_determinism(reliability.deterministic, dist.device)
     seed_everything(cfg.seed)
+    finished = finished_results(output_dir, cfg, dist)
+    if finished is not None:  # before any data or model is built
+        logger.info("%s finished earlier with this config; not retrained", output_dir)
+        return finished
     device = dist.device
     train_set, val_set, info = build_datasets(cfg.data)
     train_loader, val_loader = build_loaders(
@@ -147,6 +167,7 @@ def _train(
     model = dist.wrap(model)
     sinks = build_sinks(cfg.logger, output_dir, config) if dist.is_main else []
     clock = _Clock()
+    run_events = RunEvents(unwrap(model))
     monitor = FailureMonitor(
         sinks, warn_first=reliability.warn_first, warn_every=reliability.warn_every
     )
@@ -162,14 +183,10 @@ def _train(
             "train_time_s": clock.elapsed(),
             "solver": _solver_summaries(unwrap(model)),
         },
+        rank_totals=lambda: {"events": run_events.counts()},
     )
-    finished = checkpoints.finished_results()
-    if finished is not None:
-        logger.info("%s finished earlier with this config; not retrained", output_dir)
-        for sink in sinks:
-            sink.close()
-        return finished
     state = checkpoints.restore()
+    run_events.restore(checkpoints.restored_rank_totals.get("events") or {})
     hooks, callback = _diagnostics(cfg.diagnostics, unwrap(model), sinks, optimizer)
     if cfg.lr_poly_power is not None:
         total = cfg.epochs * len(train_loader)
@@ -229,6 +246,7 @@ def _train(
         raise
     finally:
         step_fn.close()
+        run_events.close()
         if callback is not None:
             callback.close()
         for sink in sinks:
@@ -246,6 +264,8 @@ def _train(
         "world_size": dist.world_size,
         "state_digests": dist.gather(state_digest(unwrap(model))),
         "solver": _solver_summaries(unwrap(model)) or checkpoints.restored_totals.get("solver", {}),
+        "threads": torch.get_num_threads(),
+        "events": events_summary(dist.gather(run_events.counts())),
     }
     logger.info("failures: %s", results["failures"])
     if dist.is_main:

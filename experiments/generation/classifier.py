@@ -20,6 +20,7 @@ from torch import Tensor
 
 from experiments.data.digits import load_digits_arrays, split_indices
 from experiments.data.twin_digits import DIGIT, TOP, upsample_digits
+from experiments.engine.artefact_lock import artefact_lock
 from experiments.engine.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
 from experiments.models.digit_classifier import HalfDigitClassifier
 
@@ -95,6 +96,15 @@ def train_classifier(
 
 
 def load_or_train_classifier(
+    cache: str | Path, epochs: int, val_fraction: float, seed: int
+) -> tuple[HalfDigitClassifier, float]:
+    """``_load_or_train_classifier`` under the cache's build lock: when the jobs of a sweep start
+    together, one trains the classifier while the others wait, then load it."""
+    with artefact_lock(cache):
+        return _load_or_train_classifier(cache, epochs, val_fraction, seed)
+
+
+def _load_or_train_classifier(
     cache: str | Path, epochs: int, val_fraction: float, seed: int
 ) -> tuple[HalfDigitClassifier, float]:
     """The cached classifier when ``cache`` holds one trained with these settings, else a newly

@@ -3,7 +3,11 @@
 Each job directory holds ``results.json`` (written by every job, also by a failed one, with
 ``status`` and ``error``) and Hydra's ``.hydra/overrides.yaml``. Jobs are grouped by their
 overrides minus ``seed``; each group becomes one row. The report is ``templates/sweep.md.j2``
-filled by a ``SweepReport``.
+filled by a ``SweepReport``: the metrics (mean ± sample std over seeds; the mean alone for one
+seed), what each arm is (the config values that differ between the rows), every job's failure
+events by kind (``results.json``'s ``failures`` and the library's warning ``events``), the failed
+jobs, and the files that could not be read. One unreadable file (a garbled ``results.json``, a
+garbage line in ``metrics.jsonl``) is reported by name; the rest of the sweep is still reported.
 """
 
 from __future__ import annotations
@@ -20,19 +24,25 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from experiments.engine.results import RESULTS_FILE, read_results
+from experiments.engine.results import RESULTS_FILE, ResultsError, read_results
+from experiments.engine.resume import RUN_SETTINGS
 from experiments.reports.render import Table, render
 
 DEFAULT_METRICS = ("val/miou", "val/blob_acc", "val/pixel_acc", "val/accuracy", "train_time_s")
 IGNORED_OVERRIDES = ("seed",)
 PLOTTED_METRICS = ("val/blob_acc", "val/miou", "val/accuracy")
+# Config keys that never describe an arm (run settings, bookkeeping).
+UNDESCRIBED = (*IGNORED_OVERRIDES, *RUN_SETTINGS, "reliability", "study", "checkpoint")
+KEY_FIELDS = ("context.name", "adjoint._target_", "solver._target_")
 
 
 @dataclass
 class Job:
     """One job of a sweep: its overrides, status, final metrics, per-epoch history, failure
-    counts by kind (``results.json``'s ``failures.by_kind``) and resolved config (results.json's,
-    else Hydra's ``.hydra/config.yaml``)."""
+    counts by kind (``results.json``'s ``failures.by_kind``), the library's warning events by
+    kind (``events.by_kind``), resolved config (results.json's, else Hydra's
+    ``.hydra/config.yaml``) and the files of it that could not be read (``unreadable``: one
+    message per file, naming it)."""
 
     directory: Path
     overrides: dict[str, str]
@@ -42,6 +52,8 @@ class Job:
     history: list[dict[str, Any]] = field(default_factory=list)
     failures: dict[str, int] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
+    events: dict[str, int] = field(default_factory=dict)
+    unreadable: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -99,7 +111,8 @@ def group_jobs(jobs: Iterable[Job], ignore: Sequence[str] = IGNORED_OVERRIDES) -
 def metrics_table(
     rows: Sequence[Row], metrics: Sequence[str] | None = None, digits: int = 3
 ) -> Table:
-    """One column per swept key, ``n`` (ok / all), then mean ± std per metric.
+    """One column per swept key, ``n`` (ok / all), then mean ± std per metric (the mean alone
+    when one value: no spread from one seed).
 
     Only metrics present in at least one job are shown (``DEFAULT_METRICS`` by default).
     """
@@ -111,8 +124,13 @@ def metrics_table(
         ok = sum(job.status == "ok" for job in row.jobs)
         cells = [row.overrides.get(k, "") for k in keys] + [f"{ok}/{len(row.jobs)}"]
         for metric in shown:
-            stats = row.mean_std(metric)
-            cells.append("–" if stats is None else f"{stats[0]:.{digits}f} ± {stats[1]:.{digits}f}")
+            stats, n = row.mean_std(metric), len(row.values(metric))
+            if stats is None:
+                cells.append("–")
+            elif n == 1:
+                cells.append(f"{stats[0]:.{digits}f}")
+            else:
+                cells.append(f"{stats[0]:.{digits}f} ± {stats[1]:.{digits}f}")
         body.append(cells)
     return Table.of([*keys, "n", *shown], body)
 
@@ -129,10 +147,60 @@ def failures(jobs: Sequence[Job]) -> Table:
     return Table.of(["job", "overrides", "error"], body)
 
 
+def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        if not prefix and key in UNDESCRIBED:
+            continue
+        if isinstance(value, Mapping):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = str(value)
+    return out
+
+
+def arms_table(rows: Sequence[Row]) -> Table:
+    """What each row (arm) is, from its jobs' configs: its context, backward mode and solver
+    (``KEY_FIELDS``) and every other value that differs between the rows having that key; a
+    row whose jobs have no readable config says so."""
+    configs = [_flat(next((j.config for j in row.jobs if j.config), {})) for row in rows]
+    keys = sorted({k for c in configs for k in c})
+    shown = [
+        k for k in keys if k in KEY_FIELDS or len({c[k] for c in configs if k in c}) > 1
+    ]  # fmt: skip
+    body = []
+    for row, config in zip(rows, configs, strict=True):
+        text = ", ".join(f"{k}={config[k]}" for k in shown if k in config)
+        body.append([label(row.overrides), text if config else "(no readable config)"])
+    return Table.of(["arm", "config (what differs between the arms)"], body)
+
+
+def _counts(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}: {n}" for k, n in sorted(counts.items()) if n) or "none"
+
+
+def failure_counts(jobs: Sequence[Job]) -> Table:
+    """Every job's failure events by kind (``results.json``'s ``failures.by_kind``, what the
+    failure policy handled) and the library's warning events by kind (``events.by_kind``)."""
+    body = [
+        [job.directory.name, label(job.overrides), job.status, _counts(job.failures),
+         _counts(job.events)]
+        for job in jobs
+    ]  # fmt: skip
+    return Table.of(["job", "arm", "status", "failure events", "warning events"], body)
+
+
+def unreadable_files(jobs: Sequence[Job]) -> Table:
+    """The job files that could not be read (an empty table when all could)."""
+    body = [[job.directory.name, problem] for job in jobs for problem in job.unreadable]
+    return Table.of(["job", "problem"], body)
+
+
 @dataclass(frozen=True)
 class SweepReport:
-    """A sweep's ``report.md``: its title, folder, job count, the metrics table, the failed
-    jobs, and (metric, figure name) per plotted metric."""
+    """A sweep's ``report.md``: its title, folder, job count, the metrics table, what each arm
+    is, every job's failure counts, the failed jobs, the unreadable files, and (metric, figure
+    name) per plotted metric."""
 
     title: str
     source: Path
@@ -140,6 +208,10 @@ class SweepReport:
     table: Table
     failures: Table
     plots: tuple[tuple[str, str], ...]
+    arms: Table | None = None
+    counts: Table | None = None
+    unreadable: Table | None = None
+    wall_clock: str | None = None
 
 
 def write_report(
@@ -163,8 +235,11 @@ def write_report(
             plot_metric_bars(rows, metric, out_dir / f"{name}.png")
             plot_curves(rows, metric, out_dir / f"{name}_curves.png")
             plots.append((metric, name))
-    report = SweepReport(title or "Sweep report", sweep_dir, len(jobs),
-                         metrics_table(rows, metrics), failures(jobs), tuple(plots))  # fmt: skip
+    report = SweepReport(
+        title or "Sweep report", sweep_dir, len(jobs), metrics_table(rows, metrics),
+        failures(jobs), tuple(plots), arms_table(rows), failure_counts(jobs),
+        unreadable_files(jobs), wall_clock(sweep_dir),
+    )  # fmt: skip
     path = out_dir / "report.md"
     path.write_text(render("sweep.md.j2", report=report))
     return path
@@ -201,13 +276,23 @@ def label(overrides: Mapping[str, str]) -> str:
 
 
 def _read_job(directory: Path) -> Job:
-    overrides = _read_overrides(directory / ".hydra" / "overrides.yaml")
-    history = _read_history(directory / "metrics.jsonl")
+    unreadable: list[str] = []
+    try:
+        overrides = _read_overrides(directory / ".hydra" / "overrides.yaml")
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        overrides = {}
+        unreadable.append(f"{directory / '.hydra' / 'overrides.yaml'} is not valid YAML ({err})")
+    history = _read_history(directory / "metrics.jsonl", unreadable)
     if not (directory / RESULTS_FILE).exists():
-        return Job(
-            directory, overrides, "missing", {}, "no results.json (killed or running)", history
-        )
-    results = read_results(directory)
+        return Job(directory, overrides, "missing", {}, "no results.json (killed or running)",
+                   history, unreadable=unreadable)  # fmt: skip
+    try:
+        results = read_results(directory)
+    except ResultsError as err:
+        unreadable.append(str(err))
+        config = _read_config(directory / ".hydra" / "config.yaml")
+        return Job(directory, overrides, "unreadable", {}, str(err), history, config=config,
+                   unreadable=unreadable)  # fmt: skip
     metrics = {
         k: v for k, v in (results.get("metrics") or {}).items() if isinstance(v, (int, float))
     }
@@ -215,6 +300,7 @@ def _read_job(directory: Path) -> Job:
         if isinstance(results.get(key), (int, float)):
             metrics[key] = results[key]
     failures = (results.get("failures") or {}).get("by_kind") or {}
+    events = (results.get("events") or {}).get("by_kind") or {}
     return Job(
         directory,
         overrides,
@@ -224,6 +310,8 @@ def _read_job(directory: Path) -> Job:
         history,
         {str(k): int(v) for k, v in failures.items()},
         results.get("config") or _read_config(directory / ".hydra" / "config.yaml"),
+        {str(k): int(v) for k, v in events.items()},
+        unreadable,
     )
 
 
@@ -251,15 +339,46 @@ def _read_overrides(path: Path) -> dict[str, str]:
     return out
 
 
-def _read_history(path: Path) -> list[dict[str, Any]]:
+def _read_history(path: Path, unreadable: list[str]) -> list[dict[str, Any]]:
+    """The epoch rows of ``metrics.jsonl``; a line that is not a JSON object is skipped and
+    reported in ``unreadable`` (by file and line number)."""
     if not path.exists():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows, bad = [], []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            bad.append(number)
+    if bad:
+        unreadable.append(
+            f"{path}: line(s) {', '.join(map(str, bad[:10]))} are not JSON objects (skipped; "
+            "the job's other rows are reported)"
+        )
     return [row for row in rows if "epoch" in row]
 
 
 def _job_sort_key(path: Path) -> tuple[int, str]:
     return (int(path.name), str(path)) if path.name.isdigit() else (1 << 30, str(path))
+
+
+def wall_clock(sweep_dir: Path) -> str | None:
+    """ "<m> min <s> s" from the sweep's start to its last ``results.json`` (``sweep_span_s``),
+    with the launcher's parallel jobs when recorded; None without them. What the docs quote as
+    the demo's duration: measured by the run, not typed."""
+    span = sweep_span_s(sweep_dir)
+    if span is None:
+        return None
+    minutes, seconds = divmod(round(span), 60)
+    parallel = parallel_jobs(sweep_dir)
+    at_a_time = f", {parallel} jobs at a time" if parallel else ""
+    return f"{minutes} min {seconds} s{at_a_time}"
 
 
 def planned_jobs(sweep_dir: Path) -> int | None:

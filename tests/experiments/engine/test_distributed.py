@@ -12,7 +12,12 @@ changes the backbone's gradient by ~1e-3 relative. Such flips occur by chance (a
 65536 units of a layer lie within float32 rounding of 0): after 8 float32 steps the runs below
 differed by 5e-5 with sdpa_attention (2 units flipped at step 4) but by 2e-7 with
 self_attention, the same function, while in float64 they agree to 6e-16. Hence: 8 steps in
-float64 at a tight tolerance, and the first float32 step at float32 rounding."""
+float64 at a tight tolerance, and the first float32 step at float32 rounding.
+
+Elastic restarts: under ``torchrun --max-restarts=1`` a worker that crashes after a checkpoint
+is restarted with the others, and the job resumes from its last checkpoint and ends
+bit-identical to the uninterrupted run. A resume on another process count is refused by
+default and continues, re-sharded, with ``reliability.world_size_change=reshard``."""
 
 from __future__ import annotations
 
@@ -49,11 +54,16 @@ def _run(command: list[str]) -> None:
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
 
 
-def _ddp_and_single(ddp: Path, single: Path, args: list[str]) -> tuple[dict, dict]:
-    """Train 2 processes with batch 4 into ``ddp`` and one with batch 8 into ``single``; return
-    their final model states."""
+def _torchrun(job: Path, args: list[str]) -> None:
     _run([str(TORCHRUN), "--standalone", "--nproc_per_node=2", "-m", "experiments.train",
-          *args, "batch_size=4", f"hydra.run.dir={ddp}"])  # fmt: skip
+          *args, "batch_size=4", f"hydra.run.dir={job}"])  # fmt: skip
+
+
+def _ddp_and_single(ddp: Path, single: Path, args: list[str]) -> tuple[dict, dict]:
+    """Train 2 processes with batch 4 into ``ddp`` (unless it holds a finished run already) and
+    one with batch 8 into ``single``; return their final model states."""
+    if not (ddp / "checkpoint.pt").exists():
+        _torchrun(ddp, args)
     _run([sys.executable, "-m", "experiments.train", *args, "batch_size=8",
           f"hydra.run.dir={single}"])  # fmt: skip
     ddp_state = read_checkpoint(ddp / "checkpoint.pt")["model"]
@@ -62,9 +72,33 @@ def _ddp_and_single(ddp: Path, single: Path, args: list[str]) -> tuple[dict, dic
     return ddp_state, single_state
 
 
-@pytest.mark.skipif(shutil.which(str(TORCHRUN)) is None, reason="torchrun not installed")
-def test_two_processes_match_one_process_with_the_doubled_batch(tmp_path: Path) -> None:
-    ddp, single = tmp_path / "ddp", tmp_path / "single"
+needs_torchrun = pytest.mark.skipif(
+    shutil.which(str(TORCHRUN)) is None, reason="torchrun not installed"
+)
+
+
+@pytest.fixture(scope="module")
+def ddp_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted float64 2-process run of ``ARGS`` (the reference of the tests below;
+    copy it before changing it)."""
+    if shutil.which(str(TORCHRUN)) is None:
+        pytest.skip("torchrun not installed")
+    job = tmp_path_factory.mktemp("ddp") / "job"
+    _torchrun(job, [*ARGS, "dtype=float64"])
+    return job
+
+
+def _copy(job: Path, to: Path) -> Path:
+    shutil.copytree(job, to)
+    (to / ".lock").unlink(missing_ok=True)
+    return to
+
+
+@needs_torchrun
+def test_two_processes_match_one_process_with_the_doubled_batch(
+    ddp_reference: Path, tmp_path: Path
+) -> None:
+    ddp, single = _copy(ddp_reference, tmp_path / "ddp"), tmp_path / "single"
     ddp_state, single_state = _ddp_and_single(ddp, single, [*ARGS, "dtype=float64"])
     results = json.loads((ddp / "results.json").read_text())
     assert results["status"] == "ok" and results["world_size"] == 2
@@ -93,7 +127,7 @@ def test_two_processes_match_one_process_with_the_doubled_batch(tmp_path: Path) 
     assert json.loads((ddp / "results.json").read_text())["state_digests"] == digests
 
 
-@pytest.mark.skipif(shutil.which(str(TORCHRUN)) is None, reason="torchrun not installed")
+@needs_torchrun
 def test_first_float32_step_matches_one_process_to_rounding(tmp_path: Path) -> None:
     """One optimisation step (8 training samples, one epoch) in the default float32: equal to
     float32 rounding (6e-8 measured; see the module docstring for why later steps may not be)."""
@@ -104,3 +138,52 @@ def test_first_float32_step_matches_one_process_to_rounding(tmp_path: Path) -> N
     for key, value in single_state.items():
         assert value.dtype != torch.float64, key
         torch.testing.assert_close(ddp_state[key], value, rtol=1e-5, atol=1e-6, msg=key)
+
+
+@needs_torchrun
+def test_elastic_restart_after_a_worker_crash_resumes_bit_identically(
+    ddp_reference: Path, tmp_path: Path
+) -> None:
+    """torchrun --max-restarts=1: rank 1 dies after the checkpoint of step 3 on the first
+    attempt; the restarted workers resume from the newest checkpoint and end bit-identical."""
+    job = tmp_path / "job"
+    _run([str(TORCHRUN), "--standalone", "--nproc_per_node=2", "--max-restarts=1",
+          str(ROOT / "tests" / "helpers" / "crash_once.py"), str(job), "3", *ARGS,
+          "dtype=float64", "batch_size=4"])  # fmt: skip
+    assert (job / "crashed").exists(), "the injected crash did not happen"
+    results = json.loads((job / "results.json").read_text())
+    reference = json.loads((ddp_reference / "results.json").read_text())
+    assert results["status"] == "ok"
+    assert results["state_digests"] == reference["state_digests"]
+    assert results["metrics"] == reference["metrics"]
+    epochs = [r["epoch"] for r in map(json.loads, (job / "metrics.jsonl").read_text().splitlines())
+              if "epoch" in r]  # fmt: skip
+    assert epochs == [1, 2]  # the restart logged no row twice
+
+
+@needs_torchrun
+def test_resume_on_another_process_count_is_refused_or_resharded(
+    ddp_reference: Path, tmp_path: Path
+) -> None:
+    """The 2-process run loses its last checkpoint (step 8 of 2 epochs x 4 steps): one process
+    (same per-process batch 4) refuses to resume by default; with world_size_change=reshard it
+    resumes at step 6 (epoch 2 after 2 global batches of 8 = 16 samples: batch 4 of 4 samples
+    on one process) and runs the 4 remaining batches of epoch 2."""
+    job = _copy(ddp_reference, tmp_path / "job")
+    (job / "results.json").unlink()
+    (job / "checkpoints" / "step-000000008.pt").unlink()
+    single = [sys.executable, "-m", "experiments.train", *ARGS, "dtype=float64", "batch_size=4",
+              f"hydra.run.dir={job}"]  # fmt: skip
+    refused = subprocess.run(single, cwd=ROOT, env=_env(), capture_output=True, text=True,
+                             timeout=300, check=False)  # fmt: skip
+    assert refused.returncode != 0
+    assert "written by 2 processes, this run has 1" in refused.stderr
+    assert "reliability.world_size_change=reshard" in refused.stderr
+    assert not (job / "results.json").exists()
+    _run([*single, "reliability.world_size_change=reshard"])
+    results = json.loads((job / "results.json").read_text())
+    assert results["status"] == "ok" and results["world_size"] == 1
+    assert (job / "checkpoints" / "step-000000010.pt").exists()  # 6 + 4 steps
+    epochs = [r["epoch"] for r in map(json.loads, (job / "metrics.jsonl").read_text().splitlines())
+              if "epoch" in r]  # fmt: skip
+    assert epochs == [1, 2]

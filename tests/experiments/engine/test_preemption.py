@@ -6,13 +6,21 @@ training steps); it must finish its step, write a checkpoint and ``results.json`
 configured (``checkpoint_every=0``, the default, so the checkpoint is the preemption's own).
 Running the same command again must end exactly like an uninterrupted run: metrics, failure
 counts, logged rows and parameters (wall-clock fields excluded).
+
+Under the submitit launcher (``hydra/launcher=submitit_local``: submitit's local executor
+starts the job process and requeues it), SIGUSR1, a scheduler's preemption signal that submitit
+itself does not handle (before, the job was lost with ``UncompletedJobError``), must make the
+job checkpoint, requeue itself through submitit's ``checkpoint()`` hook, resume in the same job
+directory and end exactly like the uninterrupted run.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -97,3 +105,44 @@ def test_signal_checkpoints_and_resumes_identically(
     a, b = _parameters(tmp_path), _parameters(reference)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert _rows(tmp_path) == _rows(reference)
+
+
+def _holder_pid(job: Path) -> int | None:
+    try:
+        return int(json.loads((job / ".lock").read_text() or "{}").get("pid"))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def test_sigusr1_under_submitit_requeues_and_resumes_identically(
+    reference: Path, tmp_path: Path
+) -> None:
+    sweep = tmp_path / "sweep"
+    command = [sys.executable, "-m", "experiments.train", "-m", "hydra/launcher=submitit_local",
+               f"hydra.sweep.dir={sweep}", *ARGS]  # fmt: skip
+    launcher = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    job = sweep / "0"
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while _train_rows(job) < 3 or _holder_pid(job) is None:
+            assert launcher.poll() is None and time.monotonic() < deadline, "no training step"
+            time.sleep(0.005)
+        first = _holder_pid(job)
+        assert first is not None
+        os.kill(first, signal.SIGUSR1)
+        output, _ = launcher.communicate(timeout=TIMEOUT_S)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait(timeout=30)
+    assert launcher.returncode == 0, output[-3000:]
+    logs = "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_log.*"))
+    assert "preempted by SIGUSR1" in logs
+    assert "Requeued job" in logs
+    assert _results(job) == _results(reference)
+    assert _rows(job) == _rows(reference)
+    parameters, expected = _parameters(job), _parameters(reference)
+    assert parameters.keys() == expected.keys()
+    for key, value in expected.items():
+        assert parameters[key].equal(value), key

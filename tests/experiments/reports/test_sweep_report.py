@@ -8,11 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from experiments.reports.sweep import collect_jobs, group_jobs, metrics_table, write_report
+from experiments.reports.sweep import (
+    arms_table,
+    collect_jobs,
+    group_jobs,
+    metrics_table,
+    write_report,
+)
 
 
-def _job(root: Path, num: int, overrides: list[str], metrics: dict | None,
-         error: str | None = None) -> None:
+def _job(
+    root: Path, num: int, overrides: list[str], metrics: dict | None, error: str | None = None
+) -> None:
     job = root / str(num)
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
@@ -21,8 +28,9 @@ def _job(root: Path, num: int, overrides: list[str], metrics: dict | None,
         if error is not None:
             body = {"status": "failed", "error": error}
         (job / "results.json").write_text(json.dumps(body))
-        rows = [{"step": e, "epoch": e, "val/blob_acc": metrics["val/blob_acc"] * e / 2}
-                for e in (1, 2)]
+        rows = [
+            {"step": e, "epoch": e, "val/blob_acc": metrics["val/blob_acc"] * e / 2} for e in (1, 2)
+        ]
         (job / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -30,10 +38,19 @@ def _job(root: Path, num: int, overrides: list[str], metrics: dict | None,
 def sweep(tmp_path: Path) -> Path:
     values = {("unroll", 0): 0.5, ("unroll", 1): 0.7, ("implicit", 0): 0.9, ("implicit", 1): 0.8}
     for num, ((adjoint, seed), value) in enumerate(values.items()):
-        _job(tmp_path, num, [f"adjoint={adjoint}", f"seed={seed}"],
-             {"val/blob_acc": value, "val/miou": value / 2})
-    _job(tmp_path, 4, ["adjoint=neumann", "seed=0"], {"val/blob_acc": 0.0},
-         error="RuntimeError: diverged")
+        _job(
+            tmp_path,
+            num,
+            [f"adjoint={adjoint}", f"seed={seed}"],
+            {"val/blob_acc": value, "val/miou": value / 2},
+        )
+    _job(
+        tmp_path,
+        4,
+        ["adjoint=neumann", "seed=0"],
+        {"val/blob_acc": 0.0},
+        error="RuntimeError: diverged",
+    )
     _job(tmp_path, 5, ["adjoint=phantom", "seed=0"], None)
     return tmp_path
 
@@ -70,3 +87,71 @@ def test_report_lists_failed_and_missing_jobs_and_writes_plots(sweep: Path, tmp_
 def test_missing_sweep_directory_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="multirun"):
         collect_jobs(tmp_path / "nope")
+
+
+def _results(root: Path, num: int, arm: str, body: dict) -> Path:
+    job = root / str(num)
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text(f"- +arm={arm}\n")
+    (job / "results.json").write_text(json.dumps({"status": "ok", "train_time_s": 2.0, **body}))
+    return job
+
+
+def test_one_unreadable_file_is_named_and_the_rest_still_reported(tmp_path: Path) -> None:
+    good = _results(tmp_path, 0, "a", {"metrics": {"val/blob_acc": 0.5}})
+    (good / "metrics.jsonl").write_text('{"epoch": 1, "val/blob_acc": 0.5}\nnot json\n[1]\n')
+    bad = _results(tmp_path, 1, "b", {})
+    (bad / "results.json").write_text('{"status": "ok", "metr')
+    _results(tmp_path, 2, "c", {"metrics": {"val/blob_acc": 0.75}})
+    text = write_report(tmp_path, tmp_path / "out").read_text()
+    assert "## Files that could not be read" in text
+    assert f"{bad / 'results.json'} is not valid JSON" in text
+    assert f"{good / 'metrics.jsonl'}: line(s) 2, 3 are not JSON objects" in text
+    assert "| a | 1/1 | 0.500 |" in text
+    assert "| c | 1/1 | 0.750 |" in text
+    assert "| b | 0/1 | – |" in text
+    jobs = {job.directory.name: job for job in collect_jobs(tmp_path)}
+    assert jobs["1"].status == "unreadable" and [r["epoch"] for r in jobs["0"].history] == [1]
+
+
+def test_one_seed_shows_no_spread(tmp_path: Path) -> None:
+    _results(tmp_path, 0, "single", {"metrics": {"val/blob_acc": 0.25}})
+    table = metrics_table(group_jobs(collect_jobs(tmp_path)), metrics=["val/blob_acc"])
+    assert "| single | 1/1 | 0.250 |" in table.markdown().splitlines()
+    assert "±" not in table.markdown()  # several seeds: test_markdown_table_has_known_cells
+
+
+def test_each_arm_is_described_by_the_config_values_that_differ(tmp_path: Path) -> None:
+    common = {"seed": 0, "epochs": 15, "progress": False, "solver": {"_target_": "S"}}
+    for num, (arm, adjoint, bases) in enumerate(
+        [("nmf_unroll", "implicit_ham.Unroll", False), ("nmf_one_step", "implicit_ham.OneStep",
+          False), ("nmf_one_step_bases", "implicit_ham.OneStep", True)]
+    ):  # fmt: skip
+        config = {**common, "seed": num, "adjoint": {"_target_": adjoint},
+                  "context": {"name": "nmf", "grad_through_bases": bases}}  # fmt: skip
+        _results(tmp_path, num, arm, {"metrics": {"val/blob_acc": 0.5}, "config": config})
+    rows = arms_table(group_jobs(collect_jobs(tmp_path))).markdown().splitlines()
+    assert (
+        "| arm=nmf_unroll | adjoint._target_=implicit_ham.Unroll, "
+        "context.grad_through_bases=False, context.name=nmf, solver._target_=S |" in rows
+    )
+    assert (
+        "| arm=nmf_one_step_bases | adjoint._target_=implicit_ham.OneStep, "
+        "context.grad_through_bases=True, context.name=nmf, solver._target_=S |" in rows
+    )
+    assert not any("seed=" in r or "epochs=" in r or "progress" in r for r in rows[2:])
+
+
+def test_every_jobs_failure_counts_by_kind_are_shown(tmp_path: Path) -> None:
+    _results(tmp_path, 0, "nmf_implicit", {
+        "metrics": {"val/blob_acc": 0.2},
+        "failures": {"total": 480, "by_kind": {"backward_not_fixed_point": 480}},
+        "events": {"total": 7, "by_kind": {"NotFixedPointWarning": 5, "ConvergenceWarning": 2}},
+    })  # fmt: skip
+    _results(tmp_path, 1, "nmf_unroll", {"metrics": {"val/blob_acc": 0.9}})
+    text = write_report(tmp_path, tmp_path / "out").read_text()
+    assert (
+        "| 0 | arm=nmf_implicit | ok | backward_not_fixed_point: 480 | ConvergenceWarning: 2, "
+        "NotFixedPointWarning: 5 |" in text
+    )
+    assert "| 1 | arm=nmf_unroll | ok | none | none |" in text
