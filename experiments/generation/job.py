@@ -54,9 +54,10 @@ ADJOINTS = {"one_step": OneStep, "unroll": Unroll}
 class GanJob:
     """Everything that defines one job (its results file row repeats these fields).
 
-    ``rank`` / ``ham_steps``: the Hamburger's bases and iterations (training and evaluation);
-    ``plateau_tolerance``: the largest relative FID change over the last ``plateau_window`` of
-    training that counts as a plateau."""
+    ``depth``: conv1x1 layers added after each convolution of both networks (depth without a
+    wider receptive field); ``rank`` / ``ham_steps``: the Hamburger's bases and iterations
+    (training and evaluation); ``plateau_tolerance``: the largest relative FID change over the
+    last ``plateau_window`` of training that counts as a plateau."""
 
     arm: str
     seed: int
@@ -65,6 +66,7 @@ class GanJob:
     noise: int = 16
     g_width: int = 32
     d_width: int = 32
+    depth: int = 2
     lr_g: float = 1e-4
     lr_d: float = 4e-4
     beta1: float = 0.0
@@ -123,8 +125,8 @@ def build_networks(job: GanJob) -> tuple[LocalGenerator, LocalDiscriminator]:
         g_context, d_context = build_context(job, job.g_width), build_context(job, 2 * job.d_width)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(job.seed)
-        generator = LocalGenerator(g_context, noise=job.noise, width=job.g_width)
-        discriminator = LocalDiscriminator(d_context, width=job.d_width)
+        generator = LocalGenerator(g_context, noise=job.noise, width=job.g_width, depth=job.depth)
+        discriminator = LocalDiscriminator(d_context, width=job.d_width, depth=job.depth)
     return generator, discriminator
 
 

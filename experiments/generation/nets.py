@@ -75,7 +75,9 @@ class LocalGenerator(nn.Module):
         noise: channels of the noise map. width: channels w at 8x8 and 16x16.
     """
 
-    def __init__(self, context: nn.Module, noise: int = 16, width: int = 32, depth: int = 0) -> None:
+    def __init__(
+        self, context: nn.Module, noise: int = 16, width: int = 32, depth: int = 0
+    ) -> None:
         super().__init__()
         check_positive_int("LocalGenerator", "noise", noise)
         check_positive_int("LocalGenerator", "width", width)

@@ -94,6 +94,11 @@ class Gate:
     min_seeds: int
 
     @property
+    def complete(self) -> bool:
+        """Whether both arms have >= ``min_seeds`` paired seeds (the gate can be read)."""
+        return self.interval is not None and self.interval.n >= self.min_seeds
+
+    @property
     def passed(self) -> bool:
         """Whether the interval has >= ``min_seeds`` seeds and lies above 0."""
         i = self.interval
@@ -104,8 +109,10 @@ class Gate:
         """One line: the interval and the outcome."""
         i = self.interval
         if i is None:
-            return "no paired seeds of none and self_attention yet"
-        outcome = "passed" if self.passed else "failed"
+            return (
+                f"no paired seeds of none and self_attention yet (the gate needs {self.min_seeds})"
+            )
+        outcome = "passed" if self.passed else "failed" if self.complete else "incomplete"
         return (f"consistency(self_attention) - consistency(none) = {i.mean:+.3f}, 95 % interval "
                 f"[{i.low:+.3f}, {i.high:+.3f}] over {i.n} seeds: {outcome}")  # fmt: skip
 

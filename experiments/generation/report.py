@@ -49,6 +49,7 @@ COMPARISONS = (
     ("vq_one_step", "nmf_one_step"),
 )
 VERDICT_METRICS = ("consistency", "fid")
+HISTORY_FILE = "history.jsonl"  # beside the results file: rows of earlier designs
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,15 @@ class Design:
 
 
 @dataclass(frozen=True)
+class EarlierDesign:
+    """A design tried before the current one (rows of the history file): what differed from
+    the current job definition, and its jobs' final numbers."""
+
+    changes: str
+    jobs: Table
+
+
+@dataclass(frozen=True)
 class GenerationPage:
     """Everything the template writes."""
 
@@ -90,6 +100,7 @@ class GenerationPage:
     cost: Table
     grids: tuple[tuple[str, str], ...]
     classifier_accuracy: float | None
+    history: tuple[EarlierDesign, ...]
 
 
 def design_of(job: GanJob) -> Design:
@@ -264,11 +275,12 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> None:
         plt.close(fig)
 
 
-def copy_grids(sweep_dir: Path, out_dir: Path) -> tuple[tuple[str, str], ...]:
-    """Seed 0's sample grid of each arm from the sweep (kept when the sweep lacks it), and the
-    real held-out canvases' grid; returns (title, file name) of those present."""
+def copy_grids(sweep_dir: Path, out_dir: Path, arms: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """Seed 0's sample grid of each of ``arms`` (those with rows) from the sweep (the committed
+    one kept when the sweep lacks it), and the real held-out canvases' grid; returns (title,
+    file name) of those present."""
     grids = []
-    for arm in ARMS:
+    for arm in arms:
         source, target = sweep_dir / f"{arm}_seed0" / "samples.png", out_dir / f"{arm}.png"
         if source.exists():
             shutil.copyfile(source, target)
@@ -279,11 +291,50 @@ def copy_grids(sweep_dir: Path, out_dir: Path) -> tuple[tuple[str, str], ...]:
     return tuple(grids)
 
 
+def current_rows(
+    rows: Sequence[Mapping[str, Any]], jobs: Sequence[GanJob]
+) -> list[Mapping[str, Any]]:
+    """The rows of ``jobs`` as they are defined now (rows of other definitions are left out)."""
+    definitions = {job.name: job.definition() for job in jobs}
+    return [r for r in rows if definitions.get(r["job"]) == r["definition"]]
+
+
+def earlier_designs(
+    history: Sequence[Mapping[str, Any]], current: GanJob
+) -> tuple[EarlierDesign, ...]:
+    """The history rows grouped by design (their definitions without arm and seed), each with
+    the fields that differ from ``current`` and a table of its jobs."""
+    now = _shared(current)
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for row in history:
+        shared = {k: v for k, v in row["definition"].items() if k not in ("arm", "seed")}
+        groups.setdefault(repr(sorted(shared.items())), []).append(row)
+    designs = []
+    for members in groups.values():
+        old = members[0]["definition"]
+        diffs = [f"{k} {old.get(k, '–')} → {now[k]}" for k in now if old.get(k) != now[k]]
+        body = [[ARM_TITLES[r["definition"]["arm"]], r["definition"]["seed"], float(r["fid"]),
+                 float(r["precision"]), float(r["recall"]), float(r["consistency"]),
+                 f"{100 * float(r['fid_change_last']):.1f} %"] for r in members]  # fmt: skip
+        ref = members[0]["reference"]
+        body.append(["real data (reference)", "–", float(ref["fid"]), float(ref["precision"]),
+                     float(ref["recall"]), float(ref["consistency"]), "–"])  # fmt: skip
+        header = ["arm", "seed", "FID", "precision", "recall", "consistency",
+                  "FID change, last 20 %"]  # fmt: skip
+        designs.append(EarlierDesign(", ".join(diffs) or "none", Table.of(header, body)))
+    return tuple(designs)
+
+
 def build_page(
-    rows: Sequence[Mapping[str, Any]], sweep_dir: Path, figures: Path, command: str
+    rows: Sequence[Mapping[str, Any]],
+    sweep_dir: Path,
+    figures: Path,
+    command: str,
+    history: Sequence[Mapping[str, Any]] = (),
 ) -> GenerationPage:
     """The page's data from the results rows (figures written to ``figures``)."""
     main_jobs = phase_jobs("main")
+    rows = current_rows(rows, main_jobs)
     job = GanJob(**rows[0]["definition"]) if rows else main_jobs[0]
     names = {j.name for j in main_jobs}
     comparisons, verdicts = comparison_table(rows)
@@ -296,19 +347,22 @@ def build_page(
         pilot=pilot_table(rows), main_done=sum(r["job"] in names for r in rows),
         main_total=len(main_jobs), metrics=metrics_table(rows), comparisons=comparisons,
         verdicts=verdicts, plateau=plateau, not_plateaued=not_plateaued, cost=cost_table(rows),
-        grids=copy_grids(sweep_dir, figures),
+        grids=copy_grids(sweep_dir, figures, [a for a in ARMS if _arm_rows(rows, a)]),
         classifier_accuracy=float(rows[0]["classifier_accuracy"]) if rows else None,
+        history=earlier_designs(history, job),
     )  # fmt: skip
 
 
 def write_generation_report(sweep_dir: str | Path, out: str | Path, command: str,
                             results: str | Path = RESULTS) -> Path:  # fmt: skip
-    """Write ``out`` (and its figures in ``<out without .md>/``) from ``results``."""
+    """Write ``out`` (and its figures in ``<out without .md>/``) from ``results`` (and the
+    earlier designs' rows in ``history.jsonl`` beside it, when there)."""
     out = Path(out)
     rows = read_rows(results)
     if not all(math.isfinite(float(r["fid"])) for r in rows):
         logger.warning("some jobs have a non-finite FID")
-    page = build_page(rows, Path(sweep_dir), out.with_suffix(""), command)
+    history = read_rows(Path(results).with_name(HISTORY_FILE))
+    page = build_page(rows, Path(sweep_dir), out.with_suffix(""), command, history)
     out.write_text(render("generation/page.md.j2", page=page, figures=out.with_suffix("").name))
     logger.info("wrote %s from %d result rows", out, len(rows))
     return out

@@ -93,3 +93,33 @@ def test_finished_jobs_are_skipped_without_training(tmp_path: Path) -> None:
         len(set(ARMS)) == 5
         and json.loads(results.read_text().splitlines()[0])["job"] == "none_seed0"
     )
+
+
+def test_rows_of_other_definitions_are_left_out(tmp_path: Path) -> None:
+    results = tmp_path / "results.jsonl"
+    for job in phase_jobs("pilot"):
+        append_row(results, synthetic_row(job))
+    stale = synthetic_row(GanJob("vq_one_step", 0, steps=300, eval_every=150))
+    append_row(results, stale)
+    text = write_generation_report(
+        tmp_path, tmp_path / "g.md", "make generate", results
+    ).read_text()
+    assert "Hamburger VQ" not in text and "Main sweep: 6 of 25" in text
+
+
+def test_earlier_designs_are_listed_with_what_changed(tmp_path: Path) -> None:
+    results = tmp_path / "results.jsonl"
+    for job in phase_jobs("pilot"):
+        append_row(results, synthetic_row(job))
+    current = phase_jobs("pilot")[0]
+    old = synthetic_row(GanJob("none", 0, steps=300, eval_every=150, lr_g=current.lr_g / 2))
+    old["fid"] = 1241.0
+    append_row(tmp_path / "history.jsonl", old)
+    text = write_generation_report(
+        tmp_path, tmp_path / "g.md", "make generate", results
+    ).read_text()
+    assert "Earlier designs" in text and "1241" in text
+    assert (
+        f"steps 300 → {current.steps}" in text
+        and f"lr_g {current.lr_g / 2} → {current.lr_g}" in text
+    )

@@ -73,3 +73,13 @@ def test_compare_uses_only_the_seeds_both_arms_have() -> None:
     assert interval.mean == pytest.approx(0.25)
     assert math.isfinite(interval.low)
     assert compare(rows[:3], "self_attention", "none", "consistency") is None
+
+
+def test_gate_with_too_few_seeds_is_incomplete_not_failed() -> None:
+    rows = [_row("none", s, 0.1) for s in range(2)] + [
+        _row("self_attention", 0, 0.5),
+        _row("self_attention", 1, 0.6),
+    ]
+    gate = pilot_gate(rows)
+    assert not gate.complete and not gate.passed and "incomplete" in gate.summary
+    assert pilot_gate(rows, min_seeds=2).complete
