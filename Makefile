@@ -44,12 +44,16 @@ study: install
 	PY=$(PY) bash experiments/scripts/study.sh
 	@echo "results: docs/results.md (figures in docs/results/; runs in multirun/study/)"
 
-# The GAN comparison of docs/generation.md: the metrics' classifier (once), 4 arms x 3 seeds two
-# at a time (34.8 min on 2 idle cores; resumable: run it again to continue), then the page.
+# The GAN comparison of docs/generation.md (experiments/generation/study.py): the pilot gate (no
+# context vs self-attention, 3 seeds), then 5 arms x 5 seeds (the pilot's jobs reused; skipped
+# when the gate fails), two jobs at a time, one thread each, then the page. Resumable: finished
+# jobs are rows of GEN_RESULTS (committed) and are skipped.
+GEN_DIR ?= multirun/generate_v2
+GEN_RESULTS ?= docs/generation/results.jsonl
 generate: install
-	$(PY) -m experiments.generation.classifier multirun/generate/classifier.pt
-	OMP_NUM_THREADS=1 $(PY) -m experiments.generate -m +experiment=generation
-	$(PY) -m experiments.report --generation multirun/generate
+	OMP_NUM_THREADS=1 nice -n 10 $(PY) -m experiments.generation.study pilot $(GEN_DIR) --results $(GEN_RESULTS)
+	OMP_NUM_THREADS=1 nice -n 10 $(PY) -m experiments.generation.study main $(GEN_DIR) --results $(GEN_RESULTS)
+	$(PY) -m experiments.generation.page $(GEN_DIR) --results $(GEN_RESULTS)
 
 # The DEQ training study of docs/deq_training.md: 5 arms x 3 seeds, two jobs at a time, one
 # thread each (resumable: run it again to continue), then the page.

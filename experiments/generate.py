@@ -1,10 +1,12 @@
 """Train and score one GAN configuration: ``python -m experiments.generate [overrides]``.
 
 Arms: ``+arm=none|self_attention|nmf_one_step|nmf_unroll`` (the ``arm`` presets shared with
-``experiments.train``). The comparison of ``make generate``:
-``python -m experiments.generate -m +experiment=generation`` (4 arms x 3 seeds, two jobs at a
-time), then ``python -m experiments.generation.page``. Running a command again skips finished
-jobs and resumes the others from their newest checkpoints. The logic lives in
+``experiments.train``). This command trains the twin-digit GAN of ``experiments.models.gan``
+(global paths outside the context block); ``docs/generation.md`` and ``make generate`` use the
+far-twin study instead (``experiments.generation.study``: local networks whose only global
+path is the context block). ``python -m experiments.generate -m +experiment=generation`` still
+sweeps the twin-digit arms. Running a command again skips finished jobs and resumes the others
+from their newest checkpoints. The logic lives in
 ``experiments.generation.run``; this file only wires Hydra and turns the composed config into
 the typed ``GenerateConfig`` it runs.
 """

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from experiments.data.digits import load_digits_arrays, split_indices
+from experiments.data.far_twins import COLUMNS_IN_HALF, digit_tensor, far_half_canvases
 from experiments.data.twin_digits import DIGIT, TOP, upsample_digits
 from experiments.engine.artefact_lock import artefact_lock
 from experiments.engine.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
@@ -46,6 +47,20 @@ def digit_halves(split: str, val_fraction: float, seed: int) -> tuple[Tensor, Te
     return half_canvases(upsample_digits(images[chosen])), torch.from_numpy(labels[chosen])
 
 
+def far_digit_halves(split: str, val_fraction: float, seed: int) -> tuple[Tensor, Tensor]:
+    """Half canvases (2N, 1, 32, 16) and labels (2N,) of one split of the 8x8 digits, each digit
+    at both places a far-twin canvas puts a digit inside its half
+    (``experiments.data.far_twins``)."""
+    images, labels = load_digits_arrays()
+    chosen = split_indices(labels, val_fraction, seed)[split]
+    digits, y = digit_tensor(images[chosen]), torch.from_numpy(labels[chosen])
+    x = torch.cat([far_half_canvases(digits, column) for column in COLUMNS_IN_HALF])
+    return x, y.repeat(len(COLUMNS_IN_HALF))
+
+
+LAYOUTS = {"twin": digit_halves, "far": far_digit_halves}
+
+
 def random_shift(x: Tensor, generator: torch.Generator) -> Tensor:
     """Each image shifted by up to ``SHIFT`` pixels in both directions (zero fill)."""
     padded = F.pad(x, (SHIFT, SHIFT, SHIFT, SHIFT))
@@ -64,13 +79,18 @@ def accuracy(model: HalfDigitClassifier, x: Tensor, y: Tensor) -> float:
 
 
 def train_classifier(
-    epochs: int, val_fraction: float = 0.2, seed: int = 0
+    epochs: int, val_fraction: float = 0.2, seed: int = 0, layout: str = "twin"
 ) -> tuple[HalfDigitClassifier, float]:
     """A classifier trained for ``epochs`` (AdamW, one-cycle schedule peaking at lr 2e-3,
-    weight decay 0.01, batch 64) and its held-out accuracy; torch's global RNG is restored
-    afterwards (initialisation and dropout draw from it under ``seed``)."""
-    x_train, y_train = digit_halves("train", val_fraction, seed)
-    x_val, y_val = digit_halves("val", val_fraction, seed)
+    weight decay 0.01, batch 64) on the half canvases of ``layout`` ("twin": 16x16 twin digits,
+    "far": 8x8 far twins) and its held-out accuracy; torch's global RNG is restored afterwards
+    (initialisation and dropout draw from it under ``seed``)."""
+    if layout not in LAYOUTS:
+        raise ValueError(
+            f"train_classifier: layout must be one of {sorted(LAYOUTS)}, got {layout!r}"
+        )
+    x_train, y_train = LAYOUTS[layout]("train", val_fraction, seed)
+    x_val, y_val = LAYOUTS[layout]("val", val_fraction, seed)
     generator = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -96,7 +116,7 @@ def train_classifier(
 
 
 def load_or_train_classifier(
-    cache: str | Path, epochs: int, val_fraction: float, seed: int
+    cache: str | Path, epochs: int, val_fraction: float, seed: int, layout: str = "twin"
 ) -> tuple[HalfDigitClassifier, float]:
     """``_load_or_train_classifier`` under the cache's build lock: when the jobs of a sweep start
     together, one trains the classifier while the others wait, then load it."""
@@ -115,6 +135,8 @@ def _load_or_train_classifier(
         "val_fraction": val_fraction,
         "seed": seed,
     }
+    if layout != "twin":  # the twin caches written before layouts existed stay valid
+        settings["layout"] = layout
     path = Path(cache)
     if path.exists():
         try:
@@ -127,7 +149,7 @@ def _load_or_train_classifier(
                     model = HalfDigitClassifier()
                 model.load_state_dict(payload["model"])
                 return model.eval(), float(payload["accuracy"])
-    model, acc = train_classifier(epochs, val_fraction, seed)
+    model, acc = train_classifier(epochs, val_fraction, seed, layout)
     logger.info("digit classifier: held-out accuracy %.4f", acc)
     write_checkpoint(path, {"model": model.state_dict(), "accuracy": acc, "settings": settings})
     return model, acc

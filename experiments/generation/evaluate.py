@@ -16,6 +16,7 @@ from torch import Tensor
 
 from experiments.data.twin_digits import from_gan_range
 from experiments.generation.metrics import GenerationMetrics, consistency, fid_kid, precision_recall
+from experiments.generation.nets import LocalGenerator
 from experiments.models.digit_classifier import CanvasFeatures
 from experiments.models.gan import Generator
 
@@ -24,7 +25,9 @@ CHUNK = 250
 
 
 @torch.no_grad()
-def sample_canvases(generator: Generator, count: int, seed: int = SAMPLE_SEED) -> Tensor:
+def sample_canvases(
+    generator: Generator | LocalGenerator, count: int, seed: int = SAMPLE_SEED
+) -> Tensor:
     """``count`` canvases (count, 1, 32, 32) in [0, 1] from ``generator`` in eval mode, with
     latents and any other randomness seeded by ``seed`` (torch's global RNG restored after)."""
     was_training = generator.training

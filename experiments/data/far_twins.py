@@ -1,0 +1,106 @@
+"""Far twins: 32x32 canvases holding two *different* 8x8 digits of the same class, far apart.
+
+The digits are scikit-learn's bundled 8x8 digits at their native resolution (no download, no
+resampling), both at rows 12..19; the left digit in columns 1..8, the right one in columns
+23..30. The two digits are 22 columns apart (``OFFSET``), more than twice their width: a
+network whose receptive field is narrower than ``OFFSET - DIGIT + 1 = 15`` columns cannot see a
+pixel of both digits at once, so keeping the two classes equal needs a global path (the
+generation experiment's context block, ``docs/generation.md``).
+
+Each half of the canvas (columns 0..15, 16..31) holds one whole digit, so the metrics'
+half-canvas classifier (``experiments.models.digit_classifier``) reads them as (1, 32, 16)
+halves: the left digit at column 1 of its half, the right one at column 7 of its half.
+
+Pixels are in [0, 1]. The digits are split by class (stratified,
+``experiments.data.digits.split_indices``) before pairing, so the "train" and "val" canvases
+share no digit image.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from experiments.data.digits import SPLITS, load_digits_arrays, split_indices
+from experiments.data.twin_digits import pair_indices
+from implicit_ham._core.validation import check_choice, check_positive_int
+
+CANVAS = 32
+DIGIT = 8
+TOP = 12
+LEFT = 1
+RIGHT = 23
+OFFSET = RIGHT - LEFT
+HALF = CANVAS // 2
+COLUMNS_IN_HALF = (LEFT, RIGHT - HALF)  # where each digit starts inside its half
+
+
+def digit_tensor(images: np.ndarray) -> Tensor:
+    """(N, 8, 8) in [0, 1] -> float32 (N, 8, 8) in [0, 1]."""
+    return torch.from_numpy(np.asarray(images, dtype=np.float32)).clamp_(0.0, 1.0)
+
+
+def compose_far_canvases(left: Tensor, right: Tensor) -> Tensor:
+    """Two (N, 8, 8) digit stacks -> canvases (N, 1, 32, 32), ``left`` at columns 1..8,
+    ``right`` at columns 23..30, both at rows 12..19."""
+    if left.shape != right.shape or left.shape[1:] != (DIGIT, DIGIT):
+        raise ValueError(
+            f"compose_far_canvases: both stacks must be (N, {DIGIT}, {DIGIT}), got "
+            f"{tuple(left.shape)} and {tuple(right.shape)}"
+        )
+    canvas = left.new_zeros(left.shape[0], 1, CANVAS, CANVAS)
+    canvas[:, 0, TOP : TOP + DIGIT, LEFT : LEFT + DIGIT] = left
+    canvas[:, 0, TOP : TOP + DIGIT, RIGHT : RIGHT + DIGIT] = right
+    return canvas
+
+
+def far_half_canvases(digits: Tensor, column: int) -> Tensor:
+    """(N, 8, 8) digits -> half canvases (N, 1, 32, 16) with the digit at rows 12..19 and
+    columns ``column``..``column + 7`` (the classifier's training images)."""
+    if not 0 <= column <= HALF - DIGIT:
+        raise ValueError(f"far_half_canvases: column must lie in [0, {HALF - DIGIT}], got {column}")
+    out = digits.new_zeros(digits.shape[0], 1, CANVAS, HALF)
+    out[:, 0, TOP : TOP + DIGIT, column : column + DIGIT] = digits
+    return out
+
+
+class FarTwinsDataset(Dataset[tuple[Tensor, int]]):
+    """Far-twin canvases: items ``(canvas, label)``, canvas float32 (1, 32, 32) in [0, 1].
+
+    Args:
+        split: "train" or "val" (the digit images are split first; module docstring).
+        size: number of canvases (pairs drawn with replacement of pairs, never of a pair's two
+            items).
+        val_fraction: share of each class's digits held out for "val", in (0, 1).
+        seed: fixes the digit split and the pairing (a non-negative integer).
+    """
+
+    def __init__(
+        self, split: str = "train", size: int = 4096, val_fraction: float = 0.2, seed: int = 0
+    ) -> None:
+        owner = "FarTwinsDataset"
+        check_choice(owner, "split", split, SPLITS)
+        check_positive_int(owner, "size", size)
+        check_positive_int(owner, "seed", seed, minimum=0)
+        if not 0 < val_fraction < 1:
+            raise ValueError(f"{owner}: val_fraction must lie in (0, 1), got {val_fraction!r}")
+        images, labels = load_digits_arrays()
+        chosen = split_indices(labels, val_fraction, seed)[split]
+        digits, digit_labels = digit_tensor(images[chosen]), labels[chosen]
+        offset = 0 if split == "train" else 1  # different pairings for the two splits
+        self.pairs = pair_indices(digit_labels, size, seed * 2 + offset)
+        left, right = digits[self.pairs[:, 0]], digits[self.pairs[:, 1]]
+        self.canvases = compose_far_canvases(left, right)
+        self.labels = torch.from_numpy(digit_labels[self.pairs[:, 0]])
+        self.split, self.seed = split, seed
+
+    def __len__(self) -> int:
+        return int(self.canvases.shape[0])
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        return self.canvases[index], int(self.labels[index])
+
+    def __repr__(self) -> str:
+        return f"FarTwinsDataset(split={self.split!r}, size={len(self)}, seed={self.seed})"
