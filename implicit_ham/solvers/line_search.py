@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from implicit_ham._core.transforms import active_transforms
 from implicit_ham.solvers.minimizers import Objective
 
 ARMIJO_C1 = 1e-4
@@ -66,19 +67,28 @@ class Probe:
     def evaluate(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(f (rows,), grad (rows, n)) at x (rows, n), one forward and one backward pass,
         without graph."""
+        if active_transforms():  # under torch.func: its grad (autograd.grad cannot run there)
+            grad, (total, out) = torch.func.grad_and_value(self._total, has_aux=True)(x)
+            return self._values(total.detach(), out.detach()), grad
         with torch.enable_grad():
             xr = x.detach().requires_grad_()
             out = self.objective.loss(self.objective.state(xr))
             total = out.sum()
             (grad,) = torch.autograd.grad(total, xr)
-        total = total.detach()
+        return self._values(total.detach(), out.detach()), grad
+
+    def _total(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        out = self.objective.loss(self.objective.state(x))
+        return out.sum(), out
+
+    def _values(self, total: Tensor, out: Tensor) -> Tensor:
         if self.rows == 1:
             values = total.reshape(1)
         elif out.numel() == self.rows:
-            values = out.detach().reshape(self.rows)
+            values = out.reshape(self.rows)
         else:
             values = total.expand(self.rows)
-        return values, grad
+        return values
 
     def combine(self, per_row: Tensor) -> Tensor:
         """(rows,): a per-row quantity as the line search must compare it (summed over rows

@@ -31,6 +31,7 @@ from torch import Tensor
 from implicit_ham._core.registry import Registry
 from implicit_ham._core.state import State, StateSpec
 from implicit_ham._core.stats import SolverStats
+from implicit_ham._core.transforms import active_transforms
 from implicit_ham._core.validation import check_budget, check_tolerance
 from implicit_ham.solvers.base import ResidualTrace, refuse_grad_steps
 from implicit_ham.solvers.iteration import FixedPointIteration
@@ -77,6 +78,8 @@ class Objective:
     def gradient(self, z: State) -> State:
         """``grad_z loss`` at z; differentiable (``create_graph``) when grad mode is on, so
         through-iteration modes and the implicit backward can differentiate it again."""
+        if active_transforms():  # torch.func cannot trace torch.autograd.grad: its own grad
+            return self.spec.unflatten(_func_gradient(self, self.spec.flatten(z)))
         create = torch.is_grad_enabled()
         with torch.enable_grad():
             zr = tuple(t if t.requires_grad else t.detach().requires_grad_() for t in z)
@@ -92,6 +95,8 @@ class Objective:
 
     def hvp(self, x: Tensor) -> Callable[[Tensor], Tensor]:
         """``v -> H v`` at x (double backward; H symmetric), without graph."""
+        if active_transforms():
+            return lambda v: torch.func.jvp(lambda y: _func_gradient(self, y), (x,), (v,))[1]
         with torch.enable_grad():
             xr = x.detach().requires_grad_()
             (grad,) = torch.autograd.grad(self.value(xr), xr, create_graph=True)
@@ -113,6 +118,12 @@ class Objective:
         with torch.no_grad():
             jac = torch.func.jacrev(flat_r)(x)
             return flat_r(x), jac
+
+
+def _func_gradient(objective: Objective, x: Tensor) -> Tensor:
+    """``grad loss`` at the flat x (any shape) by ``torch.func.grad``: composes with the
+    torch.func transforms around the solve (``grad`` / ``vjp`` / ``jacrev`` of the layer)."""
+    return torch.func.grad(lambda y: objective.value(y))(x).reshape(x.shape)
 
 
 class Minimizer(ABC):
