@@ -14,8 +14,9 @@ value-based Armijo test stops resolving a decrease: ``f`` changes by ``||grad||�
 still follows); a fixed ``1e-8`` cannot be reached in float32. A float is an absolute
 tolerance, as before; None runs ``max_steps`` steps (unless the search stalls).
 
-A sample stalls when no step is acceptable (see ``line_search``) or its gradient norm has not
-halved its best value for ``STALL_STEPS`` steps (the rounding floor): it stops there, converged
+A sample stalls when no step is acceptable (see ``line_search``) or, once its gradient norm is
+below ``sqrt(eps) · s`` (the rounding regime), that norm has not halved its best value for
+``STALL_STEPS`` steps (the rounding floor): it stops there, converged
 if its gradient is within tolerance, otherwise reported by a ``ConvergenceWarning`` that says
 the search stalled (not that the budget ran out).
 Their steps are not differentiable maps: the through-iteration modes are refused.
@@ -24,6 +25,7 @@ Their steps are not differentiable maps: the through-iteration modes are refused
 from __future__ import annotations
 
 from collections.abc import Callable
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -53,7 +55,8 @@ def check_auto_budget(owner: str, max_steps: object, tol: object) -> None:
 
 def resolve_tolerance(tol: Tolerance, first: Tensor) -> Tensor | None:
     """(B,) per-sample gradient-norm tolerance from ``tol`` and the initial gradient norms
-    ``first`` (B,): "auto" is ``eps^(3/4) · max(1, ||grad(z0)||)``; a float, itself."""
+    ``first`` (B,) of each sample's problem: "auto" is ``eps^(3/4) · max(1, ||grad(z0)||)``;
+    a float, itself."""
     if tol is None:
         return None
     if tol == "auto":
@@ -83,10 +86,13 @@ class LineSearchMinimizer(Minimizer):
         value, grad = probe.evaluate(x)
         first = _sample_norms(grad, spec.batch)
         _check_finite(self.name, first, 0)
-        tol = resolve_tolerance(self.tol, first)
+        # "auto" scales with each problem's gradient: each sample's, or a coupled row's
+        tol = resolve_tolerance(self.tol, _per_sample(probe, grad.norm(dim=1), spec.batch))
         norms, rows = first, [first]
         stalled = torch.zeros(spec.batch, dtype=torch.bool, device=x.device)
-        best, since_best = first.clone(), torch.zeros_like(first, dtype=torch.long)
+        best = grad.norm(dim=1)  # per row: a coupled row stalls as a whole
+        floor = math.sqrt(torch.finfo(x.dtype).eps) * best.clamp_min(1.0)
+        since_best = torch.zeros_like(best, dtype=torch.long)
         memory = self._memory(probe)
         for step in range(1, self.max_steps + 1):
             active = _active_rows(probe, norms, tol, stalled)
@@ -98,11 +104,13 @@ class LineSearchMinimizer(Minimizer):
             x, value, grad = result.x, result.value, result.grad
             norms = _sample_norms(grad, spec.batch)
             _check_finite(self.name, norms, step)
-            improved = norms <= 0.5 * best
-            best = torch.where(improved, norms, best)
+            row_norms = grad.norm(dim=1)
+            improved = row_norms <= 0.5 * best
+            best = torch.where(improved, row_norms, best)
             since_best = torch.where(improved, 0, since_best + 1)
-            rejected = _per_sample(probe, active & ~result.accepted, spec.batch)
-            stalled = stalled | rejected | (since_best >= STALL_STEPS)
+            no_progress = (since_best >= STALL_STEPS) & (row_norms <= floor)
+            stuck = active & (~result.accepted | no_progress)
+            stalled = stalled | _per_sample(probe, stuck, spec.batch)
             rows.append(norms)
         trace = torch.stack(rows[1:]) if len(rows) > 1 else first.new_zeros(0, spec.batch)
         converged = None if tol is None else norms <= tol
