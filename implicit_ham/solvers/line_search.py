@@ -127,6 +127,12 @@ def backtrack(
         eps = torch.finfo(x.dtype).eps
         floor = ROUNDING_UNITS * eps * value.abs()
         pending = active & (slope0 < 0)
+        if bool(pending.all()):  # the common case: every row takes its full first step
+            trial = x + direction
+            f, g = probe.evaluate(trial)
+            ok = _acceptable(probe, f, g, value, slope0, floor, direction, 1.0)
+            if bool(ok.all()):
+                return Step(trial, f, g, ok)
         t = torch.ones_like(value)
         new_x, new_value, new_grad = x.clone(), value.clone(), grad.clone()
         accepted = torch.zeros_like(active)
@@ -135,13 +141,27 @@ def backtrack(
                 break
             trial = torch.where(pending[:, None], x + t[:, None] * direction, new_x)
             f, g = probe.evaluate(trial)
-            slope = probe.combine((g * direction).sum(1))
-            armijo = f <= value + ARMIJO_C1 * t * slope0
-            approximate = (f <= value + floor) & (slope <= (2 * ARMIJO_C1 - 1) * slope0)
-            ok = pending & (armijo | approximate) & torch.isfinite(f)
+            ok = pending & _acceptable(probe, f, g, value, slope0, floor, direction, t)
             new_x = torch.where(ok[:, None], trial, new_x)
             new_value = torch.where(ok, f, new_value)
             new_grad = torch.where(ok[:, None], g, new_grad)
             accepted, pending = accepted | ok, pending & ~ok
             t = torch.where(pending, t / 2, t)
         return Step(new_x, new_value, new_grad, accepted)
+
+
+def _acceptable(
+    probe: Probe,
+    f: Tensor,
+    g: Tensor,
+    value: Tensor,
+    slope0: Tensor,
+    floor: Tensor,
+    direction: Tensor,
+    t: Tensor | float,
+) -> Tensor:
+    """(rows,) bool: the Armijo or the approximate Wolfe test at the trial (f, g)."""
+    armijo = f <= value + ARMIJO_C1 * t * slope0
+    slope = probe.combine((g * direction).sum(1))
+    approximate = (f <= value + floor) & (slope <= (2 * ARMIJO_C1 - 1) * slope0)
+    return (armijo | approximate) & torch.isfinite(f)

@@ -6,12 +6,14 @@ and its own stopping test, so a batch of B problems costs about B times one prob
 that converges stops moving; with ``batch_coupled=True`` the whole state is one row (one
 problem, today's treatment of a loss that couples the samples).
 
-Tolerance: ``tol="auto"`` (the default) stops a sample once ``||grad|| <= eps^(3/4) · s``, eps
-the dtype's machine epsilon and ``s = max(1, ||grad(z0)||)`` the problem's gradient scale:
-1.8e-12 s in float64, 6.5e-6 s in float32. The exponent sits between sqrt(eps) (where a
-value-based Armijo test stops resolving a decrease: ``f`` changes by ``||grad||² / 2``) and eps
-(the gradient's own rounding floor, which the directional-derivative test of ``line_search``
-still follows); a fixed ``1e-8`` cannot be reached in float32. A float is an absolute
+Tolerance: ``tol="auto"`` (the default) stops a sample once
+``||grad|| <= max(1e-8, eps^(3/4)) · s``, eps the dtype's machine epsilon and
+``s = max(1, ||grad(z0)||)`` the problem's gradient scale: 1e-8 s in float64 (the former
+default, about sqrt(eps)), 6.5e-6 s in float32. The exponent 3/4 sits between sqrt(eps) (where
+a value-based Armijo test stops resolving a decrease: ``f`` changes by ``||grad||² / 2``; too
+loose for a float32 hypergradient accurate to 1e-4) and eps (the gradient's own rounding floor,
+which the directional-derivative test of ``line_search`` still follows); a fixed ``1e-8``
+cannot be reached in float32. A float is an absolute
 tolerance, as before; None runs ``max_steps`` steps (unless the search stalls).
 
 A sample stalls when no step is acceptable (see ``line_search``) or, once its gradient norm is
@@ -24,8 +26,8 @@ Their steps are not differentiable maps: the through-iteration modes are refused
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -44,6 +46,7 @@ from implicit_ham.solvers.minimizers import MINIMIZERS, Minimizer, Objective
 
 Tolerance = float | Literal["auto"] | None
 STALL_STEPS = 10
+AUTO_FLOOR = 1e-8  # "auto" is never tighter than the former float64 default
 
 
 def check_auto_budget(owner: str, max_steps: object, tol: object) -> None:
@@ -55,12 +58,13 @@ def check_auto_budget(owner: str, max_steps: object, tol: object) -> None:
 
 def resolve_tolerance(tol: Tolerance, first: Tensor) -> Tensor | None:
     """(B,) per-sample gradient-norm tolerance from ``tol`` and the initial gradient norms
-    ``first`` (B,) of each sample's problem: "auto" is ``eps^(3/4) · max(1, ||grad(z0)||)``;
-    a float, itself."""
+    ``first`` (B,) of each sample's problem: "auto" is
+    ``max(1e-8, eps^(3/4)) · max(1, ||grad(z0)||)``; a float, itself."""
     if tol is None:
         return None
     if tol == "auto":
-        return torch.finfo(first.dtype).eps ** 0.75 * first.clamp_min(1.0)
+        rate = max(AUTO_FLOOR, torch.finfo(first.dtype).eps ** 0.75)
+        return rate * first.clamp_min(1.0)
     return torch.full_like(first, float(tol))
 
 
@@ -204,8 +208,9 @@ class LBFGS(LineSearchMinimizer):
     backtracking search of ``line_search``.
 
     Args:
-        max_steps: iterations. tol: "auto" (``eps^(3/4) · max(1, ||grad(z0)||)`` per sample,
-            see the module docstring), an absolute gradient-norm tolerance, or None.
+        max_steps: iterations. tol: "auto" (``max(1e-8, eps^(3/4)) · max(1, ||grad(z0)||)``
+            per sample, see the module docstring), an absolute gradient-norm tolerance, or
+            None.
         history: the number of curvature pairs kept.
     """
 
