@@ -36,6 +36,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -63,7 +64,7 @@ class Case:
 
 def ridge(dtype: torch.dtype) -> Case:
     """TorchOpt's test_rr_solve_cg problem (first loader batch)."""
-    import torchopt
+    import torchopt  # type: ignore[import-not-found]  # the peer's virtualenv only
 
     torch.manual_seed(42)
     w0 = torch.randn(10, dtype=dtype)
@@ -148,7 +149,7 @@ def imaml_logistic(dtype: torch.dtype) -> Case:
         return F.cross_entropy(logits, y) + prox
 
     def ours() -> tuple[Tensor, tuple[Tensor, ...]]:
-        theta = ih.minimize(loss, ih.module_state(model), meta).value
+        theta = cast(dict[str, Tensor], ih.minimize(loss, ih.module_state(model), meta).value)
         outer = ih.call_module(model, theta, x[None]).mean()
         return outer.detach(), torch.autograd.grad(outer, meta)
 

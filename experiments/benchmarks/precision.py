@@ -90,6 +90,7 @@ def implicit_cosine(dtype: torch.dtype) -> float:
         zl = ih.fixed_point(lambda z, x: torch.tanh(z @ Wl + x), torch.zeros_like(xl), xl,
                             solver=ih.FixedPointIteration(max_steps=30),
                             adjoint=ih.Implicit(tol=1e-3, fixed_point_tol=2e-2)).value  # fmt: skip
+        assert isinstance(zl, Tensor)
         (grad,) = torch.autograd.grad((zl.double() * weight).sum(), xl)
     return cosine(grad, reference)
 
