@@ -146,7 +146,8 @@ def markdown(table: list[list[str]], seeds: int) -> str:
         "|---|---|---|---|---|",
         *("| " + " | ".join(row) + " |" for row in table),
     ]
-    return "\n".join(lines)
+    # indented: the table sits in a list item (and test_func reads the page's top-level table)
+    return "\n".join(f"  {line}" if line else "" for line in lines)
 
 
 def write(path: Path, text: str) -> None:
