@@ -41,11 +41,13 @@ from implicit_ham.nn import (
 from implicit_ham.problems import (
     FixedPointProblem,
     Solution,
+    call_module,
     fixed_point,
     fixed_point_correction,
     jacobian_penalty,
     least_squares,
     minimize,
+    module_state,
     root,
 )
 from implicit_ham.solvers import (
@@ -102,6 +104,7 @@ __all__ = [
     "SolverStats",
     "Truncated",
     "Unroll",
+    "call_module",
     "diagnostics",
     "errors",
     "fixed_point",
@@ -112,6 +115,7 @@ __all__ = [
     "make_context",
     "make_decomposition",
     "minimize",
+    "module_state",
     "nn",
     "plugins",
     "register_decomposition",

@@ -5,7 +5,8 @@
 fixed-point entry point puts it on every input that requires grad, so an overflowing backward
 pass (e.g. unrolling through huge float32 inputs) is an error at the layer, not a NaN that flows
 on into the optimiser. Cost: one reduction and one host synchronisation per guarded tensor per
-backward.
+backward. Forward mode (``torch.func.jvp`` / ``jacfwd`` / ``hessian``, which is jacfwd of
+jacrev) passes tangents through unchanged, and ``generate_vmap_rule`` lets vmap batch it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ class _FiniteGradient(torch.autograd.Function):
                 "float64, rescale the input, or another backward mode (e.g. OneStep)."
             )
         return grad, None
+
+    @staticmethod
+    def jvp(ctx: Any, tangent: Tensor, _where: None) -> Tensor:
+        """Forward mode: the identity on the tangent (no check: a tangent pushed forward is
+        checked by the outputs it reaches, not here)."""
+        return tangent
 
 
 def guard_gradient(x: Tensor, where: str) -> Tensor:

@@ -84,13 +84,14 @@ def differentiate(
             f"{adjoint.name} is not available for root / argmin layers; use Implicit, Neumann "
             "(at the solution) or Unroll, Truncated, OneStep (through the iterations)"
         )
-    if active_transforms():
+    if "Vmap" in active_transforms():
         raise NotImplementedError(
-            f"{adjoint.name} in a root / argmin layer under torch.func "
-            f"({' > '.join(active_transforms())}): these solvers differentiate the problem with "
-            "torch.autograd inside (Newton's Jacobian, the minimizers' gradients), which "
-            "torch.func transforms cannot trace. Use torch.autograd (loss.backward(), "
-            "torch.autograd.grad; create_graph=True for second derivatives)."
+            f"{adjoint.name} in a root / argmin layer under torch.func.vmap "
+            f"({' > '.join(active_transforms())}): the forward solvers' line searches and "
+            "stopping tests read values on the host, which a batched value cannot decide. Put "
+            "the problems in the batch dimension instead (B independent problems, the default "
+            "of minimize), or vmap only the backward pass (torch.func.jacrev with "
+            "Implicit(linear_solver='dense'))."
         )
     ridge: float = getattr(adjoint, "ridge", 0.0)
     if condition.root_of is not None and ridge:

@@ -14,6 +14,7 @@ point ``z* = P(z* - lr grad_z loss(z*))`` instead, with the fixed-point machiner
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,8 +25,8 @@ from implicit_ham.adjoints.conditions import Condition, differentiate, guarded_i
 from implicit_ham.adjoints.modes import ADJOINTS, Adjoint, Implicit
 from implicit_ham.linalg.krylov import CG
 from implicit_ham.problems.fixed_point import Solution
+from implicit_ham.problems.pytree_state import Tree, TreeState
 from implicit_ham.solvers.minimizers import (
-    LBFGS,
     MINIMIZERS,
     GaussNewton,
     GradientDescent,
@@ -33,28 +34,36 @@ from implicit_ham.solvers.minimizers import (
     Objective,
 )
 from implicit_ham.solvers.projections import CONSTRAINTS, Constraint
+from implicit_ham.solvers.quasi_newton import LBFGS
 
 LossFn = Callable[..., Tensor]
 
 
 def minimize(
     loss: LossFn,
-    z0: Tensor | Sequence[Tensor],
+    z0: Tensor | Sequence[Tensor] | Tree,
     *args: Any,
     solver: Minimizer | str | None = None,
     adjoint: Adjoint | str | None = None,
     constraint: Constraint | str | None = None,
+    batch_coupled: bool = False,
 ) -> Solution:
     """``z* = argmin_z loss(z, *args)`` from ``z0``, differentiated by the chosen mode.
 
     Args:
-        loss: ``loss(z, *args) -> scalar`` (z a Tensor or tuple of Tensors, batch first; for
-            B independent problems, sum their losses). Tensors the gradient must reach go in
-            ``args`` or are closed over.
-        z0: initial point, (B, ...) or a tuple of (B, ...) tensors sharing B and dtype.
-            The whole state is one problem; stats are per sample (the gradient norm of each
-            sample's part).
+        loss: ``loss(z, *args)`` -> the (B,) per-sample losses of B independent problems, or
+            a scalar (their sum, or one coupled problem's loss). z has z0's structure (a
+            Tensor, a tuple or a dict / pytree of Tensors, batch first). Tensors the gradient
+            must reach go in ``args`` or are closed over.
+        z0: initial point: (B, ...), a tuple of (B, ...) tensors, or a dict / pytree of them
+            (e.g. ``ih.module_state(model)``: a network's weights), all leaves sharing B
+            and dtype (a leaf with another batch size is a ValueError). Stats are per sample.
         *args: extra inputs of ``loss``.
+        batch_coupled: False (default): the B samples are independent problems; ``LBFGS`` /
+            ``NewtonCG`` give each its own line search, curvature memory and stopping test
+            (with a scalar loss the rows share one step size: return the (B,) losses for
+            fully independent searches). The loss must not couple the samples then (their
+            gradients would mix); True: the whole state is one problem (one search).
         solver: a ``Minimizer`` or a name from ``MINIMIZERS``; default ``LBFGS()``
             (``GradientDescent()`` under a constraint).
         adjoint: default ``Implicit(linear_solver=CG())``: differentiate ``grad_z loss = 0``
@@ -68,7 +77,12 @@ def minimize(
     Returns:
         A ``Solution``; the value does not depend on the backward mode.
     """
-    return _solve(loss, None, z0, args, solver, adjoint, constraint, "minimize")
+    tree = TreeState.of(z0, "minimize")
+    solution = _solve(
+        tree.on_leaves(loss), None, tree.leaves(z0), args, solver, adjoint, constraint,
+        "minimize", batch_coupled,
+    )
+    return dataclasses.replace(solution, value=tree.rebuild(solution.value))
 
 
 def least_squares(
@@ -103,6 +117,7 @@ def _solve(
     adjoint: Adjoint | str | None,
     constraint: Constraint | str | None,
     where: str,
+    batch_coupled: bool = True,
 ) -> Solution:
     if not callable(loss):
         raise TypeError(f"{where}: the loss must be callable, got {type(loss).__name__}")
@@ -119,6 +134,7 @@ def _solve(
             spec,
             None if residuals is None else _state_fn(residuals, spec, inputs),
             constraint,
+            batch_coupled,
         )
 
     objective = objective_at(args)
@@ -179,22 +195,25 @@ def _resolve_solver(
 def _scalar_loss(
     loss: LossFn, spec: StateSpec, args: tuple[Any, ...], where: str
 ) -> Callable[[State], Tensor]:
-    """``loss`` on the internal tuple state, checked to return a scalar of the state's dtype."""
+    """``loss`` on the internal tuple state, checked to return a scalar or (B,) per-sample
+    losses of the state's dtype."""
 
     def on_state(z: State) -> Tensor:
         value = loss(spec.restore(z), *args)
-        if not isinstance(value, Tensor) or value.numel() != 1:
+        if not isinstance(value, Tensor) or (
+            value.numel() != 1 and tuple(value.shape) != (spec.batch,)
+        ):
             shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
             raise ValueError(
-                f"{where}: the loss must return a scalar Tensor, got {shape}; sum the losses "
-                "of independent problems"
+                f"{where}: the loss must return a scalar Tensor or the ({spec.batch},) losses "
+                f"of the batch's problems, got {shape}"
             )
         if value.dtype != spec.dtype:
             raise TypeError(
                 f"{where}: the loss has dtype {value.dtype}, z0 has {spec.dtype}; give z0 and "
                 "the arguments one dtype"
             )
-        return value.reshape(())
+        return value.reshape(()) if value.numel() == 1 else value
 
     return on_state
 

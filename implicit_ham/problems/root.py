@@ -19,6 +19,7 @@ from torch import Tensor
 
 from implicit_ham._core.state import BoundStep, State
 from implicit_ham._core.stats import SolverStats
+from implicit_ham._core.transforms import active_transforms
 from implicit_ham.adjoints.conditions import Condition, differentiate, guarded_inputs
 from implicit_ham.adjoints.modes import (
     ADJOINTS,
@@ -26,13 +27,14 @@ from implicit_ham.adjoints.modes import (
     Implicit,
 )
 from implicit_ham.problems.fixed_point import Solution
+from implicit_ham.problems.pytree_state import Tree, TreeState
 from implicit_ham.solvers.base import SOLVERS, FixedPointSolver
 from implicit_ham.solvers.newton import ROOT_SOLVERS, Newton, RootSolver
 
 
 def root(
-    g: Callable[..., Tensor | Sequence[Tensor]],
-    z0: Tensor | Sequence[Tensor],
+    g: Callable[..., Tensor | Sequence[Tensor] | Tree],
+    z0: Tensor | Sequence[Tensor] | Tree,
     *args: Any,
     solver: RootSolver | FixedPointSolver | str | None = None,
     adjoint: Adjoint | str | None = None,
@@ -40,10 +42,12 @@ def root(
     """Solve ``g(z, *args) = 0`` from ``z0``; differentiate the root with the chosen mode.
 
     Args:
-        g: ``g(z, *args) -> r`` with r shaped like z (a Tensor or tuple of Tensors, batch
-            first). Tensors the gradient must reach go in ``args`` or are closed over.
-        z0: initial state, (B, ...) or a tuple of (B, ...) tensors sharing B and dtype. The
-            whole state is one system (samples may be coupled); residuals are per sample.
+        g: ``g(z, *args) -> r`` with r shaped like z (a Tensor, a tuple or a dict / pytree of
+            Tensors, batch first). Tensors the gradient must reach go in ``args`` or are
+            closed over.
+        z0: initial state, (B, ...), a tuple of (B, ...) tensors or a dict / pytree of them
+            (e.g. ``ih.module_state(model)``), sharing B and dtype. The whole state is one
+            system (samples may be coupled); residuals are per sample.
         *args: extra inputs of ``g``.
         solver: a ``RootSolver`` (default ``Newton()``), a fixed-point ``FixedPointSolver``
             (applied to ``z <- z - g(z)``; damp it for a g whose Jacobian is not close to I), or
@@ -57,10 +61,21 @@ def root(
 
     Raises:
         ValueError: Phantom, ``Implicit(ridge > 0)``, or a through-iteration mode with Newton.
+        NotImplementedError: Newton under a torch.func transform (its Jacobian-vector
+            products use torch.autograd, which torch.func cannot trace: use a fixed-point
+            solver such as ``Anderson`` there), or any solve under ``torch.func.vmap``.
     """
     if not callable(g):
         raise TypeError(f"g must be callable, got {type(g).__name__}")
+    tree = TreeState.of(z0, "root")
+    g, z0 = tree.on_leaves(g, returns_tree=True), tree.leaves(z0)
     solver = resolve_root_solver(solver)
+    if active_transforms() and not isinstance(solver, FixedPointSolver):
+        raise NotImplementedError(
+            f"root: {solver.name} under torch.func ({' > '.join(active_transforms())}) "
+            "differentiates g with torch.autograd inside, which torch.func cannot trace; use "
+            "a fixed-point solver there (solver=ih.Anderson(...)), or torch.autograd outside"
+        )
     adjoint = ADJOINTS.resolve(Implicit() if adjoint is None else adjoint, Adjoint)
     spec, z0_t, args = guarded_inputs(z0, args, f"root (adjoint={adjoint.name})")
 
@@ -77,7 +92,7 @@ def root(
     z, stats, log = differentiate(
         run, solver, adjoint, Condition(residual, root_of="g", label="dg/dz"), spec
     )
-    return Solution(spec.restore(z), stats, log)
+    return Solution(tree.rebuild(spec.restore(z)), stats, log)
 
 
 def resolve_root_solver(

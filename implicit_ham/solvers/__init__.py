@@ -16,13 +16,11 @@ from implicit_ham.solvers.base import (
 )
 from implicit_ham.solvers.iteration import FixedPointIteration
 from implicit_ham.solvers.minimizers import (
-    LBFGS,
     MINIMIZERS,
     GaussNewton,
     GradientDescent,
     LevenbergMarquardt,
     Minimizer,
-    NewtonCG,
     make_minimizer,
     register_minimizer,
 )
@@ -41,6 +39,7 @@ from implicit_ham.solvers.projections import (
     make_constraint,
     register_constraint,
 )
+from implicit_ham.solvers.quasi_newton import LBFGS, NewtonCG
 from implicit_ham.solvers.torchdeq import TorchDEQAnderson, TorchDEQBroyden
 
 __all__ = [

@@ -8,11 +8,7 @@ under a constraint, the projected-gradient mapping ``||z - P(z - lr grad)|| / lr
 * ``GradientDescent(lr)``: ``z <- P(z - lr grad)`` (P the constraint's projection, identity
   without one), run by ``FixedPointIteration``: its steps are plain maps, so ``Unroll`` /
   ``Truncated`` / ``OneStep`` differentiate them and the value never depends on the mode.
-* ``LBFGS``: the two-loop recursion with an Armijo backtracking search, on the flat state
-  (torch.optim.LBFGS keeps its line-search state per ``step`` call and was unreliable when
-  stepped one iteration at a time, which the per-step statistics need).
-* ``NewtonCG``: Newton steps from CG on Hessian-vector products (double backward), truncated
-  at negative curvature, with a backtracking (Armijo) line search.
+* ``LBFGS``, ``NewtonCG``: in ``quasi_newton`` (per-sample line searches and stopping).
 * ``GaussNewton``, ``LevenbergMarquardt``: for a sum of squares ``½||r(z)||²``
   (``least_squares`` only), with the dense Jacobian of r (``torch.func.jacrev``): small
   problems (curve fits), not images.
@@ -25,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar
@@ -36,7 +31,8 @@ from torch import Tensor
 from implicit_ham._core.registry import Registry
 from implicit_ham._core.state import State, StateSpec
 from implicit_ham._core.stats import SolverStats
-from implicit_ham._core.validation import check_budget, check_positive_int, check_tolerance
+from implicit_ham._core.transforms import active_transforms
+from implicit_ham._core.validation import check_budget, check_tolerance
 from implicit_ham.solvers.base import ResidualTrace, refuse_grad_steps
 from implicit_ham.solvers.iteration import FixedPointIteration
 from implicit_ham.solvers.projections import Constraint
@@ -51,17 +47,21 @@ class Objective:
     """``loss(z)`` on the state, with the derivatives the minimizers need.
 
     Attributes:
-        loss: state (tuple) -> scalar Tensor.
+        loss: state (tuple) -> scalar Tensor, or (B,) per-sample losses (summed).
         spec: the state's structure.
         residuals: for a sum of squares, state -> residual vector r with ``loss = ½||r||²``;
             None otherwise.
         constraint: the feasible set (projected gradient only), or None.
+        batch_coupled: whether the samples form one problem (True) or B independent ones
+            (``loss`` the sum of per-sample losses, or their (B,) vector); the line-search
+            minimizers then solve each sample on its own.
     """
 
     loss: Callable[[State], Tensor]
     spec: StateSpec
     residuals: Callable[[State], Tensor] | None = None
     constraint: Constraint | None = None
+    batch_coupled: bool = True
 
     def flat(self, z: State) -> Tensor:
         """(M,): the whole state as one vector."""
@@ -72,16 +72,19 @@ class Objective:
         return self.spec.unflatten(x.reshape(self.spec.batch, -1))
 
     def value(self, x: Tensor) -> Tensor:
-        """The loss at the flat point x (a scalar)."""
-        return self.loss(self.state(x))
+        """The loss at the flat point x (a scalar: the sum of per-sample losses)."""
+        return self.loss(self.state(x)).sum()
 
     def gradient(self, z: State) -> State:
         """``grad_z loss`` at z; differentiable (``create_graph``) when grad mode is on, so
         through-iteration modes and the implicit backward can differentiate it again."""
+        if active_transforms():  # torch.func cannot trace torch.autograd.grad: its own grad
+            return self.spec.unflatten(_func_gradient(self, self.spec.flatten(z)))
         create = torch.is_grad_enabled()
         with torch.enable_grad():
             zr = tuple(t if t.requires_grad else t.detach().requires_grad_() for t in z)
-            grads = torch.autograd.grad(self.loss(zr), zr, create_graph=create, allow_unused=True)
+            total = self.loss(zr).sum()
+            grads = torch.autograd.grad(total, zr, create_graph=create, allow_unused=True)
         out = self.spec.zeros_like_missing(grads, zr)
         return out if create else tuple(t.detach() for t in out)
 
@@ -92,6 +95,8 @@ class Objective:
 
     def hvp(self, x: Tensor) -> Callable[[Tensor], Tensor]:
         """``v -> H v`` at x (double backward; H symmetric), without graph."""
+        if active_transforms():
+            return lambda v: torch.func.jvp(lambda y: _func_gradient(self, y), (x,), (v,))[1]
         with torch.enable_grad():
             xr = x.detach().requires_grad_()
             (grad,) = torch.autograd.grad(self.value(xr), xr, create_graph=True)
@@ -113,6 +118,12 @@ class Objective:
         with torch.no_grad():
             jac = torch.func.jacrev(flat_r)(x)
             return flat_r(x), jac
+
+
+def _func_gradient(objective: Objective, x: Tensor) -> Tensor:
+    """``grad loss`` at the flat x (any shape) by ``torch.func.grad``: composes with the
+    torch.func transforms around the solve (``grad`` / ``vjp`` / ``jacrev`` of the layer)."""
+    return torch.func.grad(lambda y: objective.value(y))(x).reshape(x.shape)
 
 
 class Minimizer(ABC):
@@ -211,115 +222,6 @@ class GradientDescent(Minimizer):
             residuals=stats.residuals / self.lr,
             abs_residual=stats.abs_residual / self.lr,
         )
-
-
-@MINIMIZERS.register("lbfgs")
-@dataclass(frozen=True)
-class LBFGS(FlatMinimizer):
-    """L-BFGS (two-loop recursion) with an Armijo backtracking line search, on the flat state.
-
-    Args:
-        max_steps: iterations. tol: stop when every sample's gradient norm is ``<= tol``.
-        history: the number of curvature pairs kept.
-    """
-
-    max_steps: int = 200
-    tol: float | None = 1e-8
-    history: int = 10
-
-    def __post_init__(self) -> None:
-        check_budget("LBFGS", self.max_steps, self.tol)
-        check_positive_int("LBFGS", "history", self.history)
-
-    def _iterates(self, objective: Objective, x: Tensor) -> Iterates:
-        pairs: deque[tuple[Tensor, Tensor]] = deque(maxlen=self.history)
-        grad = objective.flat_gradient(x)
-        while True:
-            yield x, grad
-            direction = -_two_loop(grad, pairs)
-            if not pairs or float(torch.dot(direction, grad)) >= 0:
-                pairs.clear()
-                direction = -grad / grad.norm().clamp_min(torch.finfo(grad.dtype).tiny)
-            x_new = _armijo(objective, x, grad, direction)
-            grad_new = objective.flat_gradient(x_new)
-            s_k, y_k = x_new - x, grad_new - grad
-            if float(torch.dot(s_k, y_k)) > 1e-10 * float(s_k.norm() * y_k.norm()):
-                pairs.append((s_k, y_k))
-            x, grad = x_new, grad_new
-
-
-def _two_loop(grad: Tensor, pairs: deque[tuple[Tensor, Tensor]]) -> Tensor:
-    """The L-BFGS inverse-Hessian approximation applied to ``grad`` (Nocedal & Wright 7.4)."""
-    q, alphas = grad.clone(), list[Tensor]()
-    for s_k, y_k in reversed(pairs):
-        alpha = torch.dot(s_k, q) / torch.dot(y_k, s_k)
-        q, alphas = q - alpha * y_k, [alpha, *alphas]
-    if pairs:
-        s_k, y_k = pairs[-1]
-        q = q * (torch.dot(s_k, y_k) / torch.dot(y_k, y_k))
-    for (s_k, y_k), alpha in zip(pairs, alphas, strict=True):
-        beta = torch.dot(y_k, q) / torch.dot(y_k, s_k)
-        q = q + (alpha - beta) * s_k
-    return q
-
-
-@MINIMIZERS.register("newton_cg")
-@dataclass(frozen=True)
-class NewtonCG(FlatMinimizer):
-    """Truncated Newton: CG on ``H p = -grad`` (Hessian-vector products), stopped at negative
-    curvature (then the CG iterate so far, or ``-grad``), and an Armijo backtracking search.
-
-    Args:
-        max_steps: Newton iterations. tol: stop when every sample's gradient norm ``<= tol``.
-        cg_max_steps: CG iterations per Newton step.
-    """
-
-    max_steps: int = 50
-    tol: float | None = 1e-8
-    cg_max_steps: int = 100
-
-    def __post_init__(self) -> None:
-        check_budget("NewtonCG", self.max_steps, self.tol)
-        check_positive_int("NewtonCG", "cg_max_steps", self.cg_max_steps)
-
-    def _iterates(self, objective: Objective, x: Tensor) -> Iterates:
-        grad = objective.flat_gradient(x)
-        while True:
-            yield x, grad
-            direction = _truncated_cg(objective.hvp(x), grad, self.cg_max_steps)
-            x = _armijo(objective, x, grad, direction)
-            grad = objective.flat_gradient(x)
-
-
-def _truncated_cg(hvp: Callable[[Tensor], Tensor], grad: Tensor, max_steps: int) -> Tensor:
-    """An approximate solution of ``H p = -grad``, stopped at negative curvature (Steihaug)."""
-    p, r = torch.zeros_like(grad), -grad
-    d, rr = r, torch.dot(r, r)
-    target = min(0.5, float(grad.norm()) ** 0.5) ** 2 * rr
-    for _ in range(max_steps):
-        hd = hvp(d)
-        curvature = torch.dot(d, hd)
-        if float(curvature) <= 0:
-            return p if bool(p.any()) else -grad
-        alpha = rr / curvature
-        p, r = p + alpha * d, r - alpha * hd
-        rr_next = torch.dot(r, r)
-        if bool(rr_next <= target):
-            break
-        d, rr = r + (rr_next / rr) * d, rr_next
-    return p
-
-
-def _armijo(objective: Objective, x: Tensor, grad: Tensor, direction: Tensor) -> Tensor:
-    """``x + t d`` with the first ``t = 1, 1/2, ...`` (30 tries) giving sufficient decrease."""
-    with torch.no_grad():
-        f0, slope, t = float(objective.value(x)), float(torch.dot(grad, direction)), 1.0
-        for _ in range(30):
-            candidate = x + t * direction
-            if float(objective.value(candidate)) <= f0 + 1e-4 * t * slope:
-                return candidate
-            t /= 2
-        return x + t * direction
 
 
 @MINIMIZERS.register("gauss_newton")
