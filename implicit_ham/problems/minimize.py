@@ -1,5 +1,5 @@
-"""``minimize`` and ``least_squares``: argmin layers, differentiated through their optimality
-condition.
+"""``minimize``: the argmin layer, differentiated through its optimality condition
+(``least_squares`` lives in ``implicit_ham.problems.least_squares`` and shares ``_solve``).
 
 The at-point backward modes (``Implicit``, ``Neumann``) differentiate ``grad_z loss(z*, θ) = 0``:
 the backward pass solves ``H w = v`` (H the Hessian at z*, applied by double backward, never
@@ -24,10 +24,10 @@ from implicit_ham.adjoints.conditions import Condition, differentiate, guarded_i
 from implicit_ham.adjoints.modes import ADJOINTS, Adjoint, Implicit
 from implicit_ham.linalg.krylov import CG
 from implicit_ham.problems.fixed_point import Solution
+from implicit_ham.solvers.least_squares import GaussNewton
 from implicit_ham.solvers.minimizers import (
     LBFGS,
     MINIMIZERS,
-    GaussNewton,
     GradientDescent,
     Minimizer,
     Objective,
@@ -69,29 +69,6 @@ def minimize(
         A ``Solution``; the value does not depend on the backward mode.
     """
     return _solve(loss, None, z0, args, solver, adjoint, constraint, "minimize")
-
-
-def least_squares(
-    residuals: Callable[..., Tensor],
-    z0: Tensor | Sequence[Tensor],
-    *args: Any,
-    solver: Minimizer | str | None = None,
-    adjoint: Adjoint | str | None = None,
-) -> Solution:
-    """``z* = argmin_z ½ ||residuals(z, *args)||²``: ``minimize`` of the sum of squares, with
-    the least-squares solvers ``GaussNewton`` (default) and ``LevenbergMarquardt`` available.
-
-    Args:
-        residuals: ``r(z, *args) -> Tensor`` of any shape (flattened to R entries).
-        z0, args, solver, adjoint: as for ``minimize``; the implicit gradient uses the full
-            Hessian of ``½||r||²`` (not the Gauss-Newton approximation).
-    """
-
-    def loss(z: Any, *a: Any) -> Tensor:
-        r = residuals(z, *a)
-        return 0.5 * (r * r).sum()
-
-    return _solve(loss, residuals, z0, args, solver, adjoint, None, "least_squares")
 
 
 def _solve(

@@ -15,12 +15,11 @@ from implicit_ham.solvers.base import (
     register_solver,
 )
 from implicit_ham.solvers.iteration import FixedPointIteration
+from implicit_ham.solvers.least_squares import GaussNewton, LevenbergMarquardt
 from implicit_ham.solvers.minimizers import (
     LBFGS,
     MINIMIZERS,
-    GaussNewton,
     GradientDescent,
-    LevenbergMarquardt,
     Minimizer,
     NewtonCG,
     make_minimizer,
