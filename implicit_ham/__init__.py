@@ -56,10 +56,12 @@ from implicit_ham.solvers import (
     FixedPointIteration,
     GaussNewton,
     GradientDescent,
+    LeastSquaresStats,
     LevenbergMarquardt,
     Newton,
     NewtonCG,
     NonNegative,
+    RobustLoss,
 )
 
 __all__ = [
@@ -82,6 +84,7 @@ __all__ = [
     "Hamburger",
     "IdentityContext",
     "Implicit",
+    "LeastSquaresStats",
     "LevenbergMarquardt",
     "LightHamHead",
     "Neumann",
@@ -96,6 +99,7 @@ __all__ = [
     "Phantom",
     "RidgeCD",
     "RidgeNMF",
+    "RobustLoss",
     "SDPAttention2d",
     "SelfAttention2d",
     "Solution",

@@ -35,6 +35,7 @@ from implicit_ham.solvers.minimizers import MINIMIZERS, Minimizer
 from implicit_ham.solvers.robust import RobustLoss
 
 WHERE = "least_squares"
+SCALED = "the scaled gradient Jᵀ W r / (||J||_F ||√W r||)"
 
 
 def least_squares(
@@ -60,7 +61,10 @@ def least_squares(
             ``Minimizer`` (then ``minimize`` of the cost, the whole batch as one problem).
         adjoint: default ``Implicit`` with ``PerSampleDense`` blocks (coupled: CG on the
             whole Hessian); any backward mode, ``Unroll`` / ``Truncated`` / ``OneStep``
-            included (through the Gauss-Newton / LM steps).
+            included (through the Gauss-Newton / LM steps). An at-point mode's
+            ``fixed_point_tol`` bounds the scaled gradient ``||Jᵀ W r|| / (||J||_F ||√W r||)``
+            (a cosine, scale free; the default is ``max(1e-3, 30 sqrt(eps))``: float32's
+            residuals round to about that when the fit is much better than the data's size).
         batch_coupled: solve the batch as one problem (see the module docstring).
         loss: "linear" (default), "huber", "soft_l1", "cauchy", "arctan", "tukey", or a
             ``RobustLoss`` (whose own scale is used). f_scale: C > 0, the scale of a named
@@ -83,7 +87,10 @@ def least_squares(
         return minimize(cost, z0, *args, solver=resolved, adjoint=adjoint)
     spec = StateSpec.of(z0)
     if adjoint is None:
-        adjoint = Implicit(linear_solver=CG() if batch_coupled else PerSampleDense(spec.batch))
+        adjoint = Implicit(
+            linear_solver=CG() if batch_coupled else PerSampleDense(spec.batch),
+            fixed_point_tol=max(1e-3, 30 * torch.finfo(spec.dtype).eps ** 0.5),
+        )
     adjoint = ADJOINTS.resolve(adjoint, Adjoint)
     spec, z0_t, args = guarded_inputs(z0, args, f"{WHERE} (adjoint={adjoint.name})")
     rows_of = _rows(residuals, spec, batch_coupled)
@@ -99,20 +106,29 @@ def least_squares(
         flat_residuals, rows, robust, spec.batch, not batch_coupled and spec.batch > 1, WHERE
     )
 
+    scale: list[Tensor] = []
+
     def run(grad_steps: int) -> tuple[State, Any]:
         x, stats = resolved.solve_sum_of_squares(problem, x0, grad_steps)
+        assert stats.gradient_scale is not None
+        scale.append(stats.gradient_scale.clamp_min(torch.finfo(spec.dtype).tiny))
         return spec.unflatten(x.reshape(spec.batch, -1)), stats
 
     def gradient(z: State, inputs: tuple[Any, ...]) -> State:
+        """The gradient of the cost divided by its scale at z* per problem (a constant), so
+        the fixed-point check is scale free; the root and the implicit gradient are those of
+        the gradient itself."""
         create = torch.is_grad_enabled()
         with torch.enable_grad():
             zr = tuple(t if t.requires_grad else t.detach().requires_grad_() for t in z)
             cost = robust.cost(rows_of(zr, inputs)).sum()
             grads = torch.autograd.grad(cost, zr, create_graph=create, allow_unused=True)
         out = spec.zeros_like_missing(grads, zr)
+        divisor = scale[-1][:1] if batch_coupled else scale[-1]
+        out = tuple(t / divisor.reshape(-1, *[1] * (t.ndim - 1)) for t in out)
         return out if create else tuple(t.detach() for t in out)
 
-    condition = Condition(BoundStep(gradient, args), root_of="grad_z loss", label="Hessian")
+    condition = Condition(BoundStep(gradient, args), root_of=SCALED, label="Hessian")
     z, stats, log = differentiate(run, resolved, adjoint, condition, spec)
     return Solution(spec.restore(z), stats, log)
 

@@ -4,7 +4,7 @@ Fixed points ``z = f(z)``: ``FixedPointIteration``, ``Anderson``, ``Broyden`` (n
 torchdeq's ``TorchDEQAnderson`` / ``TorchDEQBroyden`` (the optional ``torchdeq`` extra, imported
 when one is built). Roots ``g(z) = 0``: ``Newton``. Minima: ``GradientDescent`` (with a
 ``Constraint`` projection: ``NonNegative``, ``Box``), ``LBFGS``, ``NewtonCG``, ``GaussNewton``,
-``LevenbergMarquardt``.
+``LevenbergMarquardt`` (batched least squares, with a ``RobustLoss``).
 """
 
 from implicit_ham.solvers.accelerated import Anderson, Broyden
@@ -15,7 +15,11 @@ from implicit_ham.solvers.base import (
     register_solver,
 )
 from implicit_ham.solvers.iteration import FixedPointIteration
-from implicit_ham.solvers.least_squares import GaussNewton, LevenbergMarquardt
+from implicit_ham.solvers.least_squares import (
+    GaussNewton,
+    LeastSquaresStats,
+    LevenbergMarquardt,
+)
 from implicit_ham.solvers.minimizers import (
     LBFGS,
     MINIMIZERS,
@@ -40,11 +44,13 @@ from implicit_ham.solvers.projections import (
     make_constraint,
     register_constraint,
 )
+from implicit_ham.solvers.robust import LOSSES, RobustLoss
 from implicit_ham.solvers.torchdeq import TorchDEQAnderson, TorchDEQBroyden
 
 __all__ = [
     "CONSTRAINTS",
     "LBFGS",
+    "LOSSES",
     "MINIMIZERS",
     "ROOT_SOLVERS",
     "SOLVERS",
@@ -56,11 +62,13 @@ __all__ = [
     "FixedPointSolver",
     "GaussNewton",
     "GradientDescent",
+    "LeastSquaresStats",
     "LevenbergMarquardt",
     "Minimizer",
     "Newton",
     "NewtonCG",
     "NonNegative",
+    "RobustLoss",
     "RootSolver",
     "TorchDEQAnderson",
     "TorchDEQBroyden",

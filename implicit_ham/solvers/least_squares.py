@@ -19,8 +19,11 @@ Stopping, per problem, after each step (and at the start):
 * A step that cannot lower the cost (the line search, or LM's damping, exhausted) ends that
   problem: with status ``"rounding floor"`` when the step's predicted decrease is below the
   cost's rounding error (``16 eps · cost``: the point is as good as the dtype allows, converged
-  under ``tol=None``), ``"stalled"`` otherwise (not converged). The acceptance tests compare
-  the cost with that rounding floor, so float32 does not spin on decreases it cannot resolve.
+  under ``tol=None``), ``"stalled"`` otherwise (not converged). ``FLAT_STEPS`` accepted steps
+  in a row whose predicted decrease is below that floor and which do not halve the gradient
+  also end it at the ``"rounding floor"`` (an explicit ``tol`` below what the dtype
+  resolves). The acceptance tests compare the cost with that rounding floor, so float32 does
+  not spin on decreases it cannot resolve.
 
 ``LeastSquaresStats.status`` names what ended each sample: ``"gradient"``, ``"step"``,
 ``"rounding floor"``, ``"stalled"`` or ``"max_steps"``; a ConvergenceWarning lists the
@@ -37,7 +40,6 @@ with the same choices, and returns the solver's values (bitwise) with the replay
 
 from __future__ import annotations
 
-import math
 from abc import abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
@@ -63,6 +65,7 @@ from implicit_ham.solvers.sample_jacobian import (
 STATUSES = ("gradient", "step", "rounding floor", "stalled", "max_steps")
 LINE_SEARCH_TRIES = 30
 LM_REJECTIONS = 12
+FLAT_STEPS = 3
 
 
 @dataclass(frozen=True)
@@ -145,10 +148,12 @@ class Choice:
 
 @dataclass
 class LeastSquaresStats(SolverStats):
-    """``SolverStats`` with ``status``: per sample, what ended its solve (one of
-    ``STATUSES``)."""
+    """``SolverStats`` with, per sample, ``status`` (what ended its solve, one of
+    ``STATUSES``) and ``gradient_scale`` (B,): ``||J||_F ||√W r||`` at the solution, the
+    scale of the scaled gradient test (``least_squares``' implicit check divides by it)."""
 
     status: tuple[str, ...] = ()
+    gradient_scale: Tensor | None = None
 
 
 @dataclass
@@ -158,6 +163,8 @@ class _Progress:
     active: Tensor
     converged: Tensor
     status: list[str]
+    last_norm: Tensor
+    flat: Tensor
     rows: list[Tensor] = field(default_factory=list)
     history: deque[tuple[Tensor, Choice]] = field(default_factory=deque)
 
@@ -237,7 +244,6 @@ class SumOfSquaresSolver(Minimizer):
         if problem.check_coupling:
             check_independent(problem.residuals, x.detach(), lin.jac, problem.where)
         flat = lin.detached()
-        count = x.shape[0]
         first = self._norms(problem, flat.grad)
         self._check_finite(flat, 0)
         done = self._gradient_test(flat, x.detach())
@@ -245,6 +251,8 @@ class SumOfSquaresSolver(Minimizer):
             active=~done,
             converged=done.clone(),
             status=["gradient" if d else "max_steps" for d in done.tolist()],
+            last_norm=torch.linalg.vector_norm(flat.grad, dim=1),
+            flat=torch.zeros_like(done, dtype=torch.int64),
             history=deque(maxlen=max(keep, 1)),
         )
         state = self._start(flat)
@@ -270,17 +278,14 @@ class SumOfSquaresSolver(Minimizer):
                 step = choice.t[:, None] * delta.detach()
                 self._after_step(flat, x.detach(), step, choice.move, stalled, predicted, progress)
             progress.rows.append(self._norms(problem, flat.grad))
-        return x, progress, self._stats(problem, first, steps, progress, count)
+        return x, progress, self._stats(problem, first, steps, progress, flat)
 
     def _gradient_test(self, lin: Linearisation, x: Tensor) -> Tensor:
         """(P,) bool: the gradient test (absolute ``tol``, or scaled by ``rtol``)."""
         norm = torch.linalg.vector_norm(lin.grad, dim=1)
         if self.tol is not None:
             return norm <= self.tol
-        rtol = self._rtol(x.dtype)
-        jac_norm = torch.linalg.vector_norm(lin.jac, dim=(1, 2))
-        res_norm = torch.linalg.vector_norm(lin.weights.sqrt() * lin.r, dim=1)
-        return norm <= rtol * jac_norm * res_norm
+        return norm <= self._rtol(x.dtype) * _gradient_scale(lin)
 
     def _after_step(
         self, lin: Linearisation, x: Tensor, step: Tensor, moved: Tensor, stalled: Tensor,
@@ -296,8 +301,15 @@ class SumOfSquaresSolver(Minimizer):
                 rtol + torch.linalg.vector_norm(x, dim=1)
             )
             reason["step"] = small & moved & active & ~met
-        floor = 16 * torch.finfo(x.dtype).eps * lin.cost.abs() + torch.finfo(x.dtype).tiny
-        at_floor = stalled & active & (predicted <= floor)
+        # at the rounding floor: no step is accepted, or accepted steps whose predicted
+        # decrease the cost cannot resolve stop shrinking the gradient (FLAT_STEPS in a row)
+        unresolved = predicted <= _floor(lin.cost)
+        norm = torch.linalg.vector_norm(lin.grad, dim=1)
+        flat = moved & active & unresolved & (norm >= 0.5 * progress.last_norm)
+        progress.flat = torch.where(flat, progress.flat + 1, torch.zeros_like(progress.flat))
+        progress.last_norm = torch.where(moved, norm, progress.last_norm)
+        stuck = (progress.flat >= FLAT_STEPS) & ~met
+        at_floor = active & ((stalled & unresolved) | stuck)
         reason["rounding floor"] = at_floor
         reason["stalled"] = stalled & active & ~at_floor
         for name, mask in reason.items():
@@ -311,15 +323,21 @@ class SumOfSquaresSolver(Minimizer):
                 progress.converged = progress.converged | mask
 
     def _stats(
-        self, problem: SumOfSquares, first: Tensor, steps: int, progress: _Progress, count: int
+        self,
+        problem: SumOfSquares,
+        first: Tensor,
+        steps: int,
+        progress: _Progress,
+        lin: Linearisation,
     ) -> LeastSquaresStats:
         trace = torch.stack(progress.rows) if progress.rows else first.new_zeros(0, len(first))
         last = progress.rows[-1] if progress.rows else first
         rel = last / (first + torch.finfo(last.dtype).tiny)
-        repeat = problem.batch // count
+        repeat = problem.batch // lin.cost.shape[0]
         converged = progress.converged.repeat_interleave(repeat)
         status = tuple(s for s in progress.status for _ in range(repeat))
-        stats = LeastSquaresStats(self.name, steps, trace, last, rel, converged, status)
+        scale = _gradient_scale(lin).repeat_interleave(repeat)
+        stats = LeastSquaresStats(self.name, steps, trace, last, rel, converged, status, scale)
         if host_checks() and not bool(converged.all()):
             missed = sorted({s for s, c in zip(status, converged.tolist(), strict=True) if not c})
             worst = float(last.max())
@@ -352,6 +370,12 @@ class SumOfSquaresSolver(Minimizer):
                 f"{self.name}: non-finite residuals or Jacobian (NaN or inf) at {where}. Check "
                 "the residuals for overflow, start closer, or use float64."
             )
+
+
+def _gradient_scale(lin: Linearisation) -> Tensor:
+    """(P,): ``||J||_F ||√W r||``, which bounds ``||Jᵀ W r||`` (their ratio is a cosine)."""
+    jac_norm = torch.linalg.vector_norm(lin.jac, dim=(1, 2))
+    return jac_norm * torch.linalg.vector_norm(lin.weights.sqrt() * lin.r, dim=1)
 
 
 def _floor(cost: Tensor) -> Tensor:
@@ -402,14 +426,16 @@ class GaussNewton(SumOfSquaresSolver):
                 break
             t = torch.where(pending, t / 2, t)
         stalled = active & ~accepted
-        return Choice(accepted, t, None), stalled, -0.5 * slope
+        return Choice(accepted, t, None), stalled, -0.5 * slope  # the model's ½ gᵀ A⁻¹ g
 
 
 @MINIMIZERS.register("levenberg_marquardt")
 @dataclass(frozen=True)
 class LevenbergMarquardt(SumOfSquaresSolver):
     """Levenberg-Marquardt: ``(Jᵀ W J + μ I) Δ = -Jᵀ W r`` per problem, μ adapted per problem
-    by the gain ratio (Nielsen's rule); a rejected step raises μ, ``LM_REJECTIONS`` rejections
+    by the gain ratio ρ (μ / 3 for ρ > 0.75, 2 μ for ρ < 0.25: piecewise constant, so the
+    damping is locally a constant of the unrolled steps); a rejected step raises μ by ν (ν
+    doubling while rejections go on), ``LM_REJECTIONS`` rejections
     in a row end the problem (status "rounding floor" or "stalled"). Steps whose cost change
     is within the rounding floor are accepted.
 
@@ -447,8 +473,9 @@ class LevenbergMarquardt(SumOfSquaresSolver):
         actual = lin.cost - cost
         predicted = 0.5 * (delta * (mu[:, None] * delta - lin.grad)).sum(1)
         ok = active & (predicted > 0) & (actual >= -_floor(lin.cost))
-        gain = 2 * actual / predicted.clamp_min(torch.finfo(mu.dtype).tiny) - 1
-        shrink = torch.clamp(1 - gain**3, min=1 / 3)
+        gain = actual / predicted.clamp_min(torch.finfo(mu.dtype).tiny)
+        # piecewise constant in the gain: the damping is a constant of the unrolled steps
+        shrink = torch.where(gain > 0.75, 1 / 3, torch.where(gain < 0.25, 2.0, 1.0))
         rejected = torch.where(ok, 0.0, rejected + active.to(mu.dtype))
         stalled = active & ~ok & (rejected >= LM_REJECTIONS)
         state["mu"] = torch.where(ok, mu * shrink, torch.where(active, mu * nu, mu))
