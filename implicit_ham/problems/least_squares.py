@@ -35,7 +35,7 @@ from implicit_ham.solvers.minimizers import MINIMIZERS, Minimizer
 from implicit_ham.solvers.robust import RobustLoss
 
 WHERE = "least_squares"
-SCALED = "the scaled gradient Jᵀ W r / (||J||_F ||√W r||)"
+SCALED = "the scaled gradient Jᵀ W r / (||J||_F ||√W r||)"  # see LeastSquaresStats
 
 
 def least_squares(

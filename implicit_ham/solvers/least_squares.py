@@ -149,8 +149,9 @@ class Choice:
 @dataclass
 class LeastSquaresStats(SolverStats):
     """``SolverStats`` with, per sample, ``status`` (what ended its solve, one of
-    ``STATUSES``) and ``gradient_scale`` (B,): ``||J||_F ||√W r||`` at the solution, the
-    scale of the scaled gradient test (``least_squares``' implicit check divides by it)."""
+    ``STATUSES``) and ``gradient_scale`` (B,): ``||J||_F ||√W r||`` (plus a floor for a zero
+    residual) at the solution, the scale of the scaled gradient test (``least_squares``'
+    implicit check divides by it)."""
 
     status: tuple[str, ...] = ()
     gradient_scale: Tensor | None = None
@@ -278,14 +279,14 @@ class SumOfSquaresSolver(Minimizer):
                 step = choice.t[:, None] * delta.detach()
                 self._after_step(flat, x.detach(), step, choice.move, stalled, predicted, progress)
             progress.rows.append(self._norms(problem, flat.grad))
-        return x, progress, self._stats(problem, first, steps, progress, flat)
+        return x, progress, self._stats(problem, first, steps, progress, flat, x.detach())
 
     def _gradient_test(self, lin: Linearisation, x: Tensor) -> Tensor:
         """(P,) bool: the gradient test (absolute ``tol``, or scaled by ``rtol``)."""
         norm = torch.linalg.vector_norm(lin.grad, dim=1)
         if self.tol is not None:
             return norm <= self.tol
-        return norm <= self._rtol(x.dtype) * _gradient_scale(lin)
+        return norm <= self._rtol(x.dtype) * _gradient_scale(lin, x)
 
     def _after_step(
         self, lin: Linearisation, x: Tensor, step: Tensor, moved: Tensor, stalled: Tensor,
@@ -329,6 +330,7 @@ class SumOfSquaresSolver(Minimizer):
         steps: int,
         progress: _Progress,
         lin: Linearisation,
+        x: Tensor,
     ) -> LeastSquaresStats:
         trace = torch.stack(progress.rows) if progress.rows else first.new_zeros(0, len(first))
         last = progress.rows[-1] if progress.rows else first
@@ -336,7 +338,7 @@ class SumOfSquaresSolver(Minimizer):
         repeat = problem.batch // lin.cost.shape[0]
         converged = progress.converged.repeat_interleave(repeat)
         status = tuple(s for s in progress.status for _ in range(repeat))
-        scale = _gradient_scale(lin).repeat_interleave(repeat)
+        scale = _gradient_scale(lin, x).repeat_interleave(repeat)
         stats = LeastSquaresStats(self.name, steps, trace, last, rel, converged, status, scale)
         if host_checks() and not bool(converged.all()):
             missed = sorted({s for s, c in zip(status, converged.tolist(), strict=True) if not c})
@@ -372,10 +374,13 @@ class SumOfSquaresSolver(Minimizer):
             )
 
 
-def _gradient_scale(lin: Linearisation) -> Tensor:
-    """(P,): ``||J||_F ||√W r||``, which bounds ``||Jᵀ W r||`` (their ratio is a cosine)."""
+def _gradient_scale(lin: Linearisation, x: Tensor) -> Tensor:
+    """(P,): ``||J||_F (||√W r|| + √eps ||J||_F (1 + ||x||))``. Its first term bounds
+    ``||Jᵀ W r||`` (their ratio is a cosine); the second keeps the ratio finite at a zero
+    residual, where ``||Jᵀ W r|| ≈ ||Jᵀ J δx||`` measures the error δx relative to x."""
     jac_norm = torch.linalg.vector_norm(lin.jac, dim=(1, 2))
-    return jac_norm * torch.linalg.vector_norm(lin.weights.sqrt() * lin.r, dim=1)
+    floor = torch.finfo(x.dtype).eps ** 0.5 * jac_norm * (1 + torch.linalg.vector_norm(x, dim=1))
+    return jac_norm * (torch.linalg.vector_norm(lin.weights.sqrt() * lin.r, dim=1) + floor)
 
 
 def _floor(cost: Tensor) -> Tensor:
