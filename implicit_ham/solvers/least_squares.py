@@ -243,7 +243,7 @@ class SumOfSquaresSolver(Minimizer):
     ) -> tuple[Tensor, _Progress, LeastSquaresStats]:
         lin = linearise(problem, x)
         if problem.check_coupling:
-            check_independent(problem.residuals, x.detach(), lin.jac, problem.where)
+            check_independent(problem.residuals, x.detach(), problem.where)
         flat = lin.detached()
         first = self._norms(problem, flat.grad)
         self._check_finite(flat, 0)

@@ -12,12 +12,11 @@ over (the
 unrolled Gauss-Newton steps need it).
 
 The trick is wrong for a residual that couples samples (batch statistics, a shared solve):
-``check_independent`` probes that once with one reverse product.
+``check_independent`` probes that once, with sample 0, by two reverse products.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -81,31 +80,33 @@ def _reverse_rows(out: Tensor, x: Tensor, rows: int, keep: bool) -> Tensor:
     return grads.permute(1, 0, 2)
 
 
-def check_independent(fn: ResidualFn, x: Tensor, jac: Tensor, where: str) -> None:
-    """ValueError when ``fn`` couples samples, so that ``jac`` (the block-diagonal Jacobian
-    of ``residuals_and_jacobian``) is not its Jacobian.
+def check_independent(fn: ResidualFn, x: Tensor, where: str) -> None:
+    """ValueError when ``fn`` couples sample 0 with the others, so that the block-diagonal
+    Jacobian of ``residuals_and_jacobian`` is not its Jacobian.
 
-    One reverse product with a fixed, generic probe u (P, R) compares ``(dfn/dx)ᵀ u`` with
-    the blocks' ``J_pᵀ u_p``; a dependence of any sample on another changes it (unless it is
-    below √eps of the Jacobian's size). Costs one evaluation and one backward pass.
+    Two reverse products: sample 0's residuals pulled back (the other samples' gradient must
+    be exactly zero) and the other samples' residuals pulled back (sample 0's must be). Exact
+    zeros, so no tolerance: any dependence through a batch statistic (a mean, a norm over the
+    batch) is caught; a dependence between two samples other than 0 is not. Costs one
+    evaluation and one batched backward pass.
     """
-    count, rows = jac.shape[0], jac.shape[1]
-    if count < 2:
+    if x.shape[0] < 2:
         return
-    index = torch.arange(count * rows, dtype=x.dtype, device=x.device).reshape(count, rows)
-    probe = torch.sin(1.0 + 0.7548776662 * index)  # generic, and no global RNG state used
     with torch.enable_grad():
         xr = x.detach().requires_grad_()
-        (full,) = torch.autograd.grad(fn(xr), xr, probe, allow_unused=True)
-    full = torch.zeros_like(x) if full is None else full
-    blocks = torch.einsum("pri,pr->pi", jac.detach(), probe)
-    gap = float(torch.linalg.vector_norm(full - blocks))
-    size = float(torch.linalg.vector_norm(jac.detach())) * math.sqrt(rows)
-    if not gap <= math.sqrt(torch.finfo(x.dtype).eps) * max(size, torch.finfo(x.dtype).tiny):
+        out = fn(xr)
+        first = torch.zeros_like(out)
+        first[0] = 1.0
+        probes = torch.stack([first, 1.0 - first])
+        (grads,) = torch.autograd.grad(out, xr, probes, allow_unused=True, is_grads_batched=True)
+    if grads is None:
+        return
+    leaks = (grads[0, 1:] != 0).any() | (grads[1, 0] != 0).any()
+    if bool(leaks):
         raise ValueError(
-            f"{where}: the residuals couple samples (sample p's residuals depend on other "
-            f"samples' variables: ||(dr/dz)ᵀu - blocks|| = {gap:.3e} on a probe), but the "
-            "batch is treated as independent problems. Pass batch_coupled=True to solve the "
-            "whole batch as one problem, or make each sample's residuals depend on its own "
-            "variables only (no batch statistics)."
+            f"{where}: the residuals couple samples (sample 0's residuals and the others' "
+            "variables, or the reverse, depend on each other), but the batch is treated as "
+            "independent problems. Pass batch_coupled=True to solve the whole batch as one "
+            "problem, or make each sample's residuals depend on its own variables only (no "
+            "batch statistics)."
         )
