@@ -16,14 +16,16 @@ Stopping, per problem, after each step (and at the start):
 * ``tol=None`` (the default): dtype-scaled tests with ``rtol`` (default ``sqrt(eps)`` of the
   dtype): the scaled gradient ``||g|| <= rtol ||J||_F ||√W r||`` (the cosine between the
   residuals and the Jacobian's range, scale free) or the step ``||Δ|| <= rtol (rtol + ||x||)``.
+* The acceptance tests (Armijo for GN, the gain for LM) tolerate a cost change within the
+  cost's rounding (``16 eps · cost``), and a step whose predicted decrease is below
+  ``√eps · cost`` (the resolution the cost test is trusted with) is accepted on the model
+  alone, so float32 does not spin on decreases it cannot resolve.
 * A step that cannot lower the cost (the line search, or LM's damping, exhausted) ends that
-  problem: with status ``"rounding floor"`` when the step's predicted decrease is below the
-  cost's rounding error (``16 eps · cost``: the point is as good as the dtype allows, converged
-  under ``tol=None``), ``"stalled"`` otherwise (not converged). ``FLAT_STEPS`` accepted steps
-  in a row whose predicted decrease is below that floor and which do not halve the gradient
-  also end it at the ``"rounding floor"`` (an explicit ``tol`` below what the dtype
-  resolves). The acceptance tests compare the cost with that rounding floor, so float32 does
-  not spin on decreases it cannot resolve.
+  problem: with status ``"rounding floor"`` when its predicted decrease is below that
+  resolution (the point is as good as the dtype allows; converged under ``tol=None``),
+  ``"stalled"`` otherwise (not converged). ``FLAT_STEPS`` accepted steps in a row below the
+  resolution that do not lower the gradient norm also end it at the ``"rounding floor"`` (an
+  explicit ``tol`` below what the dtype resolves).
 
 ``LeastSquaresStats.status`` names what ended each sample: ``"gradient"``, ``"step"``,
 ``"rounding floor"``, ``"stalled"`` or ``"max_steps"``; a ConvergenceWarning lists the
@@ -304,9 +306,9 @@ class SumOfSquaresSolver(Minimizer):
             reason["step"] = small & moved & active & ~met
         # at the rounding floor: no step is accepted, or accepted steps whose predicted
         # decrease the cost cannot resolve stop shrinking the gradient (FLAT_STEPS in a row)
-        unresolved = predicted <= _floor(lin.cost)
+        unresolved = predicted <= _resolution(lin.cost)
         norm = torch.linalg.vector_norm(lin.grad, dim=1)
-        flat = moved & active & unresolved & (norm >= 0.5 * progress.last_norm)
+        flat = moved & active & unresolved & (norm >= progress.last_norm)
         progress.flat = torch.where(flat, progress.flat + 1, torch.zeros_like(progress.flat))
         progress.last_norm = torch.where(moved, norm, progress.last_norm)
         stuck = (progress.flat >= FLAT_STEPS) & ~met
@@ -383,6 +385,13 @@ def _gradient_scale(lin: Linearisation, x: Tensor) -> Tensor:
     return jac_norm * (torch.linalg.vector_norm(lin.weights.sqrt() * lin.r, dim=1) + floor)
 
 
+def _resolution(cost: Tensor) -> Tensor:
+    """(P,): ``√eps · cost``, the smallest predicted decrease the cost test is trusted with (the
+    cost's rounding grows with the size of the terms the residuals subtract, which it does not
+    see); a step predicted to gain less is accepted on the model alone."""
+    return torch.finfo(cost.dtype).eps ** 0.5 * cost.abs() + torch.finfo(cost.dtype).tiny
+
+
 def _floor(cost: Tensor) -> Tensor:
     """(P,): the rounding error of a cost: what acceptance tests tolerate as no change."""
     return 16 * torch.finfo(cost.dtype).eps * cost.abs() + torch.finfo(cost.dtype).tiny
@@ -420,18 +429,20 @@ class GaussNewton(SumOfSquaresSolver):
         state: dict[str, Tensor], active: Tensor,
     ) -> tuple[Choice, Tensor, Tensor]:
         slope = (lin.grad * delta).sum(1)  # <= 0 for a descent direction
-        floor = _floor(lin.cost)
+        floor, resolution = _floor(lin.cost), _resolution(lin.cost)
+        predicted = -0.5 * slope  # the Gauss-Newton model's decrease ½ gᵀ A⁻¹ g
         t = torch.ones_like(lin.cost)
         pending, accepted = active.clone(), torch.zeros_like(active)
         for _ in range(LINE_SEARCH_TRIES):
             cost = problem.loss.cost(problem.residuals(x + t[:, None] * delta))
-            ok = pending & (cost <= lin.cost + 1e-4 * t * slope + floor)
+            model_only = t * predicted <= resolution  # too small for the cost to resolve
+            ok = pending & ((cost <= lin.cost + 1e-4 * t * slope + floor) | model_only)
             accepted, pending = accepted | ok, pending & ~ok
             if not bool(pending.any()):
                 break
             t = torch.where(pending, t / 2, t)
         stalled = active & ~accepted
-        return Choice(accepted, t, None), stalled, -0.5 * slope  # the model's ½ gᵀ A⁻¹ g
+        return Choice(accepted, t, None), stalled, predicted
 
 
 @MINIMIZERS.register("levenberg_marquardt")
@@ -477,7 +488,8 @@ class LevenbergMarquardt(SumOfSquaresSolver):
         cost = problem.loss.cost(problem.residuals(x + delta))
         actual = lin.cost - cost
         predicted = 0.5 * (delta * (mu[:, None] * delta - lin.grad)).sum(1)
-        ok = active & (predicted > 0) & (actual >= -_floor(lin.cost))
+        resolved = actual >= -_floor(lin.cost)
+        ok = active & (predicted > 0) & (resolved | (predicted <= _resolution(lin.cost)))
         gain = actual / predicted.clamp_min(torch.finfo(mu.dtype).tiny)
         # piecewise constant in the gain: the damping is a constant of the unrolled steps
         shrink = torch.where(gain > 0.75, 1 / 3, torch.where(gain < 0.25, 2.0, 1.0))
