@@ -35,7 +35,9 @@ def test_blocks_are_each_samples_jacobian(rows: int, n: int) -> None:
     for p in range(5):
         alone = torch.func.jacrev(lambda v: fn(v[None])[0])(x[p])
         assert torch.allclose(jac[p], alone, rtol=1e-12, atol=1e-12)
-    assert not jac.requires_grad  # without grad mode: plain values
+    with torch.no_grad():  # without grad mode: the same values, no graph
+        _, plain = residuals_and_jacobian(fn, x, rows)
+    assert torch.equal(plain, jac.detach()) and not plain.requires_grad
 
 
 def test_under_grad_mode_the_jacobian_carries_its_graph() -> None:
