@@ -82,16 +82,17 @@ def ours(solver: str, x: Tensor, w: Tensor) -> Run:
 
     def run(y: Tensor) -> tuple[Tensor, Tensor]:
         y = y.detach().requires_grad_()
-        sol = ih.least_squares(residuals, torch.zeros_like(w), x, y, solver=method)
-        (grad,) = torch.autograd.grad((sol.value * w).sum(), y)
-        return sol.value.detach(), grad
+        value = ih.least_squares(residuals, torch.zeros_like(w), x, y, solver=method).value
+        assert isinstance(value, Tensor)
+        (grad,) = torch.autograd.grad((value * w).sum(), y)
+        return value.detach(), grad
 
     return run
 
 
 def theseus(solver: str, x: Tensor, w: Tensor) -> Run:
     """The same with a ``TheseusLayer`` (built once, as a user would)."""
-    import theseus as th
+    import theseus as th  # type: ignore[import-not-found]  # its own virtualenv only
 
     dtype, batch = x.dtype, x.shape[0]
     ab = th.Vector(2, name="ab", dtype=dtype)
