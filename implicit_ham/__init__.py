@@ -58,10 +58,12 @@ from implicit_ham.solvers import (
     FixedPointIteration,
     GaussNewton,
     GradientDescent,
+    LeastSquaresStats,
     LevenbergMarquardt,
     Newton,
     NewtonCG,
     NonNegative,
+    RobustLoss,
 )
 
 __all__ = [
@@ -84,6 +86,7 @@ __all__ = [
     "Hamburger",
     "IdentityContext",
     "Implicit",
+    "LeastSquaresStats",
     "LevenbergMarquardt",
     "LightHamHead",
     "Neumann",
@@ -98,6 +101,7 @@ __all__ = [
     "Phantom",
     "RidgeCD",
     "RidgeNMF",
+    "RobustLoss",
     "SDPAttention2d",
     "SelfAttention2d",
     "Solution",

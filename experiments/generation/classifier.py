@@ -121,11 +121,11 @@ def load_or_train_classifier(
     """``_load_or_train_classifier`` under the cache's build lock: when the jobs of a sweep start
     together, one trains the classifier while the others wait, then load it."""
     with artefact_lock(cache):
-        return _load_or_train_classifier(cache, epochs, val_fraction, seed)
+        return _load_or_train_classifier(cache, epochs, val_fraction, seed, layout)
 
 
 def _load_or_train_classifier(
-    cache: str | Path, epochs: int, val_fraction: float, seed: int
+    cache: str | Path, epochs: int, val_fraction: float, seed: int, layout: str
 ) -> tuple[HalfDigitClassifier, float]:
     """The cached classifier when ``cache`` holds one trained with these settings, else a newly
     trained one (then written to ``cache``)."""

@@ -3,7 +3,8 @@
 Through the iterations: ``Unroll``, ``Truncated(k)``, ``OneStep`` (they choose how many trailing
 solver steps carry gradient) and ``Phantom(k, tau)`` (damped steps from the solution). At the
 fixed point: ``Implicit`` (a linear solve with a ``implicit_ham.linalg`` solver) and
-``Neumann(k)``. ``SecondOrder`` is the rule a mode gives for ``create_graph=True``.
+``Neumann(k)``; ``PerSampleDense`` solves a block-diagonal (per-sample) system for
+``Implicit``. ``SecondOrder`` is the rule a mode gives for ``create_graph=True``.
 """
 
 from implicit_ham.adjoints.layers import find_implicit_layers
@@ -21,6 +22,7 @@ from implicit_ham.adjoints.modes import (
     make_adjoint,
     register_adjoint,
 )
+from implicit_ham.adjoints.per_sample import PerSampleDense
 from implicit_ham.adjoints.second_order import SecondOrder
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "Implicit",
     "Neumann",
     "OneStep",
+    "PerSampleDense",
     "Phantom",
     "SecondOrder",
     "ThroughIterations",

@@ -6,7 +6,8 @@ gradient of the chosen backward mode."""
 from implicit_ham.problems.correction import fixed_point_correction
 from implicit_ham.problems.fixed_point import FixedPointProblem, Solution, fixed_point
 from implicit_ham.problems.jacobian_penalty import jacobian_penalty
-from implicit_ham.problems.minimize import least_squares, minimize
+from implicit_ham.problems.least_squares import least_squares
+from implicit_ham.problems.minimize import minimize
 from implicit_ham.problems.parameters import call_module, module_state
 from implicit_ham.problems.root import root
 

@@ -1,5 +1,5 @@
-"""``minimize`` and ``least_squares``: argmin layers, differentiated through their optimality
-condition.
+"""``minimize``: the argmin layer, differentiated through its optimality condition
+(``least_squares`` lives in ``implicit_ham.problems.least_squares`` and shares ``_solve``).
 
 The at-point backward modes (``Implicit``, ``Neumann``) differentiate ``grad_z loss(z*, θ) = 0``:
 the backward pass solves ``H w = v`` (H the Hessian at z*, applied by double backward, never
@@ -26,9 +26,9 @@ from implicit_ham.adjoints.modes import ADJOINTS, Adjoint, Implicit
 from implicit_ham.linalg.krylov import CG
 from implicit_ham.problems.fixed_point import Solution
 from implicit_ham.problems.pytree_state import Tree, TreeState
+from implicit_ham.solvers.least_squares import GaussNewton
 from implicit_ham.solvers.minimizers import (
     MINIMIZERS,
-    GaussNewton,
     GradientDescent,
     Minimizer,
     Objective,
@@ -83,29 +83,6 @@ def minimize(
         "minimize", batch_coupled,
     )
     return dataclasses.replace(solution, value=tree.rebuild(solution.value))
-
-
-def least_squares(
-    residuals: Callable[..., Tensor],
-    z0: Tensor | Sequence[Tensor],
-    *args: Any,
-    solver: Minimizer | str | None = None,
-    adjoint: Adjoint | str | None = None,
-) -> Solution:
-    """``z* = argmin_z ½ ||residuals(z, *args)||²``: ``minimize`` of the sum of squares, with
-    the least-squares solvers ``GaussNewton`` (default) and ``LevenbergMarquardt`` available.
-
-    Args:
-        residuals: ``r(z, *args) -> Tensor`` of any shape (flattened to R entries).
-        z0, args, solver, adjoint: as for ``minimize``; the implicit gradient uses the full
-            Hessian of ``½||r||²`` (not the Gauss-Newton approximation).
-    """
-
-    def loss(z: Any, *a: Any) -> Tensor:
-        r = residuals(z, *a)
-        return 0.5 * (r * r).sum()
-
-    return _solve(loss, residuals, z0, args, solver, adjoint, None, "least_squares")
 
 
 def _solve(

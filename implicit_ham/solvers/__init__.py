@@ -4,7 +4,7 @@ Fixed points ``z = f(z)``: ``FixedPointIteration``, ``Anderson``, ``Broyden`` (n
 torchdeq's ``TorchDEQAnderson`` / ``TorchDEQBroyden`` (the optional ``torchdeq`` extra, imported
 when one is built). Roots ``g(z) = 0``: ``Newton``. Minima: ``GradientDescent`` (with a
 ``Constraint`` projection: ``NonNegative``, ``Box``), ``LBFGS``, ``NewtonCG``, ``GaussNewton``,
-``LevenbergMarquardt``.
+``LevenbergMarquardt`` (batched least squares, with a ``RobustLoss``).
 """
 
 from implicit_ham.solvers.accelerated import Anderson, Broyden
@@ -15,11 +15,14 @@ from implicit_ham.solvers.base import (
     register_solver,
 )
 from implicit_ham.solvers.iteration import FixedPointIteration
+from implicit_ham.solvers.least_squares import (
+    GaussNewton,
+    LeastSquaresStats,
+    LevenbergMarquardt,
+)
 from implicit_ham.solvers.minimizers import (
     MINIMIZERS,
-    GaussNewton,
     GradientDescent,
-    LevenbergMarquardt,
     Minimizer,
     make_minimizer,
     register_minimizer,
@@ -40,11 +43,13 @@ from implicit_ham.solvers.projections import (
     register_constraint,
 )
 from implicit_ham.solvers.quasi_newton import LBFGS, NewtonCG
+from implicit_ham.solvers.robust import LOSSES, RobustLoss
 from implicit_ham.solvers.torchdeq import TorchDEQAnderson, TorchDEQBroyden
 
 __all__ = [
     "CONSTRAINTS",
     "LBFGS",
+    "LOSSES",
     "MINIMIZERS",
     "ROOT_SOLVERS",
     "SOLVERS",
@@ -56,11 +61,13 @@ __all__ = [
     "FixedPointSolver",
     "GaussNewton",
     "GradientDescent",
+    "LeastSquaresStats",
     "LevenbergMarquardt",
     "Minimizer",
     "Newton",
     "NewtonCG",
     "NonNegative",
+    "RobustLoss",
     "RootSolver",
     "TorchDEQAnderson",
     "TorchDEQBroyden",

@@ -2,14 +2,21 @@
 solved by any linear solver of ``implicit_ham.linalg`` on Jacobian-vector products, posed by
 ``jacobian_operator``) and the ``RootSolver`` base class.
 
-``ih.root`` accepts these or any fixed-point solver applied to ``z <- z - g(z)``. Newton's
-linear solves are not differentiable steps: it refuses the through-iteration backward modes.
+``ih.root`` accepts these or any fixed-point solver applied to ``z <- z - g(z)``.
+
+Through-iteration gradients (``Unroll``, ``Truncated(k)``, ``OneStep``): the steps that carry
+gradient are replayed after the solve from their stored iterates, each as the exact Newton step
+``-(dg/dz)⁻¹ g`` with the dense Jacobian (``torch.func.jacrev``) and ``torch.linalg.solve`` in
+the graph, so the gradient is that of the unrolled Newton iteration; the values stay the
+linear solver's (``with_gradient_of``), so they do not depend on the mode. The dense Jacobian
+bounds the state to ``MAX_UNROLLED_SIZE`` entries (batch included).
 """
 
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,7 +24,7 @@ import torch
 from torch import Tensor
 
 from implicit_ham._core.registry import Registry
-from implicit_ham._core.state import State, StateSpec, StepFn
+from implicit_ham._core.state import State, StateSpec, StepFn, with_gradient_of
 from implicit_ham._core.stats import SolverStats
 from implicit_ham._core.validation import (
     check_budget,
@@ -26,9 +33,10 @@ from implicit_ham._core.validation import (
     check_unit_interval,
 )
 from implicit_ham.linalg.operator import LINEAR_SOLVERS, AdjointOperator, LinearSolver
-from implicit_ham.solvers.base import ResidualTrace, refuse_grad_steps
+from implicit_ham.solvers.base import ResidualTrace
 
 ROOT_SOLVERS: Registry[RootSolver] = Registry("root solver")
+MAX_UNROLLED_SIZE = 4096
 make_root_solver = ROOT_SOLVERS.make_function("make_root_solver", __name__)
 register_root_solver = ROOT_SOLVERS.register_function("register_root_solver", __name__)
 
@@ -48,8 +56,9 @@ class RootSolver(ABC):
     def solve(
         self, g: StepFn, z0: State, spec: StateSpec, grad_steps: int = 0
     ) -> tuple[State, SolverStats]:
-        """Solve ``g(z) = 0`` from ``z0``; ``grad_steps > 0`` is refused by solvers whose steps
-        are not differentiable (ValueError naming the modes that work)."""
+        """Solve ``g(z) = 0`` from ``z0``; the last ``grad_steps`` steps carry gradient (a solver
+        whose steps are not differentiable refuses ``grad_steps > 0`` with a ValueError naming
+        the modes that work)."""
 
     @property
     def name(self) -> str:
@@ -90,15 +99,23 @@ class Newton(RootSolver):
     def solve(
         self, g: StepFn, z0: State, spec: StateSpec, grad_steps: int = 0
     ) -> tuple[State, SolverStats]:
-        refuse_grad_steps(self.name, grad_steps)
         solver: LinearSolver = self.linear_solver  # type: ignore[assignment]
         trace = ResidualTrace(self.name)
-        x = spec.flatten(z0).reshape(-1)
+        start = spec.flatten(z0).reshape(-1)
+        keep = min(grad_steps, self.max_steps) if torch.is_grad_enabled() else 0
+        if keep and start.numel() > MAX_UNROLLED_SIZE:
+            raise ValueError(
+                f"Newton: a through-iteration gradient replays the steps with the dense "
+                f"Jacobian, but the state has {start.numel()} entries (batch included), above "
+                f"{MAX_UNROLLED_SIZE}; use adjoint=Implicit(...) for large states"
+            )
 
         def flat_g(y: Tensor) -> Tensor:
             return spec.flatten(g(spec.unflatten(y.reshape(spec.batch, -1)))).reshape(-1)
 
+        history: deque[tuple[Tensor, Tensor]] = deque(maxlen=max(keep, 1))
         with torch.no_grad():
+            x = start.detach()
             gx = flat_g(x)
             trace.start(spec, gx)
             for _ in range(self.max_steps):
@@ -106,10 +123,33 @@ class Newton(RootSolver):
                     break
                 op = jacobian_operator(flat_g, x, "dg/dz")
                 delta, _, _ = solver.solve(op, -gx, self.linear_max_steps, self.linear_tol)
+                if keep:
+                    history.append((x, delta))
                 x = x + self.damping * delta
                 gx = flat_g(x)
                 trace.record(spec, gx)
+        if keep and history:
+            x = self._replay(flat_g, start, history, keep >= self.max_steps, x)
         return spec.unflatten(x.reshape(spec.batch, -1)), trace.build(self.tol)
+
+    def _replay(
+        self,
+        flat_g: Callable[[Tensor], Tensor],
+        start: Tensor,
+        history: deque[tuple[Tensor, Tensor]],
+        from_start: bool,
+        value: Tensor,
+    ) -> Tensor:
+        """The stored steps again with gradient: ``y <- y + damping Δ`` with Δ the solver's
+        values carrying the gradient of the exact step ``-(dg/dy)⁻¹ g(y)``; from z0 itself
+        (``Unroll``: z0 gets its gradient) or from the first stored iterate."""
+        with torch.enable_grad():
+            y = start if from_start else history[0][0]
+            for _, delta in history:
+                exact = -torch.linalg.solve(torch.func.jacrev(flat_g)(y), flat_g(y))
+                y = y + self.damping * (delta + (exact - exact.detach()))
+        (out,) = with_gradient_of((value,), (y,))
+        return out
 
 
 def jacobian_operator(fn: Callable[[Tensor], Tensor], x: Tensor, label: str) -> AdjointOperator:

@@ -12,7 +12,8 @@ import torch
 from implicit_ham._core.errors import NonFiniteError
 from implicit_ham.adjoints.modes import Adjoint, Implicit, Neumann, OneStep
 from implicit_ham.problems.fixed_point import Solution
-from implicit_ham.problems.minimize import least_squares, minimize
+from implicit_ham.problems.least_squares import least_squares
+from implicit_ham.problems.minimize import minimize
 from implicit_ham.problems.root import root
 from implicit_ham.solvers.base import FixedPointSolver
 from implicit_ham.solvers.minimizers import Minimizer
