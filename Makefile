@@ -42,7 +42,7 @@ demo: install
 
 study: install
 	PY=$(PY) bash experiments/scripts/study.sh
-	@echo "results: docs/results.md (figures in docs/results/; runs in multirun/study/)"
+	@echo "results: docs/results.md (figures and the paper-regime CSV in docs/results/; runs in multirun/study/)"
 
 # The GAN comparison of docs/generation.md: the metrics' classifier (once), 4 arms x 3 seeds two
 # at a time (34.8 min on 2 idle cores; resumable: run it again to continue), then the page.

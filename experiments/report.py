@@ -31,7 +31,6 @@ from experiments.reports.sweep import write_report
 
 logger = logging.getLogger("experiments.report")
 STUDY_SCRIPT = Path(__file__).parent / "scripts" / "study.sh"
-PAPER_SCRIPT = Path(__file__).parent / "scripts" / "study_paper.sh"  # called by study.sh
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -71,10 +70,6 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.study:
         commands = Path(args.commands).read_text()
-        if Path(args.commands) == STUDY_SCRIPT:
-            commands += (
-                f"\n# ---- experiments/scripts/study_paper.sh ----\n{PAPER_SCRIPT.read_text()}"
-            )
         path = write_study_report(args.sweep_dir or "multirun/study", args.out or "docs", commands)
         logger.info("study report: %s", path)
         return

@@ -60,7 +60,7 @@ def render_closing(doc: PaperV3) -> str:
 
 def splice(path: Path, content: str) -> None:
     """Put ``content`` between the markers in ``path`` (appended, or a new file, without them)."""
-    block = f"{BEGIN}\n{content.strip()}\n{END}"
+    block = content if content.startswith(BEGIN) else marked(content)
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     if _BLOCK.search(text):
         text = _BLOCK.sub(lambda _: block, text)
@@ -75,16 +75,31 @@ def build(csv: str | Path, plan: Plan | None = None) -> PaperV3:
     return paper_v3(read_rows(csv), plan or Plan(), str(csv), read_sessions(csv))
 
 
+def marked(content: str) -> str:
+    """``content`` between the markers."""
+    return f"{BEGIN}\n{content.strip()}\n{END}"
+
+
+def blocks(
+    csv: str | Path, out_dir: str | Path, figures: str = "results", plan: Plan | None = None
+) -> tuple[str, str]:
+    """(the page's block, findings.md's block), each between the markers, from ``csv``; draws
+    the fidelity figure into ``out_dir/<figures>``."""
+    doc = build(csv, plan)
+    figure = plot_fidelity(doc, Path(out_dir) / figures / FIGURE)
+    section = render_section(doc, None if figure is None else f"{figures}/{FIGURE}")
+    closing = render_closing(doc)
+    return marked(section + "\n### Closing note (paper regime)\n\n" + closing), marked(closing)
+
+
 def write_from_csv(
     csv: str | Path, out_dir: str | Path, figures: str = "results", plan: Plan | None = None
 ) -> Path:
     """Regenerate the study v3 block of ``out_dir/results.md`` and of
     ``out_dir/<figures>/findings.md`` from ``csv``; returns the page's path."""
     out_dir = Path(out_dir)
-    doc = build(csv, plan)
-    figure = plot_fidelity(doc, out_dir / figures / FIGURE)
-    section = render_section(doc, None if figure is None else f"{figures}/{FIGURE}")
+    page_block, findings_block = blocks(csv, out_dir, figures, plan)
     page = out_dir / "results.md"
-    splice(page, section + "\n### Closing note (paper regime)\n\n" + render_closing(doc))
-    splice(out_dir / figures / "findings.md", render_closing(doc))
+    splice(page, page_block)
+    splice(out_dir / figures / "findings.md", findings_block)
     return page
