@@ -168,6 +168,7 @@ class PaperV3:
     job_minutes: float
     peak_mem_mb: float | None
     pretrain: Table
+    edge_arms: tuple[str, ...]
 
 
 def _values(rows: Mapping[str, Mapping[str, Any]], jobs: Sequence[Job], column: str) -> list[float]:
@@ -224,6 +225,19 @@ def _tuning_table(plan: Plan, rows: Mapping[str, Mapping[str, Any]], tuned: bool
     header = ["context", "gradient", "inv_t", *[f"val mIoU @ lr {lr:g}" for lr in plan.lrs],
               "selected lr"]  # fmt: skip
     return Table.of(header, out)
+
+
+def _edge_arms(plan: Plan, rows: Mapping[str, Mapping[str, Any]]) -> tuple[str, ...]:
+    """The tuned arms whose selected learning rate is the grid's smallest or largest (a better
+    one may lie beyond the grid)."""
+    ends = (min(plan.lrs), max(plan.lrs))
+    arms = [(b, NO_GRADIENT) for b in BASELINES] + [(h, g) for h in HAMS for g in TUNED_GRADIENTS]
+    return tuple(
+        arm_label(c, g, t)
+        for c, g in arms
+        for t in plan.inv_ts_of(c)
+        if select_lr(plan, rows, c, g, t) in ends
+    )
 
 
 def _flat_gain(row: Mapping[str, Any]) -> float | None:
@@ -444,6 +458,7 @@ def paper_v3(
         job_minutes=job_s / 60,
         peak_mem_mb=max(peaks) if peaks else None,
         pretrain=pretrain,
+        edge_arms=_edge_arms(plan, rows) if tuned else (),
     )
 
 
