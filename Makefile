@@ -42,7 +42,7 @@ demo: install
 
 study: install
 	PY=$(PY) bash experiments/scripts/study.sh
-	@echo "results: docs/results.md (figures in docs/results/; runs in multirun/study/)"
+	@echo "results: docs/results.md (figures and the paper-regime CSV in docs/results/; runs in multirun/study/)"
 
 # The GAN comparison of docs/generation.md (experiments/generation/study.py): the pilot gate (no
 # context vs self-attention, 3 seeds), then 5 arms x 5 seeds (the pilot's jobs reused; skipped

@@ -22,7 +22,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="artefact path, e.g. .../backbone.pt")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     for field in dataclasses.fields(PretrainConf):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default),
+        kind = int if field.default is None else type(field.default)  # scan_seed: int | None
+        parser.add_argument(f"--{field.name.replace('_', '-')}", type=kind,
                             default=field.default)  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

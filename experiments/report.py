@@ -11,6 +11,9 @@
   (default ``multirun/study``, written by ``experiments/scripts/study.sh``) -> ``results.md``, its
   figures and ``results/findings.md`` (the verdicts alone, included by ``docs/index.md``), with
   the study script quoted at the top.
+* ``python -m experiments.report --from-csv docs/results/paper_v3.csv [--out docs]``: the
+  paper-regime section (study v3) of ``results.md`` and its verdicts in
+  ``results/findings.md``, from the study's committed CSV alone (the rest of both files is kept).
 """
 
 from __future__ import annotations
@@ -22,12 +25,12 @@ from pathlib import Path
 from experiments.generation.page import COMMAND
 from experiments.generation.report import write_generation_report
 from experiments.reports.deq_training import write_deq_report
+from experiments.reports.paper_v3_page import write_from_csv
 from experiments.reports.study import write_study_report
 from experiments.reports.sweep import write_report
 
 logger = logging.getLogger("experiments.report")
 STUDY_SCRIPT = Path(__file__).parent / "scripts" / "study.sh"
-PAPER_SCRIPT = Path(__file__).parent / "scripts" / "study_paper.sh"  # called by study.sh
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -45,8 +48,15 @@ def main(argv: list[str] | None = None) -> None:
         "--deq", action="store_true", help="write docs/deq_training.md from the DEQ study"
     )
     parser.add_argument("--commands", default=str(STUDY_SCRIPT), help="script quoted by --study")
+    parser.add_argument(
+        "--from-csv", default=None, help="the study v3 CSV: rewrite results.md's paper section"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.from_csv:
+        path = write_from_csv(args.from_csv, args.out or "docs")
+        logger.info("paper-regime section (study v3): %s", path)
+        return
     if args.generation:
         write_generation_report(
             args.sweep_dir or "multirun/generate", args.out or "docs/generation.md", COMMAND
@@ -60,10 +70,6 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.study:
         commands = Path(args.commands).read_text()
-        if Path(args.commands) == STUDY_SCRIPT:
-            commands += (
-                f"\n# ---- experiments/scripts/study_paper.sh ----\n{PAPER_SCRIPT.read_text()}"
-            )
         path = write_study_report(args.sweep_dir or "multirun/study", args.out or "docs", commands)
         logger.info("study report: %s", path)
         return

@@ -12,7 +12,9 @@ Unlike legend_seg (where a pixel's own features carry no class and the class mus
 unlabelled legend pixels), here each digit's own pixels carry its class, noisily: the regime in
 which the paper's one-step gradient was shown to work (pretrained per-pixel features, context as
 low-rank denoising). Canvases of the "train" split use only the digits of the stratified train
-split (``digits.split_indices``), "val" only the held-out ones.
+split (``digits.split_indices``), "val" only the held-out ones. With a ``scan_seed`` the scans
+are split three ways instead (``scan_split``: train / val / test, disjoint, stratified by class,
+chosen by that seed): the independent replicates of the paper-regime study each draw their own.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ CANVAS = 64
 CELL = 16
 GRID = CANVAS // CELL
 UPSAMPLE = CELL // 8
-SPLITS = ("train", "val")
+SPLITS = ("train", "val", "test")
 SEG_CLASSES = NUM_CLASSES + 1  # background + ten digits
 
 
@@ -73,22 +75,55 @@ class CanvasStyle:
 
 CLEAN = CanvasStyle(occlusion=(0, 0), noise=0.0, max_classes=NUM_CLASSES)
 
+# Share of each class's scans in val and in test under a ``scan_seed`` (the rest is train).
+HELD_OUT_FRACTION = 0.2
+
+
+def scan_split(labels: np.ndarray, scan_seed: int | None) -> dict[str, np.ndarray]:
+    """Sorted scan indices per split. ``scan_seed=None``: the fixed 80/20 train / val split of
+    ``DigitsDataset`` (seed 0), no test scans. An integer: within each class a permutation by
+    ``scan_seed`` sends ``round(0.2 n_c)`` scans to val, as many to test and the rest to train,
+    so the three sets are disjoint and each replicate of a study draws its own."""
+    if scan_seed is None:
+        fixed = split_indices(labels, HELD_OUT_FRACTION, 0)
+        return {**fixed, "test": np.zeros(0, dtype=np.int64)}
+    check_positive_int("scan_split", "scan_seed", scan_seed, minimum=0)
+    rng = np.random.default_rng([scan_seed, 7])
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in SPLITS}
+    for label in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == label))
+        held = round(HELD_OUT_FRACTION * len(members))
+        parts["val"].append(members[:held])
+        parts["test"].append(members[held : 2 * held])
+        parts["train"].append(members[2 * held :])
+    return {name: np.sort(np.concatenate(chunks)) for name, chunks in parts.items()}
+
 
 def digit_canvases(
-    size: int, split: str = "train", style: CanvasStyle = CanvasStyle(), seed: int = 0
+    size: int,
+    split: str = "train",
+    style: CanvasStyle = CanvasStyle(),
+    seed: int = 0,
+    scan_seed: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``size`` canvases: images float32 (size, 1, 64, 64) in [0, 1], masks int64 (size, 64, 64).
 
-    Deterministic in (size, split, style, seed); the digit split is the stratified 80/20 one of
-    ``DigitsDataset`` (seed 0), so no val digit appears in a train canvas. The layout (cells,
-    classes, scans) and the degradation (occlusion, noise) use separate random streams, so
-    canvases of different styles share their layout and masks.
+    Deterministic in (size, split, style, seed, scan_seed); the scans of ``split`` are those of
+    ``scan_split(labels, scan_seed)`` (None: the stratified 80/20 train / val split of
+    ``DigitsDataset``, seed 0, which has no "test"), so no held-out digit appears in a train
+    canvas. The layout (cells, classes, scans) and the degradation (occlusion, noise) use
+    separate random streams, so canvases of different styles share their layout and masks.
     """
     check_positive_int("digit_canvases", "size", size)
     check_choice("digit_canvases", "split", split, SPLITS)
     check_positive_int("digit_canvases", "seed", seed, minimum=0)
+    if split == "test" and scan_seed is None:
+        raise ValueError(
+            "digit_canvases: split='test' needs a scan_seed (the fixed split without one has "
+            "train and val scans only); pass scan_seed=<the replicate's data seed>"
+        )
     images, labels = load_digits_arrays()
-    members = split_indices(labels, 0.2, 0)[split]
+    members = scan_split(labels, scan_seed)[split]
     by_class = [members[labels[members] == c] for c in range(NUM_CLASSES)]
     layout = np.random.default_rng([seed, SPLITS.index(split)])
     degrade = np.random.default_rng([seed, SPLITS.index(split), 1])

@@ -17,11 +17,14 @@ from experiments.data.factory import TaskInfo
 
 @dataclass(frozen=True)
 class Splits:
-    """A dataset's training and validation sets and its task."""
+    """A dataset's training and validation sets and its task; ``test`` a held-out set that
+    training never sees (None where the dataset has none; the engine trains on ``train`` and
+    evaluates on ``val``, a study evaluates ``test`` itself)."""
 
     train: Dataset
     val: Dataset
     task: TaskInfo
+    test: Dataset | None = None
 
 
 def legend_seg(
@@ -64,15 +67,29 @@ def digit_seg(
     occlusion_max: int = 8,
     noise: float = 0.2,
     seed: int = 0,
+    scan_seed: int | None = None,
+    test_size: int = 0,
 ) -> Splits:
     """The paper-regime task (``experiments.data.digit_canvas``): 64x64 canvases of occluded,
     noisy real digits from 1..``max_classes`` classes per image, every pixel labelled
-    (background 0, digit d as 1 + d); images (N, 1, 64, 64), masks (N, 64, 64)."""
+    (background 0, digit d as 1 + d); images (N, 1, 64, 64), masks (N, 64, 64).
+
+    ``seed`` draws the canvases; ``scan_seed`` (None: the fixed train / val scan split) splits
+    the scans three ways (``digit_canvas.scan_split``), and then ``test_size`` > 0 canvases of
+    the test scans form ``Splits.test`` (a replicate of the paper-regime study passes its data
+    seed as both)."""
+    if test_size and scan_seed is None:
+        raise ValueError(
+            f"digit_seg: test_size={test_size} needs a scan_seed (the fixed scan split has no "
+            "test scans); set data.scan_seed=<data seed> or data.test_size=0"
+        )
     style = CanvasStyle(digits_per_image, max_classes, (occlusion_min, occlusion_max), noise)
+    test = digit_canvases(test_size, "test", style, seed, scan_seed) if test_size else None
     return Splits(
-        TensorDataset(*digit_canvases(train_size, "train", style, seed)),
-        TensorDataset(*digit_canvases(val_size, "val", style, seed)),
+        TensorDataset(*digit_canvases(train_size, "train", style, seed, scan_seed)),
+        TensorDataset(*digit_canvases(val_size, "val", style, seed, scan_seed)),
         TaskInfo("segmentation", SEG_CLASSES, 1, None, (64, 64)),
+        None if test is None else TensorDataset(*test),
     )
 
 

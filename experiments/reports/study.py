@@ -1,11 +1,13 @@
 """``docs/results.md``: the study's answers to the paper's gradient claims, generated from runs.
 
 Every number, setting and verdict is computed from the run outputs (the configs and results
-each job saved) into frozen dataclasses, one per section (``study_paper``, ``study_stress``,
+each job saved) into frozen dataclasses, one per section (``study_stress``,
 ``study_gradients``, ``study_baselines``, ``study_convergence``, ``study_ridge``); the prose is
-in the templates ``templates/study/*.md.j2``. Where a part of the study is missing, the document
-says so. ``write_study_report`` also writes ``findings.md`` beside the figures: the summary and
-the closing note alone, which ``docs/index.md`` includes.
+in the templates ``templates/study/*.md.j2``. Section 1, the paper regime (study v3), comes from
+its committed CSV (``paper_v3_page``: the same block ``--from-csv`` rewrites). Where a part of
+the study is missing, the document says so. ``write_study_report`` also writes ``findings.md``
+beside the figures: the summary, the closing note and the study v3 verdicts, which
+``docs/index.md`` includes.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from experiments.reports.paper_v3_page import blocks
 from experiments.reports.render import render
 from experiments.reports.study_baselines import Baselines, baselines
 from experiments.reports.study_convergence import Convergence, convergence
@@ -31,7 +34,6 @@ from experiments.reports.study_data import (
     train_steps,
 )
 from experiments.reports.study_gradients import Gradients, gradients
-from experiments.reports.study_paper import PaperRegime, paper_regime
 from experiments.reports.study_ridge import Ridge, ridge
 from experiments.reports.study_stress import StressTest, stress_test
 from experiments.reports.sweep import sweep_span_s
@@ -93,7 +95,8 @@ class StudyDocument:
     date: str
     commands: str
     scale: Scale
-    paper: PaperRegime
+    paper_v3: str
+    paper_v3_findings: str
     stress: StressTest
     gradients: Gradients
     baselines: Baselines
@@ -102,30 +105,39 @@ class StudyDocument:
 
 
 def write_study_report(
-    root: str | Path, out_dir: str | Path, commands: str, figures: str = "results"
+    root: str | Path,
+    out_dir: str | Path,
+    commands: str,
+    figures: str = "results",
+    csv: str | Path | None = None,
 ) -> Path:
     """Write ``out_dir/results.md``, its PNGs and ``findings.md`` (in ``out_dir/figures``)
-    from the study folder ``root``; ``commands`` is the shell script that produced the runs,
+    from the study folder ``root`` and the study v3 CSV (default
+    ``out_dir/figures/paper_v3.csv``); ``commands`` is the shell script that produced the runs,
     quoted at the top."""
     runs = load_study(root)
     out_dir = Path(out_dir)
     (out_dir / figures).mkdir(parents=True, exist_ok=True)
-    doc = study_document(runs, Figures(out_dir, figures), commands)
+    v3 = blocks(csv if csv is not None else out_dir / figures / "paper_v3.csv", out_dir, figures)
+    doc = study_document(runs, Figures(out_dir, figures), commands, v3)
     (out_dir / figures / FINDINGS).write_text(render("study/findings.md.j2", doc=doc))
     path = out_dir / "results.md"
     path.write_text(render("study/results.md.j2", doc=doc))
     return path
 
 
-def study_document(runs: StudyRuns, figures: Figures, commands: str) -> StudyDocument:
-    """Compute every section of the document (writing the figures into ``figures``)."""
-    paper = paper_regime(runs)
+def study_document(
+    runs: StudyRuns, figures: Figures, commands: str, paper_v3: tuple[str, str]
+) -> StudyDocument:
+    """Compute every section of the document (writing the figures into ``figures``);
+    ``paper_v3``: the study v3 blocks of the page and of findings.md (``paper_v3_page.blocks``)."""
     return StudyDocument(
         root=runs.root,
         date=datetime.date.today().isoformat(),
         commands=commands.strip(),
-        scale=scale(runs, paper.missing),
-        paper=paper,
+        scale=scale(runs),
+        paper_v3=paper_v3[0],
+        paper_v3_findings=paper_v3[1],
         stress=stress_test(runs, figures),
         gradients=gradients(runs, figures),
         baselines=baselines(runs),

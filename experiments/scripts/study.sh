@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The study behind docs/results.md (`make study`; 52 minutes on 2 idle CPU cores). Sweeps run 2
-# jobs x 1 thread (joblib); the no-training studies and the benchmark run one at a time. A
+# The study behind docs/results.md (`make study`; the page states the measured times). Sweeps run
+# 2 jobs x 1 thread (joblib); the no-training studies and the benchmark run one at a time. A
 # failed step is reported and the study goes on: the document lists what is missing.
 set -uo pipefail
 PY=${PY:-.venv/bin/python}
@@ -17,8 +17,11 @@ run $PY -m experiments.train -m +experiment=study_remedy hydra.sweep.dir=$OUT/re
 run $PY -m experiments.train -m +experiment=study_ridge hydra.sweep.dir=$OUT/ridge
 # The dD/dX probe on legend_seg: the one-step through the last step's bases (9 jobs).
 run $PY -m experiments.train -m +experiment=legend_probe hydra.sweep.dir=$OUT/legend_probe
-# The paper's regime on real digits (pretraining, 155 jobs, the task-loss gradient studies).
-run env PY="$PY" OUT="$OUT" bash experiments/scripts/study_paper.sh
+# The paper's regime on real digits (study v3, experiments/studies/paper_v3.py: independent
+# replicates, tuned arms, inv_t and K axes, test split); its rows go to the committed CSV as jobs
+# end, and jobs whose row says ok are skipped, also on a fresh machine.
+run env OMP_NUM_THREADS=1 $PY -m experiments.studies.paper_v3 "$OUT/paper_v3" \
+  --csv docs/results/paper_v3.csv --workers 2
 # Q2 and Q4 at initialisation, then on the BPTT-trained K=6 seed-0 model of each ham.
 for ham in nmf vq cd nmf_normalized; do
   run $PY -m experiments.grad_study context=$ham "${STUDY[@]}" hydra.run.dir=$OUT/grad/init_$ham

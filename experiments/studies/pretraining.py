@@ -37,6 +37,9 @@ class PretrainConf:
         images: clean training canvases (5 digits each).
         steps: AdamW steps of batch ``batch_size`` at learning rate ``lr``.
         seed: initialisation, data and batch order.
+        scan_seed: None, the fixed train / val scan split; an integer, the three-way split of
+            ``digit_canvas.scan_split`` (a replicate of the paper-regime study pretrains on its
+            own train scans only).
     """
 
     width: int = 32
@@ -45,6 +48,7 @@ class PretrainConf:
     batch_size: int = 32
     lr: float = 3e-3
     seed: int = 0
+    scan_seed: int | None = None
 
 
 def pretrain_backbone(conf: PretrainConf) -> dict[str, Any]:
@@ -52,8 +56,10 @@ def pretrain_backbone(conf: PretrainConf) -> dict[str, Any]:
     ``{"config", "backbone" (state dict), "val_pixel_acc", "val_digit_acc", "seconds"}``
     (accuracies on 256 clean validation canvases; "digit" counts digit pixels only)."""
     torch.manual_seed(conf.seed)
-    images, masks = digit_canvases(conf.images, "train", CLEAN, seed=conf.seed)
-    val_images, val_masks = digit_canvases(256, "val", CLEAN, seed=conf.seed)
+    images, masks = digit_canvases(
+        conf.images, "train", CLEAN, seed=conf.seed, scan_seed=conf.scan_seed
+    )
+    val_images, val_masks = digit_canvases(256, "val", CLEAN, conf.seed, conf.scan_seed)
     backbone = LocalBackbone(1, conf.width)
     head = nn.Conv2d(conf.width, SEG_CLASSES, 1)
     model = nn.Sequential(backbone, head)
@@ -93,7 +99,7 @@ def ensure_pretrained(path: str | Path, conf: PretrainConf) -> dict[str, Any]:
     path = Path(path)
     if path.exists():
         artefact = read_checkpoint(path)
-        if artefact["config"] != dataclasses.asdict(conf):
+        if _comparable(artefact["config"]) != _comparable(dataclasses.asdict(conf)):
             raise ValueError(
                 f"{path} holds a backbone pretrained with {artefact['config']}, not "
                 f"{dataclasses.asdict(conf)}; delete it or pass another --out"
@@ -111,6 +117,12 @@ def ensure_pretrained(path: str | Path, conf: PretrainConf) -> dict[str, Any]:
         artefact["seconds"],
     )
     return artefact
+
+
+def _comparable(config: dict[str, Any]) -> dict[str, Any]:
+    """A stored config without options left at None (artefacts written before ``scan_seed``
+    existed compare equal to the same options with ``scan_seed=None``)."""
+    return {k: v for k, v in config.items() if v is not None}
 
 
 def load_backbone(backbone: nn.Module, path: str | Path) -> None:

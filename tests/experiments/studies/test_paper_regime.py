@@ -163,8 +163,7 @@ def test_pretraining_is_cached_by_config_and_checked_on_load(
 
 def _row(values: dict[str, float]) -> Row:
     jobs = [
-        Job(Path(seed), {"seed": seed}, "ok", {"val/miou": value})
-        for seed, value in values.items()
+        Job(Path(seed), {"seed": seed}, "ok", {"val/miou": value}) for seed, value in values.items()
     ]
     return Row({}, jobs)
 
@@ -215,81 +214,3 @@ def test_task_gradient_through_bases_is_bptt_at_one_step_and_the_papers_is_not(
     assert torch.allclose(through, bptt, rtol=1e-9, atol=1e-12)
     assert math.isfinite(cosine) and cosine < 0.99
     assert ham.adjoint.__class__.__name__ == "OneStep" and not ham.grad_through_bases  # restored
-
-
-def test_study_document_puts_the_paper_regime_verdict_first(tmp_path: Path) -> None:
-    import json
-
-    from experiments.reports.study import write_study_report
-
-    config = {"data": {"train_size": 512, "digits_per_image": 5}, "model": {"width": 32},
-              "batch_size": 16, "epochs": 6, "optim": {"_target_": "torch.optim.SGD"}}  # fmt: skip
-    one_step = [0.70, 0.72, 0.69, 0.71, 0.73]
-    offsets = {"nmf": [0.10, 0.12, 0.09, 0.11, 0.10], "cd": [0.001, -0.002, 0.0, 0.002, -0.001]}
-    num = 0
-    for ham, offset in offsets.items():
-        for arm, values in (("one_step", one_step),
-                            ("unroll", [v + o for v, o in zip(one_step, offset, strict=True)])):
-            for seed, miou in enumerate(values):
-                job = tmp_path / "study" / "paper_finetune" / str(num)
-                (job / ".hydra").mkdir(parents=True)
-                overrides = f"- +arm={ham}_{arm}\n- seed={seed}\n"
-                (job / ".hydra" / "overrides.yaml").write_text(overrides)
-                (job / "results.json").write_text(json.dumps(
-                    {"status": "ok", "config": config, "metrics": {"val/miou": miou}}))  # fmt: skip
-                num += 1
-    text = write_study_report(tmp_path / "study", tmp_path / "docs", "").read_text()
-    headline = text.split("## Summary (generated from the verdicts below)\n\n- ")[1].split("\n")[0]
-    bptt = [v + o for v, o in zip(one_step, offsets["nmf"], strict=True)]
-    nmf = paired_difference(
-        _row({str(s): v for s, v in enumerate(one_step)}),
-        _row({str(s): v for s, v in enumerate(bptt)}),
-        "val/miou",
-    )
-    assert nmf is not None and nmf.high < 0
-    assert headline.startswith("**Headline (paper regime")
-    assert f"NMF {nmf.text()} refuted" in headline and "CD " in headline
-    assert "holds" in headline.split("CD ")[1]
-    assert "VQ" not in headline  # not run: no verdict invented
-
-
-def test_headline_adds_the_other_regimes_verdicts(tmp_path: Path) -> None:
-    """VQ's BPTT ends below no context under SGD, so its "holds" is BPTT failing (tagged); the
-    headline and the closing note quote the AdamW sweep's paired difference beside it."""
-    import json
-
-    from experiments.reports.study import write_study_report
-
-    config = {"data": {"train_size": 512, "digits_per_image": 5}, "model": {"width": 32},
-              "batch_size": 16, "epochs": 6, "optim": {"_target_": "torch.optim.SGD"}}  # fmt: skip
-    base = [0.50, 0.52, 0.49, 0.51, 0.53]
-    arms = {
-        "paper_finetune": {"none": 0.4, "vq_one_step": 0.0, "vq_unroll": -0.3},
-        "paper_adamw": {"vq_one_step": 0.0, "vq_unroll": 0.1},
-    }
-    jitter = [0.004, -0.003, 0.001, 0.0, -0.002]
-    for sweep, offsets in arms.items():
-        num = 0
-        for arm, offset in offsets.items():
-            for seed, value in enumerate(base):
-                miou = 0.4 if arm == "none" else value + offset
-                miou += jitter[seed] if arm == "vq_unroll" else 0.0
-                job = tmp_path / "study" / sweep / str(num)
-                (job / ".hydra").mkdir(parents=True)
-                (job / ".hydra" / "overrides.yaml").write_text(f"- +arm={arm}\n- seed={seed}\n")
-                (job / "results.json").write_text(json.dumps(
-                    {"status": "ok", "config": config, "metrics": {"val/miou": miou}}))  # fmt: skip
-                num += 1
-    text = write_study_report(tmp_path / "study", tmp_path / "docs", "").read_text()
-    headline = text.split("## Summary (generated from the verdicts below)\n\n- ")[1].split("\n")[0]
-    adamw = paired_difference(
-        _row({str(s): v for s, v in enumerate(base)}),
-        _row({str(s): v + 0.1 + jitter[s] for s, v in enumerate(base)}),
-        "val/miou",
-    )
-    assert adamw is not None and adamw.high < 0
-    assert "VQ " in headline and "holds (BPTT below no context)" in headline
-    check = f"fine-tuned backbone, AdamW (constant LR): VQ {adamw.text()} refuted"
-    assert check in headline
-    closing = text.split("## Closing note\n\n")[1]
-    assert check in closing

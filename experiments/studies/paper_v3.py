@@ -1,0 +1,310 @@
+"""The paper-regime study v3: independent replicates, a held-out test split, tuned arms, the
+temperature and K axes, one committed CSV row per job.
+
+Stages and selection: ``experiments.studies.paper_v3_plan``. Every training job is composed
+from the project's configs (``conf/config.yaml`` + ``+experiment=paper_v3`` + ``+arm=<arm>``
++ the job's overrides) into the typed ``TrainConfig`` and trained by the engine's
+``run_training`` in ``OUT/jobs/<job key>``; afterwards its test metrics, val curve and (one-step
+arms) gradient fidelity are read (``experiments.studies.paper_v3_eval``) and its row is written
+to the CSV (``experiments.studies.paper_v3_table``), atomically, as each job ends. A job whose
+row says ``ok`` (with this plan) is skipped without touching ``OUT``, so the study resumes from
+the committed CSV alone on a fresh machine; a replicate's backbone
+(``OUT/pretrain/replicate<r>.pt``) is rebuilt, deterministically, only when a job that still
+has to run needs it.
+
+    OMP_NUM_THREADS=1 python -m experiments.studies.paper_v3 multirun/study_v3 \\
+        --csv docs/results/paper_v3.csv --workers 2
+    python -m experiments.report --from-csv docs/results/paper_v3.csv --out docs
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import resource
+import time
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra import compose, initialize_config_dir
+
+from experiments.config.groups import TrainConfig, register_configs
+from experiments.config.typed import typed_config
+from experiments.engine.run import run_training
+from experiments.studies import paper_v3_eval as job_eval
+from experiments.studies.paper_v3_plan import (
+    REGIME,
+    STUDY,
+    THROUGH_BASES,
+    Job,
+    Plan,
+    all_jobs,
+    tune_jobs,
+)
+from experiments.studies.paper_v3_table import (
+    append_session,
+    encode_curve,
+    read_rows,
+    write_rows,
+)
+from experiments.studies.pretraining import PretrainConf, ensure_pretrained
+
+logger = logging.getLogger(__name__)
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+DEFAULT_OUT = Path("multirun/study_v3")
+DEFAULT_CSV = Path("docs/results/paper_v3.csv")
+
+
+def backbone_path(out_dir: Path, replicate: int) -> Path:
+    """Where a replicate's pretrained backbone lives (absolute)."""
+    return (out_dir / "pretrain" / f"replicate{replicate}.pt").resolve()
+
+
+def pretrain_conf(plan: Plan, replicate: int) -> PretrainConf:
+    """The replicate's pretraining: its own seed and its own train scans."""
+    return PretrainConf(
+        images=plan.pretrain_images,
+        steps=plan.pretrain_steps,
+        seed=replicate,
+        scan_seed=plan.data_seed(replicate),
+    )
+
+
+def job_overrides(job: Job, plan: Plan, out_dir: Path) -> list[str]:
+    """The Hydra overrides that make ``job`` out of the paper_v3 preset and its arm."""
+    data_seed = plan.data_seed(job.replicate)
+    overrides = [
+        "+experiment=paper_v3",
+        f"+arm={job.arm}",
+        f"seed={job.replicate}",
+        f"data.seed={data_seed}",
+        f"data.scan_seed={data_seed}",
+        f"model.pretrained={backbone_path(out_dir, job.replicate)}",
+        f"optim.lr={job.lr}",
+        f"epochs={job.epochs}",
+    ]
+    if job.context not in ("none", "sdpa"):
+        overrides += [f"context.steps={job.K}", f"context.eval_steps={job.K}"]
+    if job.inv_t is not None:
+        overrides.append(f"context.inv_t={job.inv_t}")
+    return overrides + list(plan.overrides)
+
+
+def compose_job(job: Job, plan: Plan, out_dir: Path) -> TrainConfig:
+    """The typed config of a training job."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=job_overrides(job, plan, out_dir))
+    return typed_config(cfg, TrainConfig)
+
+
+def _reset_peak_memory() -> bool:
+    """Reset this process's peak RSS (Linux ``clear_refs``); False where that is unavailable."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def _peak_memory_mb(reset: bool) -> float:
+    """Peak RSS of this process since the reset (else since it started), MiB."""
+    if reset:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _base_row(job: Job, plan: Plan) -> dict[str, Any]:
+    return {
+        "job": job.key,
+        "study": STUDY,
+        "stage": job.stage,
+        "regime": REGIME,
+        "context": job.context,
+        "gradient": job.gradient,
+        "K": job.K,
+        "inv_t": job.inv_t,
+        "lr": job.lr,
+        "replicate": job.replicate,
+        "data_seed": plan.data_seed(job.replicate),
+        "model_seed": job.replicate,
+        "epochs": job.epochs,
+        "plan": plan.digest(),
+    }
+
+
+def _pretrain(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
+    artefact = ensure_pretrained(
+        backbone_path(out_dir, job.replicate), pretrain_conf(plan, job.replicate)
+    )
+    return {
+        "steps": plan.pretrain_steps,
+        "val_pixel_acc": artefact["val_pixel_acc"],
+        "train_s": artefact["seconds"],
+    }
+
+
+def _train(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
+    cfg = compose_job(job, plan, out_dir)
+    job_dir = out_dir / "jobs" / job.key
+    results = run_training(cfg, job_dir)
+    if results.get("status") != "ok":
+        raise RuntimeError(f"run_training ended with status {results.get('status')!r}")
+    metrics = results["metrics"]
+    splits = job_eval.build_splits(cfg)
+    curve = job_eval.val_curve(job_dir)
+    fidelity: list[tuple[int, float]] = []
+    if job.gradient in ("one_step", THROUGH_BASES):
+        fidelity = job_eval.fidelity_curve(cfg, job_dir, splits, job.gradient == THROUGH_BASES)
+    row = {
+        "steps": curve[-1][0] if curve else None,
+        "val_miou": metrics["val/miou"],
+        "val_pixel_acc": metrics["val/pixel_acc"],
+        "val_loss": metrics["val/loss"],
+        **job_eval.test_metrics(cfg, job_dir, splits),
+        "val_curve": curve,
+        "fidelity": fidelity,
+        "train_s": results["train_time_s"],
+    }
+    job_eval.prune_checkpoints(job_dir)
+    return row
+
+
+def run_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
+    """Run one job (in a worker process) and return its CSV row; an exception becomes a row
+    with ``status: failed`` and the error (the study goes on; a resumed study retries it)."""
+    torch.set_num_threads(1)
+    reset = _reset_peak_memory()
+    started = time.time()
+    row = _base_row(job, plan)
+    try:
+        result = (
+            _pretrain(job, plan, out_dir) if job.stage == "pretrain" else _train(job, plan, out_dir)
+        )
+        for name in ("val_curve", "fidelity"):
+            if name in result:
+                result[name] = encode_curve(result[name])
+        row.update(result, status="ok")
+    except Exception as error:  # recorded in the row; the study continues
+        logger.exception("%s failed", job.key)
+        row.update(status="failed", error=f"{type(error).__name__}: {error}"[:300])
+    row.update(started=started, finished=time.time(), peak_mem_mb=_peak_memory_mb(reset))
+    return row
+
+
+def _ready(job: Job, out_dir: Path, settled_pretrain: set[int]) -> bool:
+    """A training job can start once its replicate's backbone exists."""
+    if job.stage == "pretrain":
+        return True
+    return job.replicate in settled_pretrain or backbone_path(out_dir, job.replicate).exists()
+
+
+def pending_jobs(plan: Plan, rows: dict[str, dict[str, Any]], out_dir: Path) -> list[Job]:
+    """The jobs still to run: every known job without an ``ok`` row, and the pretraining of
+    each replicate whose backbone is missing while such a job (or a main / K-axis job not yet
+    known, before tuning is settled) needs it."""
+    jobs = all_jobs(plan, rows)
+    todo = [j for j in jobs if j.stage != "pretrain" and rows.get(j.key, {}).get("status") != "ok"]
+    tuned = all(k.key in rows for k in tune_jobs(plan))
+    needed = {j.replicate for j in todo} | (set() if tuned else set(range(plan.replicates)))
+
+    def missing(job: Job) -> bool:
+        ok = rows.get(job.key, {}).get("status") == "ok"
+        return not ok or not backbone_path(out_dir, job.replicate).exists()
+
+    pretrain = [j for j in jobs if j.stage == "pretrain" and j.replicate in needed and missing(j)]
+    return pretrain + todo
+
+
+def _check_plan(rows: dict[str, dict[str, Any]], plan: Plan, csv_path: Path) -> None:
+    other = sorted({str(r["plan"]) for r in rows.values()} - {plan.digest()})
+    if other:
+        raise ValueError(
+            f"{csv_path} holds rows of another plan ({other}, this one is {plan.digest()}); "
+            "use another --csv or the plan that wrote it"
+        )
+
+
+def run_study(plan: Plan, out_dir: Path, csv_path: Path, workers: int = 2) -> dict[str, int]:
+    """Run every job not yet ``ok`` in ``csv_path``, ``workers`` at a time (1: in this
+    process), writing each row as its job ends. Returns counts: ran, failed, skipped."""
+    out_dir, csv_path = Path(out_dir).resolve(), Path(csv_path)
+    rows = read_rows(csv_path)
+    _check_plan(rows, plan, csv_path)
+    started = time.time()
+    # this session's settled jobs: a failed job is retried only by the next session
+    settled: set[str] = set()
+    settled_pretrain: set[int] = set()
+    counts = {"ran": 0, "failed": 0, "skipped": 0}
+    skipped_at_start = {k for k, r in rows.items() if r.get("status") == "ok"}
+    pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
+    running: dict[Future[dict[str, Any]], Job] = {}
+
+    def record(job: Job, row: dict[str, Any]) -> None:
+        rows[job.key] = row
+        settled.add(job.key)
+        if job.stage == "pretrain" and row["status"] == "ok":
+            settled_pretrain.add(job.replicate)
+        counts["ran"] += 1
+        counts["failed"] += row["status"] != "ok"
+        write_rows(csv_path, rows)
+        logger.info("%s: %s (%d ran)", job.key, row["status"], counts["ran"])
+
+    try:
+        while True:
+            in_flight = {j.key for j in running.values()}
+            todo = [j for j in pending_jobs(plan, rows, out_dir)
+                    if j.key not in settled and j.key not in in_flight]  # fmt: skip
+            ready = [j for j in todo if _ready(j, out_dir, settled_pretrain)]
+            if not ready and not running:
+                break
+            if pool is None:
+                if not ready:
+                    break
+                record(ready[0], run_job(ready[0], plan, out_dir))
+                continue
+            for job in ready[: max(workers - len(running), 0)]:
+                running[pool.submit(run_job, job, plan, out_dir)] = job
+            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for future in done:
+                record(running.pop(future), future.result())
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        counts["skipped"] = len(skipped_at_start)
+        if counts["ran"]:
+            append_session(csv_path, {"started": started, "finished": time.time(),
+                                      "jobs_run": counts["ran"], "workers": workers,
+                                      "plan": plan.digest()})  # fmt: skip
+    return counts
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run (or resume) the study into OUT_DIR, its rows into --csv."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir", nargs="?", default=str(DEFAULT_OUT))
+    parser.add_argument("--csv", default=str(DEFAULT_CSV), help="the study's CSV (resumed)")
+    parser.add_argument("--workers", type=int, default=2, help="jobs run at once")
+    parser.add_argument("--list", action="store_true", help="print the pending jobs and stop")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    plan = Plan()
+    if args.list:
+        rows = read_rows(args.csv)
+        for job in pending_jobs(plan, rows, Path(args.out_dir).resolve()):
+            logger.info("%s %s", job.stage, job.key)
+        return
+    counts = run_study(plan, Path(args.out_dir), Path(args.csv), args.workers)
+    logger.info("ran %(ran)d jobs (%(failed)d failed); %(skipped)d already ok", counts)
+    if counts["failed"]:
+        logger.warning("some jobs failed; run the same command again to retry them")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""The paper-regime study v3's committed raw data: one CSV row per job, and a sessions sidecar.
+
+``docs/results/paper_v3.csv`` holds one row per finished job (``COLUMNS``), rewritten atomically
+(a temporary file, then ``os.replace``) each time a job ends, so an interrupted study leaves a
+valid file and a study resumed on a fresh machine skips every job whose row says ``ok``. Lists
+(the val curve, the gradient-fidelity curve) are stored as ``;``-separated ``step:value``
+pairs. ``<csv stem>.sessions.csv`` beside it records each invocation of the runner (start and
+end time, jobs run, workers), from which the page states the sweep's measured wall time.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+COLUMNS = (
+    "job", "study", "stage", "regime", "context", "gradient", "K", "inv_t", "lr", "replicate",
+    "data_seed", "model_seed", "epochs", "steps", "status", "val_miou", "val_pixel_acc",
+    "val_loss", "test_miou", "test_pixel_acc", "test_loss", "val_curve", "fidelity",
+    "train_s", "peak_mem_mb", "started", "finished", "plan", "error",
+)  # fmt: skip
+SESSION_COLUMNS = ("started", "finished", "jobs_run", "workers", "plan")
+FLOAT_COLUMNS = (
+    "inv_t", "lr", "val_miou", "val_pixel_acc", "val_loss", "test_miou", "test_pixel_acc",
+    "test_loss", "train_s", "peak_mem_mb", "started", "finished",
+)  # fmt: skip
+INT_COLUMNS = ("K", "replicate", "data_seed", "model_seed", "epochs", "steps")
+
+
+def sessions_path(csv_path: str | Path) -> Path:
+    """The sidecar of ``csv_path``: ``<stem>.sessions.csv`` in the same folder."""
+    path = Path(csv_path)
+    return path.with_name(f"{path.stem}.sessions.csv")
+
+
+def _format(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else repr(value)
+    return str(value)
+
+
+def _write_atomic(path: Path, columns: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> None:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        unknown = set(row) - set(columns)
+        if unknown:
+            raise ValueError(f"{path}: row has columns {sorted(unknown)} not in {list(columns)}")
+        writer.writerow({c: _format(row.get(c)) for c in columns})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(buffer.getvalue(), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _parse(column: str, text: str) -> Any:
+    if text == "":
+        return None
+    if column in FLOAT_COLUMNS:
+        return float(text)
+    if column in INT_COLUMNS:
+        return int(text)
+    return text
+
+
+def write_rows(path: str | Path, rows: Mapping[str, Mapping[str, Any]]) -> None:
+    """Rewrite the CSV with ``rows`` (job key -> row), sorted by stage order then key."""
+    order = {"pretrain": 0, "tune": 1, "main": 2, "k_axis": 3}
+    ordered = sorted(rows.values(), key=lambda r: (order.get(str(r.get("stage")), 9), r["job"]))
+    _write_atomic(Path(path), COLUMNS, ordered)
+
+
+def read_rows(path: str | Path) -> dict[str, dict[str, Any]]:
+    """The CSV's rows (job key -> row with typed values); {} when the file does not exist."""
+    path = Path(path)
+    if not path.exists():
+        return {}
+    with path.open(encoding="utf-8", newline="") as fh:
+        reader = csv.DictReader(fh)
+        missing = set(COLUMNS) - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"{path}: columns {sorted(missing)} missing; is it a study v3 CSV?")
+        rows = [{c: _parse(c, row[c]) for c in COLUMNS} for row in reader]
+    return {row["job"]: row for row in rows}
+
+
+def encode_curve(points: Iterable[tuple[int, float | None]]) -> str:
+    """[(step, value), ...] -> "step:value;..." (a missing value is written "nan")."""
+    return ";".join(f"{step}:{math.nan if v is None else v:.6g}" for step, v in points)
+
+
+def decode_curve(text: str | None) -> list[tuple[int, float]]:
+    """Inverse of ``encode_curve`` ("" or None -> [])."""
+    if not text:
+        return []
+    pairs = (item.split(":") for item in text.split(";"))
+    return [(int(step), float(value)) for step, value in pairs]
+
+
+def append_session(csv_path: str | Path, session: Mapping[str, Any]) -> None:
+    """Add one invocation's row to the sessions sidecar (atomic rewrite)."""
+    path = sessions_path(csv_path)
+    rows = read_sessions(csv_path)
+    _write_atomic(path, SESSION_COLUMNS, [*rows, session])
+
+
+def read_sessions(csv_path: str | Path) -> list[dict[str, Any]]:
+    """The sessions sidecar's rows (started / finished as floats, jobs_run / workers ints)."""
+    path = sessions_path(csv_path)
+    if not path.exists():
+        return []
+    with path.open(encoding="utf-8", newline="") as fh:
+        return [
+            {
+                "started": float(r["started"]),
+                "finished": float(r["finished"]),
+                "jobs_run": int(r["jobs_run"]),
+                "workers": int(r["workers"]),
+                "plan": r["plan"],
+            }
+            for r in csv.DictReader(fh)
+        ]

@@ -1,0 +1,188 @@
+"""The paper-regime study v3: resume from the CSV, the report rebuilt from a synthetic CSV
+(its numbers against an independent recomputation), and one tiny end-to-end run."""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scipy import stats
+
+from experiments.reports.paper_v3_page import BEGIN, END, write_from_csv
+from experiments.studies import paper_v3
+from experiments.studies.paper_v3_plan import (
+    BPTT,
+    ONE_STEP,
+    THROUGH_BASES,
+    Job,
+    Plan,
+    all_jobs,
+    k_axis_jobs,
+    main_jobs,
+    pretrain_jobs,
+    tune_jobs,
+)
+from experiments.studies.paper_v3_table import append_session, read_rows, write_rows
+
+PLAN = Plan(
+    replicates=3, tune_replicates=(0, 1), k_replicates=(0, 1), lrs=(0.05, 0.1),
+    inv_ts=(1.0, 10.0), ks=(1, 6), main_epochs=2, short_epochs=1,
+)  # fmt: skip
+ARM_OFFSET = {ONE_STEP: -0.004, THROUGH_BASES: 0.002, BPTT: 0.0, "-": -0.2}
+REP_NOISE = {0: 0.003, 1: -0.002, 2: 0.001}
+
+
+def _row(job: Job, **values: Any) -> dict[str, Any]:
+    return {
+        "job": job.key, "study": "paper_v3", "stage": job.stage, "regime": "finetune",
+        "context": job.context, "gradient": job.gradient, "K": job.K, "inv_t": job.inv_t,
+        "lr": job.lr, "replicate": job.replicate, "data_seed": PLAN.data_seed(job.replicate),
+        "model_seed": job.replicate, "epochs": job.epochs, "status": "ok",
+        "plan": PLAN.digest(), "started": 100.0, "finished": 110.0, "peak_mem_mb": 400.0,
+        **values,
+    }  # fmt: skip
+
+
+def tune_score(job: Job) -> float:
+    """BPTT prefers lr 0.1, everything else 0.05."""
+    best = 0.1 if job.gradient == BPTT else 0.05
+    return 0.6 - (0.05 if job.lr != best else 0.0) + 0.001 * job.replicate
+
+
+def arm_score(job: Job) -> float:
+    noise = REP_NOISE[job.replicate] * {ONE_STEP: 1.0, THROUGH_BASES: 0.5}.get(job.gradient, -1.0)
+    return 0.7 + 0.02 * job.replicate + ARM_OFFSET[job.gradient] + noise + 0.001 * job.K
+
+
+def synthetic_rows() -> dict[str, dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    for job in pretrain_jobs(PLAN):
+        rows[job.key] = _row(job, val_pixel_acc=0.9, train_s=5.0, steps=400)
+    for job in tune_jobs(PLAN):
+        rows[job.key] = _row(job, val_miou=tune_score(job), test_miou=arm_score(job),
+                             val_curve="32:0.5;64:0.6", train_s=3.0)  # fmt: skip
+    for job in [*main_jobs(PLAN, rows), *k_axis_jobs(PLAN, rows)]:
+        if job.key not in rows:
+            fidelity = "32:0.4;64:0.5" if job.gradient in (ONE_STEP, THROUGH_BASES) else ""
+            rows[job.key] = _row(job, val_miou=arm_score(job) - 0.01, test_miou=arm_score(job),
+                                 val_curve="32:0.5;48:0.695;64:0.7", fidelity=fidelity)  # fmt: skip
+    return rows
+
+
+def test_selection_follows_the_val_scores() -> None:
+    rows = synthetic_rows()
+    for job in main_jobs(PLAN, rows):
+        assert job.lr == (0.1 if job.gradient == BPTT else 0.05), job.key
+    assert len({j.key for j in all_jobs(PLAN, rows)}) == len(rows)
+
+
+def test_resume_skips_ok_rows_and_rebuilds_only_the_needed_backbone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    csv = tmp_path / "docs" / "v3.csv"
+    rows = synthetic_rows()
+    write_rows(csv, rows)
+    calls: list[str] = []
+
+    def fake_run_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
+        calls.append(job.key)
+        return {**rows[job.key], "status": "ok"}
+
+    monkeypatch.setattr(paper_v3, "run_job", fake_run_job)
+    out = tmp_path / "fresh_machine"  # no multirun folder: the CSV alone says what is done
+    assert paper_v3.run_study(PLAN, out, csv, workers=1)["ran"] == 0
+    assert calls == [] and not out.exists()
+
+    failed = next(j for j in main_jobs(PLAN, rows) if j.replicate == 2)
+    rows_now = read_rows(csv)
+    rows_now[failed.key]["status"] = "failed"
+    write_rows(csv, rows_now)
+    counts = paper_v3.run_study(PLAN, out, csv, workers=1)
+    assert calls == ["pretrain-r2", failed.key]  # the backbone of replicate 2 only, then the job
+    assert counts == {"ran": 2, "failed": 0, "skipped": len(rows) - 1}
+    assert read_rows(csv)[failed.key]["status"] == "ok"
+
+
+def _cells(page: str, first: str) -> list[list[str]]:
+    return [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in page.splitlines()
+        if line.startswith(f"| {first} |")
+    ]
+
+
+def test_report_from_csv_equals_a_recomputation(tmp_path: Path) -> None:
+    csv = tmp_path / "results" / "v3.csv"
+    rows = synthetic_rows()
+    write_rows(csv, rows)
+    append_session(csv, {"started": 0.0, "finished": 1800.0, "jobs_run": len(rows), "workers": 2,
+                         "plan": PLAN.digest()})  # fmt: skip
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "results.md").write_text(
+        f"# Title\n\nkept above\n\n{BEGIN}\nold\n{END}\n\nkept below\n"
+    )
+    page = write_from_csv(csv, docs, plan=PLAN).read_text()
+    assert "kept above" in page and "kept below" in page and "\nold\n" not in page
+    assert "Measured wall time of the sweep: 30.0 min" in page
+
+    # every verdict row against the synthetic scores, recomputed here with scipy
+    main = main_jobs(PLAN, rows)
+    family = []
+    for ham in ("NMF", "VQ", "CD"):
+        for row in _cells(page, ham):
+            if len(row) != 8:
+                continue
+            arm = ONE_STEP if row[2].startswith("one-step (paper") else THROUGH_BASES
+            inv_t = None if row[1] == "–" else float(row[1].split()[0])
+
+            def score(g: str, r: int, ham: str = ham, inv_t: float | None = inv_t) -> float:
+                (job,) = [j for j in main if (j.context, j.gradient, j.inv_t, j.replicate)
+                          == (ham.lower(), g, inv_t, r)]  # fmt: skip
+                return arm_score(job)
+
+            diffs = [score(arm, r) - score(BPTT, r) for r in range(PLAN.replicates)]
+            mean = statistics.fmean(diffs)
+            low, high = stats.t.interval(0.95, len(diffs) - 1, mean, stats.sem(diffs))
+            assert row[3] == f"{mean:+.3f} [{low:+.3f}, {high:+.3f}] (n=3)"
+            expected = (
+                "non-inferior" if low > -0.01 else "inferior" if high < -0.01 else "undecided"
+            )
+            assert row[4] == expected
+            family.append(stats.ttest_1samp(diffs, -0.01).pvalue)
+    assert len(family) == 2 * (1 + 2 + 2)  # NMF, VQ x 2 inv_t, CD x 2 inv_t; two arms each
+    assert f"family of all {len(family)} verdicts" in page
+
+    # the main table's test mIoU of one arm
+    (vq_bptt,) = [r for r in _cells(page, "VQ, BPTT, inv_t 10") if len(r) == 6]
+    values = [arm_score(j) for j in main if (j.context, j.gradient, j.inv_t) == ("vq", BPTT, 10.0)]
+    assert vq_bptt[1] == "0.1"
+    assert vq_bptt[2] == f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}"
+    # the flattening criterion: gain 0.7 - 0.695 = 0.005 < δ over the last 25 % of 64 steps
+    assert re.search(r"(\d+) of \1 main arms are flat", page)
+    findings = (docs / "results" / "findings.md").read_text()
+    assert BEGIN in findings and "VQ at inv_t 10" in findings
+    # regenerating gives the same page
+    assert write_from_csv(csv, docs, plan=PLAN).read_text() == page
+
+
+@pytest.mark.slow
+def test_tiny_study_runs_end_to_end_and_resumes(tmp_path: Path) -> None:
+    plan = Plan(
+        replicates=1, tune_replicates=(0,), k_replicates=(0,), lrs=(0.1,), inv_ts=(10.0,),
+        ks=(1, 6), main_epochs=2, short_epochs=1, pretrain_steps=2, pretrain_images=8,
+        overrides=("data.train_size=4", "data.val_size=2", "data.test_size=2", "batch_size=2"),
+    )  # fmt: skip
+    csv = tmp_path / "v3.csv"
+    counts = paper_v3.run_study(plan, tmp_path / "out", csv, workers=1)
+    rows = read_rows(csv)
+    assert counts["failed"] == 0 and counts["ran"] == len(rows) == len(all_jobs(plan, rows))
+    assert all(r["status"] == "ok" for r in rows.values())
+    one_step = [r for r in rows.values() if r["gradient"] == ONE_STEP and r["stage"] == "main"]
+    assert one_step and all(r["fidelity"] for r in one_step)
+    assert all(math.isfinite(r["test_miou"]) for r in rows.values() if r["stage"] != "pretrain")
+    assert paper_v3.run_study(plan, tmp_path / "out", csv, workers=1)["ran"] == 0
