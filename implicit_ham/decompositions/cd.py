@@ -9,7 +9,7 @@ from torch import Tensor
 from implicit_ham._core.precision import working_dtype
 from implicit_ham._core.validation import check_tolerance
 from implicit_ham.decompositions.base import Decomposition, State
-from implicit_ham.decompositions.fused import column_norms, normalize_over_n, normalized_similarity
+from implicit_ham.decompositions.fused import column_norms, normalize_over_n, similarity_softmax
 from implicit_ham.decompositions.registry import register_decomposition
 
 
@@ -50,7 +50,7 @@ class CD(Decomposition):
         return self.step_with(x, state, self.loop_invariants(x))
 
     def step_with(self, x: Tensor, state: State, invariants: Tensor) -> State:
-        coef = torch.softmax(normalized_similarity(x, state[0], invariants), dim=-1)
+        coef = similarity_softmax(x, state[0], invariants)
         coef = normalize_over_n(coef, self.eps)
         return F.normalize(torch.bmm(x, coef), dim=1, eps=self.eps), coef
 

@@ -55,6 +55,26 @@ def normalized_similarity(x: Tensor, bases: Tensor, scale: Tensor) -> Tensor:
     return similarity.mul_(scale)
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def similarity_softmax(x: Tensor, bases: Tensor, scale: Tensor) -> Tensor:
+    """``softmax_r((X^T D) * scale)`` (B, n, r) for X (B, d, n), D (B, d, r), scale (B, n, 1).
+
+    With ``scale`` of order ``inv_t = 100`` the logits are ``100 x`` a cosine, so a half-precision
+    product (bfloat16 keeps 8 bits: an error of ~0.4 in the logits) reshuffles the assignments.
+    For float16 / bfloat16 inputs, or under ``torch.autocast``, the product, the scaling and the
+    softmax therefore run in float32 (autocast off) and the result is cast back to X's dtype;
+    float32 and float64 inputs take the plain path, unchanged.
+    """
+    autocast = torch.is_autocast_enabled(x.device.type)
+    if x.dtype not in _HALF and not autocast:
+        return torch.softmax(normalized_similarity(x, bases, scale), dim=-1)
+    with torch.autocast(x.device.type, enabled=False):
+        logits = torch.bmm(x.float().mT, bases.float()) * scale.float()
+        return torch.softmax(logits, dim=-1).to(x.dtype)
+
+
 def column_norms(x: Tensor) -> Tensor:
     """``||x_j||`` over d for X (B, d, n), shaped (B, n, 1) to scale the rows of ``X^T D``."""
     return torch.linalg.vector_norm(x, dim=1).unsqueeze(-1)

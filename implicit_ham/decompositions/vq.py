@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from implicit_ham.decompositions.base import Decomposition, State
-from implicit_ham.decompositions.fused import column_norms, normalize_over_n, normalized_similarity
+from implicit_ham.decompositions.fused import column_norms, normalize_over_n, similarity_softmax
 from implicit_ham.decompositions.registry import register_decomposition
 
 
@@ -30,7 +30,9 @@ class VQ(Decomposition):
     Evaluation: ``normalize_d(X)^T D`` is computed as ``(X^T D) * s`` with the per-pixel scale
     ``s = 1 / max(||x_j||, norm_eps)`` (the ``loop_invariants``, computed once per solve), so no
     normalised copy of X (B*S, d, n) is made and X is read twice per iteration, by the two
-    products; temporaries are updated in place when autograd does not need them.
+    products; temporaries are updated in place when autograd does not need them. In float16 /
+    bfloat16 (or under autocast) the logits and the softmax run in float32 (``similarity_softmax``):
+    at ``inv_t = 100`` bfloat16 logits reshuffle the assignments.
     """
 
     default_inv_t = 100.0
@@ -55,8 +57,8 @@ class VQ(Decomposition):
     def compute_coef(self, x: Tensor, state: State) -> Tensor:
         scale = self.inv_t / (column_norms(x.detach()) + self.eps)
         bases = F.normalize(state[0], dim=1, eps=self.eps)
-        return torch.softmax(normalized_similarity(x, bases, scale), dim=-1)
+        return similarity_softmax(x, bases, scale)
 
     def _assignments(self, x: Tensor, bases: Tensor, scale: Tensor) -> Tensor:
         bases = F.normalize(bases, dim=1, eps=self.eps)
-        return torch.softmax(normalized_similarity(x, bases, scale), dim=-1)
+        return similarity_softmax(x, bases, scale)
