@@ -26,6 +26,7 @@ enters too (its forward solves' events); else the reporting site (the solver's n
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import warnings
 from collections.abc import Iterator, Mapping
@@ -176,9 +177,13 @@ def _node_label() -> str | None:
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    """The tensors in a (nested) tuple / list / dict output or input."""
+    """The tensors in a (nested) tuple / list / dict / dataclass (e.g. a ``Solution``) output or
+    input."""
     if isinstance(value, torch.Tensor):
         yield value
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for item in dataclasses.fields(value):
+            yield from _tensors(getattr(value, item.name))
     elif isinstance(value, (tuple, list)):
         for item in value:
             yield from _tensors(item)
