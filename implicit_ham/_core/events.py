@@ -204,8 +204,8 @@ def _label_graph(outputs: Any, label: str, stop: set[Any]) -> int:
         if node in seen:
             continue
         seen.add(node)
-        custom = isinstance(node, torch.autograd.function.BackwardCFunction)
-        if custom and NODE_LABEL not in node.metadata:
+        custom = torch.autograd.function.BackwardCFunction
+        if isinstance(node, custom) and NODE_LABEL not in node.metadata:
             node.metadata[NODE_LABEL] = label
             labelled += 1
         pending.extend(n for n, _ in node.next_functions if n is not None and n not in seen)
