@@ -37,7 +37,7 @@ class JacobianPenalty:
     training step.
 
     Args:
-        weight: the penalty's weight in the loss (>= 0; 0 adds nothing).
+        weight: the penalty's weight in the loss (>= 0; 0 adds nothing; default 1).
         every: apply it on steps ``0, every, 2 * every, ...`` (>= 1; 1: every step).
         samples: Gaussian probe vectors per estimate (>= 1).
 
@@ -46,7 +46,7 @@ class JacobianPenalty:
         last: the latest penalty term added (``weight * sum``, detached), None before one.
     """
 
-    def __init__(self, weight: float, every: int = 1, samples: int = 1) -> None:
+    def __init__(self, weight: float = 1.0, every: int = 1, samples: int = 1) -> None:
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
             raise ValueError(
                 f"JacobianPenalty: weight must be a number >= 0, got {weight!r}; e.g. "
