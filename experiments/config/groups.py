@@ -6,7 +6,8 @@ backward mode (``adjoint``), linear solver (``adjoint/linear_solver``, nested in
 decomposition and baseline context module (``context``, built by ``implicit_ham.make_context``)
 has every constructor parameter as a field, with the library's default. The ``data`` and
 ``logger`` groups are generated from the signatures of ``experiments.data.splits`` and
-``experiments.engine.sinks``. Each option is stored as ``base_<name>`` in its group; the YAML files
+``experiments.engine.sinks``, the ``penalty`` group from ``experiments.models.jacobian_penalty``.
+Each option is stored as ``base_<name>`` in its group; the YAML files
 in ``conf/<group>/<name>.yaml`` extend it with the experiments' own settings. OmegaConf rejects a
 misspelt key or a wrong type at start-up, with its own message.
 
@@ -28,6 +29,7 @@ from experiments.config.signatures import config_class, signature_parameters
 from experiments.config.typed import ContextConf, OptimConf, TargetConf
 from experiments.data import splits
 from experiments.engine import sinks
+from experiments.models.jacobian_penalty import JacobianPenalty
 from implicit_ham._core.registry import Registry
 from implicit_ham.adjoints.modes import ADJOINTS
 from implicit_ham.decompositions.registry import DECOMPOSITIONS
@@ -209,6 +211,9 @@ class TrainConfig:
     ``lr_poly_power``: when set, the paper's poly schedule: before step t (of T in the run) every
     parameter group's learning rate is its initial one times ``(1 - t / T) ** lr_poly_power``
     (None, the default: constant learning rate).
+    ``penalty``: a term added to the training loss, None (the default) or ``penalty=jacobian``
+    (``experiments.models.jacobian_penalty.JacobianPenalty``: ``penalty.weight``,
+    ``penalty.every``, ``penalty.samples``), for a model with an implicit layer.
     """
 
     context: ContextConf = MISSING
@@ -229,6 +234,7 @@ class TrainConfig:
     progress: bool = True
     checkpoint: str | None = None
     lr_poly_power: float | None = None
+    penalty: TargetConf | None = None
     study: StudyConf = field(default_factory=StudyConf)
     reliability: ReliabilityConf = field(default_factory=ReliabilityConf)
 
@@ -259,6 +265,7 @@ def config_groups() -> dict[str, dict[str, type]]:
             for name, target in LOGGER_TARGETS.items()
         },
         "diagnostics": {"default": DiagnosticsConf},
+        "penalty": {"jacobian": config_class(JacobianPenalty)},
     }
 
 

@@ -35,17 +35,33 @@ class MetricSink(Protocol):
     def log(self, metrics: dict[str, Any], step: int) -> None: ...
 
 
+class LossPenalty(Protocol):
+    """A term added to the training loss (``experiments.models.jacobian_penalty``): ``step``
+    is set before each batch, ``term()`` gives the term of that step or None."""
+
+    step: int
+
+    def term(self) -> Tensor | None: ...
+
+
 @dataclass(frozen=True)
 class Task:
-    """What the model predicts: "segmentation" (per pixel) or "classification"."""
+    """What the model predicts: "segmentation" (per pixel) or "classification"; ``penalty``
+    (optional) adds its term to the training loss (``penalty=jacobian`` in the config)."""
 
     kind: str
     num_classes: int
     ignore_index: int = 255
+    penalty: LossPenalty | None = None
 
     def loss(self, logits: Tensor, target: Tensor) -> Tensor:
-        """Cross-entropy; logits (B, K, ...) and target (B, ...) int64."""
-        return F.cross_entropy(logits, target, ignore_index=self.ignore_index)
+        """Cross-entropy; logits (B, K, ...) and target (B, ...) int64. With gradient enabled
+        (a training step, not ``evaluate``), plus the penalty's term when it has one."""
+        loss = F.cross_entropy(logits, target, ignore_index=self.ignore_index)
+        if self.penalty is None or not torch.is_grad_enabled():
+            return loss
+        extra = self.penalty.term()
+        return loss if extra is None else loss + extra
 
 
 @dataclass
@@ -148,6 +164,8 @@ def train_epoch(
     runner = step_fn or GuardedStep(model, task, optimizer, hooks=hooks)
     try:
         for inputs, target in batches:
+            if task.penalty is not None:
+                task.penalty.step = state.step
             loss = runner(_to(inputs, device, dtype), target.to(device), state.step)
             if loss is None:
                 state.skipped += 1

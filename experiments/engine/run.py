@@ -194,8 +194,12 @@ def _train(
     if callback is not None and state is not None:
         callback.close()
         callback.prepare(state.step)
+    penalty = None if cfg.penalty is None else instantiate(cfg.penalty).attach(unwrap(model))
     task = Task(
-        info.kind, info.num_classes, info.ignore_index if info.ignore_index is not None else -100
+        info.kind,
+        info.num_classes,
+        info.ignore_index if info.ignore_index is not None else -100,
+        penalty=penalty,
     )
     step_fn = GuardedStep(
         model,

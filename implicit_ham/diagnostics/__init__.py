@@ -12,12 +12,22 @@ Entry points:
 * ``grad_norms(model)``, ``LayerGradientHooks``; ``DiagnosticsCallback`` for training loops,
   logging to any ``Sink`` (``log(metrics, step)``, ``log_table``, ``close``; ``MultiSink`` fans
   out);
-* ``plot_residuals``, ``plot_grad_vs_k``, ``plot_conditioning_history`` (PNG, Agg).
+* ``plot_residuals``, ``plot_grad_vs_k``, ``plot_conditioning_history`` (PNG, Agg);
+* ``events()`` (the event ledger), ``event_source``, ``label_events`` / ``attribute_events``
+  (events counted per layer in plain PyTorch).
 """
 
-from implicit_ham._core.events import EventLedger, event_source, events
+from implicit_ham._core.events import (
+    EventLabels,
+    EventLedger,
+    event_source,
+    events,
+    label_events,
+    label_layers,
+)
 from implicit_ham._core.sinks import MultiSink, Sink
 from implicit_ham.adjoints.layers import find_implicit_layers
+from implicit_ham.diagnostics.attribution import attribute_events
 from implicit_ham.diagnostics.callback import DiagnosticsCallback
 from implicit_ham.diagnostics.conditioning import (
     ConditioningReport,
@@ -47,6 +57,7 @@ __all__ = [
     "ConditioningReport",
     "ConvergenceTrace",
     "DiagnosticsCallback",
+    "EventLabels",
     "EventLedger",
     "FixedPointJacobian",
     "LayerGradientHooks",
@@ -54,6 +65,7 @@ __all__ = [
     "Rows",
     "Sink",
     "arnoldi_dominant",
+    "attribute_events",
     "bptt_grad_norms",
     "check_conditioning",
     "compare_adjoints",
@@ -70,6 +82,8 @@ __all__ = [
     "format_table",
     "grad_norms",
     "grad_vs_k",
+    "label_events",
+    "label_layers",
     "lanczos_extremes",
     "plot_conditioning_history",
     "plot_grad_vs_k",

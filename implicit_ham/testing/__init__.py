@@ -10,7 +10,7 @@ Usage (in a plug-in's own test suite; pytest is not required)::
         check_solver(MySolver())            # ConformanceError (an AssertionError) on failure
 
     report = check_solver(MySolver(), fail_fast=False)   # run every check, collect failures
-    text = report.summary()                  # a readable table of every check
+    text = report.summary()                  # counts, failures by check (details(): every check)
 """
 
 from implicit_ham.testing.adjoint_checks import check_adjoint

@@ -131,13 +131,36 @@ class ConformanceReport:
                 f"{len(lines)} conformance check(s) failed:\n" + "\n".join(lines)
             )
 
+    def failures_by_check(self) -> dict[str, list[str]]:
+        """``{check: [problems it failed on]}``, in the order the checks ran."""
+        out: dict[str, list[str]] = {}
+        for r in self.failed:
+            out.setdefault(r.check, []).append(r.problem)
+        return out
+
     def summary(self) -> str:
-        """A multi-line, human-readable account of every check."""
+        """A short account: the counts, then each failed check with the problems it failed on
+        and its first failure's message (``details()`` has every check)."""
         head = (
-            f"{self.plugin}: {len(self.passed)} passed, {len(self.failed)} failed, "
-            f"{len(self.skipped)} skipped"
+            f"{self.plugin}: {len(self.results)} checks, {len(self.passed)} passed, "
+            f"{len(self.failed)} failed, {len(self.skipped)} skipped"
         )
-        return "\n".join([head, *(r.describe(self.plugin) for r in self.results)])
+        lines = [head]
+        if self.failed:
+            lines.append("failures by check:")
+        for check, problems in self.failures_by_check().items():
+            first = next(r for r in self.failed if r.check == check)
+            per_problem = ", ".join(
+                name if problems.count(name) == 1 else f"{name} x{problems.count(name)}"
+                for name in dict.fromkeys(problems)
+            )
+            lines.append(f"  {check}: {len(problems)} ({per_problem})")
+            lines.append(f"    first: {first.describe(self.plugin)}")
+        return "\n".join(lines)
+
+    def details(self) -> str:
+        """Every check, one line each, in the order they ran."""
+        return "\n".join(r.describe(self.plugin) for r in self.results)
 
 
 class Checker:

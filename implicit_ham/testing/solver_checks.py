@@ -28,11 +28,12 @@ from implicit_ham.testing.common import (
     no_dead_inputs,
     solve_and_differentiate,
     solve_or_skip,
-    values_equal,
 )
+from implicit_ham.testing.convergence_checks import converged_flag_honest
 from implicit_ham.testing.problems import Problem, panel
 from implicit_ham.testing.references import directional_errors, relative_error
 from implicit_ham.testing.report import Checker, ConformanceReport, NotApplicableError, require
+from implicit_ham.testing.value_checks import value_independent
 
 UNROLL_FD_RTOL = 1e-6
 TIGHT_TOL = 1e-12
@@ -63,6 +64,11 @@ def check_solver(
     * ``value_independent_of_adjoint``: the value is bitwise equal (``torch.equal``) under every
       mode of ``adjoints`` (default ``default_modes()``); a mode the solver refuses with a
       ValueError (torchdeq's solvers refuse Unroll) is skipped. The first mode must be accepted.
+      A failure gives the difference in eps of the dtype and says when it is a kernel
+      difference between grad and no-grad mode (``implicit_ham.testing.value_checks``).
+    * ``converged_flag_honest``: every sample the solver calls converged has, recomputed at
+      the returned value, the residual its tolerance promises (as given, and with a tolerance
+      set; ``implicit_ham.testing.convergence_checks``).
     * ``dtype_device_shape`` and ``no_dead_inputs`` under every accepted mode.
     * ``unroll_matches_finite_differences``: the Unroll gradient against central differences
       (eps 1e-6, 3 random directions) of the solver's own value; rel. error <= 1e-6.
@@ -90,13 +96,21 @@ def check_solver(
     checker = Checker(repr(solver), fail_fast)
     for problem in panel():
         runs: list[Run] = []
+        accepted: list[Adjoint] = []
         checker.run(
-            "runs_under_every_mode", problem.name, partial(_run_all, problem, solver, modes, runs)
+            "runs_under_every_mode",
+            problem.name,
+            partial(_run_all, problem, solver, modes, runs, accepted),
         )
-        for run in runs[1:]:
+        for mode, run in zip(accepted[1:], runs[1:], strict=True):
             checker.run(
-                "value_independent_of_adjoint", problem.name, partial(values_equal, runs[0], run)
+                "value_independent_of_adjoint",
+                problem.name,
+                partial(value_independent, problem, solver, (accepted[0], mode), (runs[0], run)),
             )
+        checker.run(
+            "converged_flag_honest", problem.name, partial(converged_flag_honest, problem, solver)
+        )
         for run in runs:
             checker.run(
                 f"dtype_device_shape[{run.mode}]",
@@ -125,12 +139,17 @@ def check_solver(
 
 
 def _run_all(
-    problem: Problem, solver: FixedPointSolver, modes: list[Adjoint], runs: list[Run]
+    problem: Problem,
+    solver: FixedPointSolver,
+    modes: list[Adjoint],
+    runs: list[Run],
+    accepted: list[Adjoint],
 ) -> dict[str, float]:
     refused = []
     for i, mode in enumerate(modes):
         try:
             runs.append(solve_and_differentiate(problem, solver, mode))
+            accepted.append(mode)
         except ValueError as err:
             require(i > 0, f"the solver refuses the first mode {mode!r}: {err}")
             refused.append(mode.name)
