@@ -341,7 +341,9 @@ class SumOfSquaresSolver(Minimizer):
         converged = progress.converged.repeat_interleave(repeat)
         status = tuple(s for s in progress.status for _ in range(repeat))
         scale = _gradient_scale(lin, x).repeat_interleave(repeat)
-        stats = LeastSquaresStats(self.name, steps, trace, last, rel, converged, status, scale)
+        stats = LeastSquaresStats(
+            self.name, steps, trace, last, rel, converged, status=status, gradient_scale=scale
+        )
         if host_checks() and not bool(converged.all()):
             missed = sorted({s for s, c in zip(status, converged.tolist(), strict=True) if not c})
             worst = float(last.max())
