@@ -50,7 +50,11 @@ class _FiniteGradient(torch.autograd.Function):
 
 
 def guard_gradient(x: Tensor, where: str) -> Tensor:
-    """``x`` itself, whose backward raises ``NonFiniteError`` on a non-finite gradient."""
+    """``x`` itself, whose backward raises ``NonFiniteError`` on a non-finite gradient. While
+    ``torch.compile`` traces, ``x`` unguarded: the check is a host check (skipped there anyway) and
+    Dynamo cannot trace an ``autograd.Function`` with a ``jvp`` rule (it would break the graph)."""
+    if torch.compiler.is_compiling():
+        return x
     if not (isinstance(x, Tensor) and x.requires_grad and torch.is_grad_enabled()):
         return x
     return _FiniteGradient.apply(x, where)
