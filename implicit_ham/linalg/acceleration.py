@@ -118,7 +118,7 @@ class _Tracker:
         count = len(self.abs)
         if self.active is None:
             bounds = torch.aminmax(metric)
-            low, high = bounds.min.item(), bounds.max.item()
+            low, high = torch.stack((bounds.min, bounds.max)).tolist()
             done = metric <= tol if low <= tol < high else None
         else:
             high = metric.masked_fill(~self.active, 0.0).max().item()

@@ -174,7 +174,7 @@ class FixedPointIteration(FixedPointSolver):
             if active is None:
                 z = z_next
                 bounds = torch.aminmax(metric)
-                low, high = bounds.min.item(), bounds.max.item()
+                low, high = torch.stack((bounds.min, bounds.max)).tolist()
                 done = metric <= tol if low <= tol and high > tol else None
             else:
                 z = _select(active, z_next, z)
