@@ -146,10 +146,19 @@ def test_elastic_restart_after_a_worker_crash_resumes_bit_identically(
 ) -> None:
     """torchrun --max-restarts=1: rank 1 dies after the checkpoint of step 3 on the first
     attempt; the restarted workers resume from the newest checkpoint and end bit-identical."""
-    job = tmp_path / "job"
-    _run([str(TORCHRUN), "--standalone", "--nproc_per_node=2", "--max-restarts=1",
-          str(ROOT / "tests" / "helpers" / "crash_once.py"), str(job), "3", *ARGS,
-          "dtype=float64", "batch_size=4"])  # fmt: skip
+    command = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", "--max-restarts=1",
+               str(ROOT / "tests" / "helpers" / "crash_once.py")]  # fmt: skip
+    for attempt in range(2):  # one retry, only for gloo's loopback connection race (see below)
+        job = tmp_path / f"job{attempt}"
+        try:
+            _run([*command, str(job), "3", *ARGS, "dtype=float64", "batch_size=4"])
+            break
+        except AssertionError as err:
+            # On a loaded machine the restarted workers' gloo mesh can be refused on loopback
+            # ("connectFullMesh failed ... Connection refused"): an environment race of the
+            # restart, not a resume fault. Any other failure fails the test at once.
+            if attempt or "connectFullMesh" not in str(err):
+                raise
     assert (job / "crashed").exists(), "the injected crash did not happen"
     results = json.loads((job / "results.json").read_text())
     reference = json.loads((ddp_reference / "results.json").read_text())
