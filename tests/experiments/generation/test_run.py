@@ -78,7 +78,7 @@ def test_the_classifier_cache_is_reused_only_with_the_same_settings(
 ) -> None:
     trained = []
 
-    def fake_training(epochs: int, val_fraction: float, seed: int):
+    def fake_training(epochs: int, val_fraction: float, seed: int, layout: str = "twin"):
         trained.append(epochs)
         return HalfDigitClassifier().eval(), 0.5
 
