@@ -21,11 +21,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset
 
-from experiments.data.digits import SPLITS, load_digits_arrays, split_indices
-from experiments.data.twin_digits import pair_indices
-from implicit_ham._core.validation import check_choice, check_positive_int
+from experiments.data.twin_digits import TwinDigitsDataset
 
 CANVAS = 32
 DIGIT = 8
@@ -66,7 +63,7 @@ def far_half_canvases(digits: Tensor, column: int) -> Tensor:
     return out
 
 
-class FarTwinsDataset(Dataset[tuple[Tensor, int]]):
+class FarTwinsDataset(TwinDigitsDataset):
     """Far-twin canvases: items ``(canvas, label)``, canvas float32 (1, 32, 32) in [0, 1].
 
     Args:
@@ -77,30 +74,12 @@ class FarTwinsDataset(Dataset[tuple[Tensor, int]]):
         seed: fixes the digit split and the pairing (a non-negative integer).
     """
 
-    def __init__(
-        self, split: str = "train", size: int = 4096, val_fraction: float = 0.2, seed: int = 0
-    ) -> None:
-        owner = "FarTwinsDataset"
-        check_choice(owner, "split", split, SPLITS)
-        check_positive_int(owner, "size", size)
-        check_positive_int(owner, "seed", seed, minimum=0)
-        if not 0 < val_fraction < 1:
-            raise ValueError(f"{owner}: val_fraction must lie in (0, 1), got {val_fraction!r}")
-        images, labels = load_digits_arrays()
-        chosen = split_indices(labels, val_fraction, seed)[split]
-        digits, digit_labels = digit_tensor(images[chosen]), labels[chosen]
-        offset = 0 if split == "train" else 1  # different pairings for the two splits
-        self.pairs = pair_indices(digit_labels, size, seed * 2 + offset)
-        left, right = digits[self.pairs[:, 0]], digits[self.pairs[:, 1]]
-        self.canvases = compose_far_canvases(left, right)
-        self.labels = torch.from_numpy(digit_labels[self.pairs[:, 0]])
-        self.split, self.seed = split, seed
+    @staticmethod
+    def prepare_digits(images: np.ndarray) -> Tensor:
+        """(N, 8, 8) scans -> (N, 8, 8) float digits at their native resolution."""
+        return digit_tensor(images)
 
-    def __len__(self) -> int:
-        return int(self.canvases.shape[0])
-
-    def __getitem__(self, index: int) -> tuple[Tensor, int]:
-        return self.canvases[index], int(self.labels[index])
-
-    def __repr__(self) -> str:
-        return f"FarTwinsDataset(split={self.split!r}, size={len(self)}, seed={self.seed})"
+    @staticmethod
+    def compose(left: Tensor, right: Tensor) -> Tensor:
+        """Two digit batches -> far-twin canvases (N, 1, 32, 32)."""
+        return compose_far_canvases(left, right)

@@ -91,7 +91,7 @@ class TwinDigitsDataset(Dataset[tuple[Tensor, int]]):
     def __init__(
         self, split: str = "train", size: int = 4096, val_fraction: float = 0.2, seed: int = 0
     ) -> None:
-        owner = "TwinDigitsDataset"
+        owner = type(self).__name__
         check_choice(owner, "split", split, SPLITS)
         check_positive_int(owner, "size", size)
         check_positive_int(owner, "seed", seed, minimum=0)
@@ -99,12 +99,12 @@ class TwinDigitsDataset(Dataset[tuple[Tensor, int]]):
             raise ValueError(f"{owner}: val_fraction must lie in (0, 1), got {val_fraction!r}")
         images, labels = load_digits_arrays()
         chosen = split_indices(labels, val_fraction, seed)[split]
-        digits, digit_labels = upsample_digits(images[chosen]), labels[chosen]
+        digits, digit_labels = self.prepare_digits(images[chosen]), labels[chosen]
         offset = 0 if split == "train" else 1  # different pairings for the two splits
         self.pairs = pair_indices(digit_labels, size, seed * 2 + offset)
         self.digit_indices = chosen  # into the 1797 original images
         left, right = digits[self.pairs[:, 0]], digits[self.pairs[:, 1]]
-        self.canvases = compose_canvases(left, right)
+        self.canvases = self.compose(left, right)
         self.labels = torch.from_numpy(digit_labels[self.pairs[:, 0]])
         self.split, self.seed = split, seed
 
@@ -114,5 +114,16 @@ class TwinDigitsDataset(Dataset[tuple[Tensor, int]]):
     def __getitem__(self, index: int) -> tuple[Tensor, int]:
         return self.canvases[index], int(self.labels[index])
 
+    @staticmethod
+    def prepare_digits(images: np.ndarray) -> Tensor:
+        """(N, 8, 8) scans -> the digits the canvases are built from (here upsampled 2x)."""
+        return upsample_digits(images)
+
+    @staticmethod
+    def compose(left: Tensor, right: Tensor) -> Tensor:
+        """Two digit batches -> the canvases (N, 1, 32, 32)."""
+        return compose_canvases(left, right)
+
     def __repr__(self) -> str:
-        return f"TwinDigitsDataset(split={self.split!r}, size={len(self)}, seed={self.seed})"
+        name = type(self).__name__
+        return f"{name}(split={self.split!r}, size={len(self)}, seed={self.seed})"
