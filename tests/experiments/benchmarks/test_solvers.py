@@ -7,45 +7,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.host_sync import HostSyncCounter
 from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import implicit_ham as ih
 from experiments.benchmarks import peers as bench_peers
 from implicit_ham.linalg.operator import AdjointOperator
 
+
 DT = torch.float64
-
-
-class HostReadCounter(TorchDispatchMode):
-    """Counts host reads: ``aten._local_scalar_dense`` (``.item()``, ``float()``, ``bool()``,
-    as in ``test_core_pitfalls.HostSyncCounter``) and ``Tensor.tolist()``, which copies a
-    tensor to the host without dispatching an operator (one synchronisation on a device)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.syncs = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
-            self.syncs += 1
-        return func(*args, **(kwargs or {}))
-
-    def __enter__(self):
-        original = Tensor.tolist
-        counter = self
-
-        def counted(tensor: Tensor, *args, **kwargs):
-            counter.syncs += 1
-            return original(tensor, *args, **kwargs)
-
-        self._original = original
-        Tensor.tolist = counted
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        Tensor.tolist = self._original
-        return super().__exit__(*exc)
 
 
 def tanh_map(batch: int = 4, width: int = 12, contraction: float = 0.8, seed: int = 0):
@@ -112,7 +82,7 @@ def test_native_solver_syncs_once_per_evaluation_with_a_tolerance_once_without(n
     counts = {}
     for tol in (None, 1e-30):
         for budget in (10, 20):
-            with HostReadCounter() as counter, torch.no_grad():
+            with HostSyncCounter() as counter, torch.no_grad():
                 sol = ih.fixed_point(
                     f, z0, solver=native(max_steps=budget, tol=tol), adjoint=ih.Implicit()
                 )
@@ -156,7 +126,7 @@ def linear_operator(size: int = 40, seed: int = 0, scale: float = 0.9):
 def test_gmres_reads_the_host_once_per_arnoldi_step_and_per_cycle(steps, restart) -> None:
     op, v, _ = linear_operator()
     solver = ih.linalg.GMRES(restart=restart)
-    with HostReadCounter() as counter:
+    with HostSyncCounter() as counter:
         _, used, _ = solver.solve(op, v, steps, 1e-30)  # never converges: every step runs
     cycles = -(-steps // (restart + 1))
     assert used == steps
@@ -219,7 +189,7 @@ def test_ham_forward_has_one_host_read_beyond_its_input_checks(name) -> None:
     counts = []
     for steps in (3, 12):
         layer.steps = layer.eval_steps = steps
-        with HostReadCounter() as counter, torch.no_grad():
+        with HostSyncCounter() as counter, torch.no_grad():
             layer(x)
         counts.append(counter.syncs)
     assert counts[0] == counts[1]

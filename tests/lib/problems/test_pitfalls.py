@@ -8,9 +8,9 @@ import logging
 
 import pytest
 import torch
+from helpers.host_sync import HostSyncCounter
 from helpers.registry_names import with_torchdeq
 from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import implicit_ham as ih
 
@@ -100,20 +100,6 @@ def test_forward_solvers_respect_their_evaluation_budget(tanh_problem, solver, a
     with torch.no_grad():  # no extra evaluation of f for the backward graph
         sol = ih.fixed_point(counted, problem.z0, *problem.args, solver=solver, adjoint=adjoint)
     assert len(calls) <= solver.max_steps and sol.stats.steps <= solver.max_steps
-
-
-class HostSyncCounter(TorchDispatchMode):
-    """Counts ``aten._local_scalar_dense`` calls: what ``.item()``, ``float()``, ``bool()`` of a
-    tensor dispatch to, i.e. every device-to-host synchronisation."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.syncs = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
-            self.syncs += 1
-        return func(*args, **(kwargs or {}))
 
 
 def count_syncs(problem, max_steps: int, check_finite: bool, adjoint: ih.plugins.Adjoint) -> int:
