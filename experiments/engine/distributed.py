@@ -120,7 +120,7 @@ class DistributedContext:
         except DistributedTimeoutError:
             raise
         except RuntimeError as err:
-            if not self.enabled or "timed out" not in str(err).lower():
+            if not self.enabled or not _is_timeout(err):
                 raise
             raise DistributedTimeoutError(self._hang_report(err)) from err
 
@@ -205,3 +205,11 @@ def state_digest(module: nn.Module) -> str:
         digest.update(key.encode())
         digest.update(tensor.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+def _is_timeout(err: RuntimeError) -> bool:
+    """Whether ``err`` is a collective's timeout: gloo says "timed out" in a wait, and
+    "Application timeout caused pair closure" when its connection to the peer is closed on
+    the timeout (which of the two a hung peer causes depends on where the collective waits)."""
+    message = str(err).lower()
+    return "timed out" in message or "timeout" in message
