@@ -14,7 +14,6 @@ import implicit_ham as ih
 from experiments.benchmarks import peers as bench_peers
 from implicit_ham.linalg.operator import AdjointOperator
 
-
 DT = torch.float64
 
 
