@@ -1,15 +1,16 @@
 """Far twins: 32x32 canvases holding two *different* 8x8 digits of the same class, far apart.
 
 The digits are scikit-learn's bundled 8x8 digits at their native resolution (no download, no
-resampling), both at rows 12..19; the left digit in columns 1..8, the right one in columns
-23..30. The two digits are 22 columns apart (``OFFSET``), more than twice their width: a
-network whose receptive field is narrower than ``OFFSET - DIGIT + 1 = 15`` columns cannot see a
-pixel of both digits at once, so keeping the two classes equal needs a global path (the
-generation experiment's context block, ``docs/generation.md``).
+resampling), both at rows 8..15; the left digit in columns 0..7, the right one in columns
+24..31: each fills one cell of the 4 x 4 grid of 8 x 8 cells the generation networks work on,
+three cells apart. A window that holds a pixel of both digits spans columns 7..24, 18 columns
+(``OFFSET - DIGIT + 2``): a network whose receptive field is narrower cannot see both digits at
+once, so keeping the two classes equal needs a global path (the generation experiment's context
+block, ``docs/generation.md``).
 
 Each half of the canvas (columns 0..15, 16..31) holds one whole digit, so the metrics'
 half-canvas classifier (``experiments.models.digit_classifier``) reads them as (1, 32, 16)
-halves: the left digit at column 1 of its half, the right one at column 7 of its half.
+halves: the left digit at column 0 of its half, the right one at column 8 of its half.
 
 Pixels are in [0, 1]. The digits are split by class (stratified,
 ``experiments.data.digits.split_indices``) before pairing, so the "train" and "val" canvases
@@ -26,9 +27,9 @@ from experiments.data.twin_digits import TwinDigitsDataset
 
 CANVAS = 32
 DIGIT = 8
-TOP = 12
-LEFT = 1
-RIGHT = 23
+TOP = 8
+LEFT = 0
+RIGHT = 24
 OFFSET = RIGHT - LEFT
 HALF = CANVAS // 2
 COLUMNS_IN_HALF = (LEFT, RIGHT - HALF)  # where each digit starts inside its half
@@ -40,8 +41,8 @@ def digit_tensor(images: np.ndarray) -> Tensor:
 
 
 def compose_far_canvases(left: Tensor, right: Tensor) -> Tensor:
-    """Two (N, 8, 8) digit stacks -> canvases (N, 1, 32, 32), ``left`` at columns 1..8,
-    ``right`` at columns 23..30, both at rows 12..19."""
+    """Two (N, 8, 8) digit stacks -> canvases (N, 1, 32, 32), ``left`` at columns 0..7,
+    ``right`` at columns 24..31, both at rows 8..15."""
     if left.shape != right.shape or left.shape[1:] != (DIGIT, DIGIT):
         raise ValueError(
             f"compose_far_canvases: both stacks must be (N, {DIGIT}, {DIGIT}), got "
@@ -54,7 +55,7 @@ def compose_far_canvases(left: Tensor, right: Tensor) -> Tensor:
 
 
 def far_half_canvases(digits: Tensor, column: int) -> Tensor:
-    """(N, 8, 8) digits -> half canvases (N, 1, 32, 16) with the digit at rows 12..19 and
+    """(N, 8, 8) digits -> half canvases (N, 1, 32, 16) with the digit at rows 8..15 and
     columns ``column``..``column + 7`` (the classifier's training images)."""
     if not 0 <= column <= HALF - DIGIT:
         raise ValueError(f"far_half_canvases: column must lie in [0, {HALF - DIGIT}], got {column}")

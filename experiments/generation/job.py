@@ -29,7 +29,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from experiments.data.far_twins import FarTwinsDataset
 from experiments.data.twin_digits import to_gan_range
 from experiments.generation.evaluate import features_of, sample_canvases, save_grid, score
-from experiments.generation.nets import LocalDiscriminator, LocalGenerator
+from experiments.generation.nets import NETWORK, LocalDiscriminator, LocalGenerator
 from experiments.generation.trainer import hinge_d_loss, hinge_g_loss
 from experiments.models.digit_classifier import CanvasFeatures, HalfDigitClassifier
 from experiments.models.gan import parameter_count
@@ -54,18 +54,21 @@ ADJOINTS = {"one_step": OneStep, "unroll": Unroll}
 class GanJob:
     """Everything that defines one job (its results file row repeats these fields).
 
-    ``depth``: conv1x1 layers added after each convolution of both networks (depth without a
-    wider receptive field); ``rank`` / ``ham_steps``: the Hamburger's bases and iterations
+    ``depth``: the generator's conv1x1 layers before its context block (depth without a wider
+    receptive field); ``rank`` / ``ham_steps``: the Hamburger's bases and iterations
     (training and evaluation); ``plateau_tolerance``: the largest relative FID change over the
-    last ``plateau_window`` of training that counts as a plateau."""
+    last ``plateau_window`` of training that counts as a plateau; ``network``: the networks'
+    design (``experiments.generation.nets.NETWORK``, the only one this code builds; the rows of
+    earlier designs in ``docs/generation/history.jsonl`` lack it or name another)."""
 
     arm: str
     seed: int
-    steps: int = 1500
+    network: str = NETWORK
+    steps: int = 12000
     batch_size: int = 32
-    noise: int = 16
-    g_width: int = 32
-    d_width: int = 32
+    noise: int = 32
+    g_width: int = 128
+    d_width: int = 128
     depth: int = 2
     lr_g: float = 1e-4
     lr_d: float = 4e-4
@@ -76,16 +79,21 @@ class GanJob:
     ham_steps: int = 6
     train_size: int = 8192
     val_size: int = 2000
-    eval_every: int = 150
+    eval_every: int = 1200
     curve_samples: int = 500
     samples: int = 2000
-    gate_every: int = 25
+    gate_every: int = 200
     plateau_window: float = 0.2
     plateau_tolerance: float = 0.05
 
     def __post_init__(self) -> None:
         if self.arm not in ARMS:
             raise ValueError(f"GanJob: arm must be one of {sorted(ARMS)}, got {self.arm!r}")
+        if self.network != NETWORK:
+            raise ValueError(
+                f"GanJob: this code builds the {NETWORK!r} networks only, got {self.network!r} "
+                "(a row of an earlier design: see docs/generation/history.jsonl)"
+            )
         if self.steps < 1 or self.eval_every < 1 or self.steps % self.eval_every:
             raise ValueError(
                 f"GanJob: steps ({self.steps}) must be a positive multiple of eval_every "
@@ -122,11 +130,11 @@ def build_networks(job: GanJob) -> tuple[LocalGenerator, LocalDiscriminator]:
     """Generator and discriminator of ``job``, paired by seed (module docstring)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(job.seed + CONTEXT_STREAM)
-        g_context, d_context = build_context(job, job.g_width), build_context(job, 2 * job.d_width)
+        g_context, d_context = build_context(job, job.g_width), build_context(job, job.d_width)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(job.seed)
         generator = LocalGenerator(g_context, noise=job.noise, width=job.g_width, depth=job.depth)
-        discriminator = LocalDiscriminator(d_context, width=job.d_width, depth=job.depth)
+        discriminator = LocalDiscriminator(d_context, width=job.d_width)
     return generator, discriminator
 
 

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from experiments.data.far_twins import DIGIT, LEFT, RIGHT, TOP
-from experiments.generation.nets import LocalDiscriminator, LocalGenerator
+from experiments.generation.nets import CANVAS, CELL, GRID, LocalDiscriminator, LocalGenerator
 from experiments.models.gan import ZeroGate
 from implicit_ham.adjoints.modes import Unroll
 from implicit_ham.decompositions.base import Decomposition
@@ -74,7 +74,7 @@ def opened(module: nn.Module) -> nn.Module:
 
 @dataclass(frozen=True)
 class GeneratorField:
-    """What the generator's output pixels depend on (noise cells of the 8x8 map, 4 pixels each).
+    """What the generator's output pixels depend on (noise cells of the 4x4 map, 8 pixels each).
 
     ``cells``: width (columns = rows) of the noise-cell window of one central output pixel;
     ``pixels``: the same in output pixels (cells x 4); ``digits_share_input``: whether some
@@ -104,12 +104,13 @@ def _digit_pixels() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
 
 
 def generator_field(generator: LocalGenerator, seed: int = 0) -> GeneratorField:
-    """Probe ``generator`` (gates opened): the noise window of the output pixel (16, 16) and
-    whether the noise cells feeding the left digit and the right digit overlap."""
+    """Probe ``generator`` (gates opened): the noise window of the output pixel at the canvas
+    centre and whether the noise cells feeding the left digit and the right digit overlap."""
     net = opened(generator)
     assert isinstance(net, LocalGenerator)
     z = net.noise_like(1, torch.Generator().manual_seed(seed)).double()
-    top, bottom, first, last = extent(dependency(net, z, 16, 16))
+    centre = CANVAS // 2
+    top, bottom, first, last = extent(dependency(net, z, centre, centre))
     feeds = []
     for pixels in _digit_pixels():
         mask = torch.zeros(z.shape[-2:], dtype=torch.bool)
@@ -117,21 +118,22 @@ def generator_field(generator: LocalGenerator, seed: int = 0) -> GeneratorField:
             mask |= dependency(net, z, r, c)
         feeds.append(mask)
     cells = max(bottom - top, last - first) + 1
-    scale = 32 // z.shape[-1]
-    return GeneratorField(cells, cells * scale, bool((feeds[0] & feeds[1]).any()))
+    return GeneratorField(cells, cells * CELL, bool((feeds[0] & feeds[1]).any()))
 
 
 def discriminator_field(discriminator: LocalDiscriminator, seed: int = 0) -> DiscriminatorField:
-    """Probe ``discriminator`` (gates opened): the input window of the logit at (4, 4) and
-    whether any of the 8x8 logits depends on pixels of both digits."""
+    """Probe ``discriminator`` (gates opened): the input window of the logit of an interior
+    cell and whether any of the 4x4 logits depends on pixels of both digits."""
     net = opened(discriminator)
     assert isinstance(net, LocalDiscriminator)
-    x = torch.rand(1, 1, 32, 32, generator=torch.Generator().manual_seed(seed)).double()
-    top, bottom, first, last = extent(dependency(net.location_logits, x, 4, 4))
+    shape = (1, 1, CANVAS, CANVAS)
+    x = torch.rand(shape, generator=torch.Generator().manual_seed(seed)).double()
+    inner = GRID // 2
+    top, bottom, first, last = extent(dependency(net.location_logits, x, inner, inner))
     left, right = _digit_pixels()
     both = False
-    for row in range(8):
-        for col in range(8):
+    for row in range(GRID):
+        for col in range(GRID):
             mask = dependency(net.location_logits, x, row, col)
             if any(mask[p] for p in left) and any(mask[p] for p in right):
                 both = True

@@ -57,7 +57,7 @@ def test_results_file_round_trip(tmp_path: Path) -> None:
     assert "consistency: nmf_unroll − none = +0.22 [+0.22, +0.22] over 5 seeds: **better**" in text
     assert "fid: self_attention − none = -3.2 [-3.2, -3.2] over 5 seeds: **better**" in text
     assert "Main sweep" not in text  # all 25 jobs present
-    assert "12 pixels" in text  # the probe's fields
+    assert "1×1 noise cells = 8 pixels" in text  # the probe's fields
     assert (out.parent / "generation" / "curves.png").exists()
     assert (out.parent / "generation" / "gates.png").exists()
     again = write_generation_report(
@@ -87,7 +87,7 @@ def test_finished_jobs_are_skipped_without_training(tmp_path: Path) -> None:
     rows = run_phase("pilot", tmp_path / "out", results)  # nothing to run: no classifier, no pool
     assert [r["job"] for r in rows] == [j.name for j in phase_jobs("pilot")]
     assert not (tmp_path / "out" / "classifier.pt").exists()
-    changed = GanJob("none", 0, steps=300)
+    changed = GanJob("none", 0, steps=300, eval_every=150)
     assert finished(read_rows(results), changed) is None  # another definition is not "finished"
     assert (
         len(set(ARMS)) == 5

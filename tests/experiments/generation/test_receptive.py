@@ -45,11 +45,13 @@ def _nets(arm: str):
 def test_without_context_the_digits_are_decoupled_in_both_networks() -> None:
     generator, discriminator = _nets("none")
     g, d = generator_field(generator), discriminator_field(discriminator)
-    assert (g.cells, g.pixels, g.digits_share_input) == (3, 12, False)
-    assert (d.pixels, d.sees_both_digits) == (12, False)
-    # a far location: output pixel (16, 2) does not depend on noise cell (4, 7)
+    # a pixel depends on its own cell's noise vector only; a logit sees its own cell only
+    assert (g.cells, g.pixels, g.digits_share_input) == (1, 8, False)
+    assert (d.pixels, d.sees_both_digits) == (8, False)
+    # output pixel (9, 2) (the left digit's cell (1, 0)) depends on noise cell (1, 0) alone
     z = generator.noise_like(1, torch.Generator().manual_seed(1))
-    assert not dependency(generator.double(), z.double(), 16, 2)[4, 7]
+    mask = dependency(generator.double(), z.double(), 9, 2)
+    assert mask[1, 0] and int(mask.sum()) == 1
 
 
 @pytest.mark.parametrize("arm", ["self_attention", "nmf_one_step"])
@@ -57,4 +59,4 @@ def test_a_context_block_couples_the_digits(arm: str) -> None:
     generator, discriminator = _nets(arm)
     g, d = generator_field(generator), discriminator_field(discriminator)
     assert g.digits_share_input and d.sees_both_digits
-    assert g.cells == 8 and d.pixels == 32  # the whole noise map / canvas
+    assert g.cells == 4 and d.pixels == 32  # the whole noise map / canvas
