@@ -10,6 +10,7 @@ from typing import Any
 
 from implicit_ham import diagnostics, errors, linalg, nn, plugins, reliability
 from implicit_ham._core.errors import (
+    BatchCouplingWarning,
     ConditioningWarning,
     ConvergenceWarning,
     NonFiniteError,
@@ -74,6 +75,7 @@ __all__ = [
     "VQ",
     "Anderson",
     "BackwardStats",
+    "BatchCouplingWarning",
     "Box",
     "Broyden",
     "ConditioningWarning",

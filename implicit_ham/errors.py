@@ -4,11 +4,13 @@ Errors: ``NonFiniteError`` (a NaN / inf value or gradient), ``ForwardSolveError`
 ``BackwardSolveError`` and its subclasses ``NotFixedPointError`` (an at-fixed-point gradient
 asked at a point that is not one) and ``NotPositiveDefiniteError`` (CG on an indefinite system),
 ``SecondOrderError`` (a derivative a mode cannot give). Warnings: ``ConvergenceWarning`` and
-its subclass ``NotFixedPointWarning``, ``ConditioningWarning``.
+its subclass ``NotFixedPointWarning``, ``ConditioningWarning``, ``BatchCouplingWarning`` (per-sample
+stopping met an ``f`` that couples the samples).
 """
 
 from implicit_ham._core.errors import (
     BackwardSolveError,
+    BatchCouplingWarning,
     ConditioningWarning,
     ConvergenceWarning,
     ForwardSolveError,
@@ -21,6 +23,7 @@ from implicit_ham._core.errors import (
 
 __all__ = [
     "BackwardSolveError",
+    "BatchCouplingWarning",
     "ConditioningWarning",
     "ConvergenceWarning",
     "ForwardSolveError",

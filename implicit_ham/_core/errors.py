@@ -15,6 +15,13 @@ class ConditioningWarning(UserWarning):
     """``I - J`` at a fixed point is ill-conditioned: implicit gradients there are unreliable."""
 
 
+class BatchCouplingWarning(UserWarning):
+    """A tolerance solve that stopped its samples at different steps replayed its gradient steps
+    from each sample's own iterate, and the replay did not reproduce the solve's value: ``f``
+    couples the samples (or computes differently with gradient). The value returned is the
+    solve's; the gradient is that of the replayed steps."""
+
+
 class BackwardSolveError(RuntimeError):
     """An implicit backward solve missed its tolerance under ``on_divergence="raise"``."""
 

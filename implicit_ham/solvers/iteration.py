@@ -12,10 +12,10 @@ without gradient and then redoes each sample's last ``grad_steps`` steps with it
 (``_replay_tail``), so the value is the one a fully unrolled solve stops at.
 """
 
-
 from __future__ import annotations
 
 import math
+import warnings
 from collections import deque
 from dataclasses import dataclass
 
@@ -23,12 +23,13 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
-from implicit_ham._core.errors import NonFiniteError
+from implicit_ham._core.errors import BatchCouplingWarning, NonFiniteError
 from implicit_ham._core.state import (
     State,
     StateSpec,
     StepFn,
     detached,
+    with_gradient_of,
 )
 from implicit_ham._core.stats import SolverStats, TraceRecorder
 from implicit_ham._core.transforms import active_transforms, host_checks, under_vmap
@@ -196,36 +197,64 @@ class FixedPointIteration(FixedPointSolver):
             stops = torch.full_like(stops, k)
         if keep:
             running_start = window[0]
-            starts = running_start if starts is None or active is None else _select(
-                active, running_start, starts
+            starts = (
+                running_start
+                if starts is None or active is None
+                else _select(active, running_start, starts)
             )
         return z, _Stops(stops, k, starts, active is not None)
 
     def _replay_tail(self, step: StepFn, z0: State, grad_steps: int, rec: TraceRecorder) -> State:
         """Solve to tolerance without gradient, then redo each sample's last steps with gradient.
 
-        Each sample's replay starts from its own iterate ``grad_steps`` before its stop, so the
-        value equals the one a fully unrolled solve with the same tolerance stops at; a sample
-        that stopped after fewer steps replays only those (masked).
+        Each sample's replay starts from its own iterate ``grad_steps`` before its stop; a
+        sample that stopped after fewer steps replays only those (masked). For an ``f`` that
+        treats the samples independently the replay reproduces the solve's value exactly; when
+        the samples stopped at different steps the value returned is the solve's in any case
+        (the replay carries the gradient only), so it is the same under every backward mode,
+        and a replay that does not reproduce it (an ``f`` that couples the samples) warns
+        ``BatchCouplingWarning`` with the difference.
         """
         with torch.no_grad():
-            z, stops = self._until_converged(step, z0, rec, keep=grad_steps)
+            solved, stops = self._until_converged(step, z0, rec, keep=grad_steps)
         rec.sample_steps = stops.per_sample if stops.staggered else None
         if grad_steps == 0:
-            return z
+            return solved
         assert stops.starts is not None
         start = stops.starts
         counts = stops.per_sample.tolist() if stops.staggered else [stops.last]
         if min(counts) >= grad_steps:
-            return apply_steps(step, start if start is z0 else detached(start), grad_steps)
-        counts = stops.per_sample.tolist()
-        at_z0 = torch.tensor([c <= grad_steps for c in counts], device=z0[0].device)
-        z = _select(at_z0, z0, detached(start))  # keeps z0's graph where a replay starts there
-        for j in range(grad_steps):
-            live = torch.tensor([c + j >= grad_steps for c in counts], device=z0[0].device)
-            z_next = step(z)
-            z = _select(live, z_next, z)
-        return z
+            z = apply_steps(step, start if start is z0 else detached(start), grad_steps)
+        else:
+            at_z0 = torch.tensor([c <= grad_steps for c in counts], device=z0[0].device)
+            z = _select(at_z0, z0, detached(start))  # keeps z0's graph where a replay starts there
+            for j in range(grad_steps):
+                live = torch.tensor([c + j >= grad_steps for c in counts], device=z0[0].device)
+                z = _select(live, step(z), z)
+        if not stops.staggered:
+            return z
+        if host_checks():
+            _warn_if_coupled(self.name, solved, z, counts)
+        return with_gradient_of(solved, z)
+
+
+def _warn_if_coupled(name: str, solved: State, replayed: State, counts: list[int]) -> None:
+    """Warn ``BatchCouplingWarning`` when the per-sample replay ``replayed`` differs from the
+    solve's value ``solved`` (one host synchronisation)."""
+    diff = max(float((a - b.detach()).abs().max()) if a.numel() else 0.0
+               for a, b in zip(solved, replayed, strict=True))  # fmt: skip
+    if diff == 0.0:
+        return
+    warnings.warn(
+        f"{name}: the samples stopped at different steps ({min(counts)} to {max(counts)}) and "
+        f"the gradient steps replayed from each sample's own iterate differ from the solve's "
+        f"value by up to {diff:.3e}: f couples the samples (a batch statistic, attention "
+        "over the batch) or computes differently with gradient. The value returned is the "
+        "solve's; the gradient is that of the replayed steps, taken at a batch the solve never "
+        "saw. For a batch-coupled f use tol=None (a fixed budget) or Unroll.",
+        BatchCouplingWarning,
+        stacklevel=4,
+    )
 
 
 @dataclass

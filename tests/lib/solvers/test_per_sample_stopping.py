@@ -4,6 +4,9 @@ native Anderson / Broyden), and the value stays the same under every backward mo
 
 from __future__ import annotations
 
+import re
+import warnings
+
 import pytest
 import torch
 from torch import Tensor
@@ -88,8 +91,13 @@ def test_per_sample_value_is_the_same_under_every_backward_mode(name, adjoints) 
     for adjoint in adjoints:
         xg = x.clone().requires_grad_()
         sol = ih.fixed_point(
-            f, torch.zeros(4, WIDTH, dtype=torch.float64), xg, rates, weight,
-            solver=SOLVERS[name](), adjoint=adjoint,
+            f,
+            torch.zeros(4, WIDTH, dtype=torch.float64),
+            xg,
+            rates,
+            weight,
+            solver=SOLVERS[name](),
+            adjoint=adjoint,
         )
         assert sol.stats.sample_steps is not None
         sol.value.square().sum().backward()
@@ -105,13 +113,27 @@ def test_one_step_gradient_of_a_frozen_sample_is_its_own_last_step() -> None:
     weight, rates, x = (double(t) for t in contraction_problem())
     solver = ih.FixedPointIteration(max_steps=400, tol=1e-8)
     xg = x.clone().requires_grad_()
-    sol = ih.fixed_point(f, torch.zeros(4, WIDTH, dtype=torch.float64), xg, rates, weight,
-                         solver=solver, adjoint=ih.OneStep())
+    sol = ih.fixed_point(
+        f,
+        torch.zeros(4, WIDTH, dtype=torch.float64),
+        xg,
+        rates,
+        weight,
+        solver=solver,
+        adjoint=ih.OneStep(),
+    )
     sol.value.square().sum().backward()
     for i in range(4):
         xi = x[i : i + 1].clone().requires_grad_()
-        alone = ih.fixed_point(f, torch.zeros(1, WIDTH, dtype=torch.float64), xi,
-                               rates[i : i + 1], weight, solver=solver, adjoint=ih.OneStep())
+        alone = ih.fixed_point(
+            f,
+            torch.zeros(1, WIDTH, dtype=torch.float64),
+            xi,
+            rates[i : i + 1],
+            weight,
+            solver=solver,
+            adjoint=ih.OneStep(),
+        )
         alone.value.square().sum().backward()
         torch.testing.assert_close(xg.grad[i], xi.grad[0], rtol=1e-10, atol=1e-12)
 
@@ -122,17 +144,32 @@ def test_truncated_replay_of_a_sample_that_stopped_early_keeps_its_own_steps() -
     weight, rates, x = (double(t) for t in contraction_problem())
     solver = ih.FixedPointIteration(max_steps=400, tol=1e-4)
     with torch.no_grad():
-        fast = ih.fixed_point(f, torch.zeros(4, WIDTH, dtype=torch.float64), x, rates, weight,
-                              solver=solver).stats.steps_per_sample()
+        fast = ih.fixed_point(
+            f, torch.zeros(4, WIDTH, dtype=torch.float64), x, rates, weight, solver=solver
+        ).stats.steps_per_sample()
     k = int(fast[3]) + 2  # sample 3 stops before k steps, sample 1 after
     assert k < int(fast[1])
     xg = x.clone().requires_grad_()
-    sol = ih.fixed_point(f, torch.zeros(4, WIDTH, dtype=torch.float64), xg, rates, weight,
-                         solver=solver, adjoint=ih.Truncated(k))
+    sol = ih.fixed_point(
+        f,
+        torch.zeros(4, WIDTH, dtype=torch.float64),
+        xg,
+        rates,
+        weight,
+        solver=solver,
+        adjoint=ih.Truncated(k),
+    )
     sol.value.square().sum().backward()
     xi = x[3:4].clone().requires_grad_()
-    alone = ih.fixed_point(f, torch.zeros(1, WIDTH, dtype=torch.float64), xi, rates[3:4],
-                           weight, solver=solver, adjoint=ih.Unroll())
+    alone = ih.fixed_point(
+        f,
+        torch.zeros(1, WIDTH, dtype=torch.float64),
+        xi,
+        rates[3:4],
+        weight,
+        solver=solver,
+        adjoint=ih.Unroll(),
+    )
     alone.value.square().sum().backward()
     torch.testing.assert_close(sol.value[3], alone.value[0], rtol=1e-12, atol=0)
     torch.testing.assert_close(xg.grad[3], xi.grad[0], rtol=1e-10, atol=1e-12)
@@ -155,8 +192,15 @@ def test_anderson_polish_choice_is_measured_and_the_same_under_every_backward_mo
     for adjoint in (ih.OneStep(), ih.Truncated(2), ih.Implicit(), ih.Neumann()):
         xg = x.clone().requires_grad_()
         calls[0] = 0
-        sol = ih.fixed_point(counted, torch.zeros(4, WIDTH, dtype=torch.float64), xg, rates,
-                             weight, solver=solver, adjoint=adjoint)
+        sol = ih.fixed_point(
+            counted,
+            torch.zeros(4, WIDTH, dtype=torch.float64),
+            xg,
+            rates,
+            weight,
+            solver=solver,
+            adjoint=adjoint,
+        )
         with torch.no_grad():
             fz = f(sol.value, x, rates, weight)
         measured = (fz - sol.value).norm(dim=1) / fz.norm(dim=1)
@@ -167,8 +211,67 @@ def test_anderson_polish_choice_is_measured_and_the_same_under_every_backward_mo
     for value in values[1:]:
         assert torch.equal(value, values[0])
     with torch.no_grad():
-        plain = ih.fixed_point(f, torch.zeros(4, WIDTH, dtype=torch.float64), x, rates, weight,
-                               solver=ih.Anderson(max_steps=12, tol=tol))
+        plain = ih.fixed_point(
+            f,
+            torch.zeros(4, WIDTH, dtype=torch.float64),
+            x,
+            rates,
+            weight,
+            solver=ih.Anderson(max_steps=12, tol=tol),
+        )
     assert bool((sol.stats.rel_residual <= plain.stats.rel_residual * 1.0000001).all()) or (
         tol is None
     )
+
+
+def coupled(z: Tensor, x: Tensor, rates: Tensor, weight: Tensor) -> Tensor:
+    """``f`` plus a tenth of the batch mean: every sample depends on its batch-mates."""
+    return torch.tanh(rates[:, None] * (z @ weight.T) + 0.1 * z.mean(0, keepdim=True) + x)
+
+
+@pytest.mark.parametrize("adjoint", [ih.OneStep(), ih.Truncated(3)], ids=["one_step", "truncated"])
+def test_a_batch_coupled_f_keeps_the_solves_value_and_warns(adjoint) -> None:
+    weight, rates, x = contraction_problem()
+    x = x.double().requires_grad_(True)
+    args = (x, rates.double(), weight.double())
+    solver = ih.FixedPointIteration(max_steps=400, tol=1e-10)
+    z0 = torch.zeros(4, WIDTH, dtype=torch.float64)
+    unrolled = ih.fixed_point(coupled, z0, *args, solver=solver, adjoint=ih.Unroll())
+    steps = unrolled.stats.steps_per_sample()
+    assert len(set(steps.tolist())) > 1  # the samples stop at different steps
+    with pytest.warns(ih.BatchCouplingWarning, match=r"differ from the solve's value") as seen:
+        replayed = ih.fixed_point(coupled, z0, *args, solver=solver, adjoint=adjoint)
+    # the value is the solve's under every backward mode, bit for bit
+    assert torch.equal(replayed.value.detach(), unrolled.value.detach())
+    found = re.search(r"by up to ([0-9.e+-]+):", str(seen[0].message))
+    assert found is not None and 0.0 < float(found.group(1)) < 1e-6
+    if isinstance(adjoint, ih.OneStep):  # the reported difference, by hand
+        assert float(found.group(1)) == pytest.approx(one_step_replay_gap(args, 1e-10), rel=1e-3)
+
+
+def one_step_replay_gap(args: tuple[Tensor, ...], tol: float) -> float:
+    """The plain per-sample-frozen iteration of ``coupled`` by hand; f applied once to the batch
+    of each sample's iterate before its stop, against the solve's value."""
+    z = torch.zeros(4, WIDTH, dtype=torch.float64)
+    start, active = z.clone(), torch.ones(4, dtype=torch.bool)
+    with torch.no_grad():
+        while active.any():
+            nxt = coupled(z, *args)
+            rel = (nxt - z).norm(dim=1) / nxt.norm(dim=1)
+            done = active & (rel <= tol)
+            start[done] = z[done]
+            z = torch.where(active[:, None], nxt, z)
+            active &= ~done
+        return float((coupled(start, *args) - z).abs().max())
+    (grad,) = torch.autograd.grad(replayed.value.sum(), x)
+    assert torch.isfinite(grad).all() and grad.abs().sum() > 0
+
+
+def test_an_independent_f_replays_without_a_warning() -> None:
+    weight, rates, x = contraction_problem()
+    solver = ih.FixedPointIteration(max_steps=400, tol=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ih.BatchCouplingWarning)
+        sol = ih.fixed_point(f, torch.zeros(4, WIDTH), x.requires_grad_(True), rates, weight,
+                             solver=solver, adjoint=ih.OneStep())  # fmt: skip
+    assert len(set(sol.stats.steps_per_sample().tolist())) > 1

@@ -159,19 +159,17 @@ def test_the_summary_counts_and_groups_failures_the_details_list_every_check() -
     )
     by_check = report.failures_by_check()
     assert by_check["converged_flag_honest"] == [
-        "tanh_f64", "tuple_f64", "batch_f64", "noncontig_f64", "tanh_f32"
+        "tanh_f64",
+        "tuple_f64",
+        "batch_f64",
+        "noncontig_f64",
+        "tanh_f32",
     ]
     assert "  converged_flag_honest: 5 (tanh_f64, tuple_f64, batch_f64" in summary
     assert len(summary.splitlines()) == 2 + 2 * len(by_check)
     assert len(report.details().splitlines()) == len(report.results)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect (issue 24 item 5): per-sample stopping replays each sample's last steps "
-    "from its own start, which for the batch-coupled panel problem batch_f64 changes the "
-    "batch the coupling sees: unroll and one_step values differ by ~5e-12 at tol 1e-10",
-)
 def test_honest_solver_as_given_is_checked_too() -> None:
     """A solver with its own tolerance is checked as given and tightened: both pass for
     FixedPointIteration, and the value check accepts it."""
