@@ -16,8 +16,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -e '.[dev]'
 	touch $(STAMP)
 
+# Two worker processes (pytest-xdist), each test file in one of them (module fixtures are built
+# once); TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
 test: lint typecheck docs-build
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The library's tests alone (tests/lib: no experiments, no subprocess sweeps), a few minutes.
 quick: install
