@@ -46,8 +46,9 @@ from experiments.benchmarks.peers_rows import (
 SECTIONS = ("loops", "torchopt")
 
 
-def tanh_map(width: int = 256, batch: int = 64) -> tuple[Callable[[Tensor, Tensor], Tensor],
-                                                         Tensor, Tensor]:
+def tanh_map(
+    width: int = 256, batch: int = 64
+) -> tuple[Callable[[Tensor, Tensor], Tensor], Tensor, Tensor]:
     """``f(z, x) = tanh(z W^T + x)`` with ``||W||_2 = 0.9``, its input x (B, N) and z0 = 0."""
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(width, width, generator=gen)
@@ -60,8 +61,9 @@ def tanh_map(width: int = 256, batch: int = 64) -> tuple[Callable[[Tensor, Tenso
     return f, x, torch.zeros(batch, width)
 
 
-def bare_loop(f: Callable[..., Tensor], z0: Tensor, x: Tensor, steps: int,
-              tol: float | None) -> Callable[[], Tensor]:
+def bare_loop(
+    f: Callable[..., Tensor], z0: Tensor, x: Tensor, steps: int, tol: float | None
+) -> Callable[[], Tensor]:
     """A bare Python loop of ``f`` under no_grad; with ``tol`` it stops once the worst sample's
     relative residual ``||f(z) - z|| / ||f(z)||`` is ``<= tol`` (one host read per step)."""
 
@@ -82,8 +84,9 @@ def bare_loop(f: Callable[..., Tensor], z0: Tensor, x: Tensor, steps: int,
     return run
 
 
-def ours_loop(f: Callable[..., object], z0: object, x: Tensor, steps: int,
-              tol: float | None) -> Callable[[], object]:
+def ours_loop(
+    f: Callable[..., object], z0: object, x: Tensor, steps: int, tol: float | None
+) -> Callable[[], object]:
     """``ih.fixed_point`` with ``FixedPointIteration(steps, tol)`` under no_grad."""
     solver = ih.FixedPointIteration(max_steps=steps, tol=tol)
 
@@ -111,13 +114,20 @@ def measure_loops(table: Table, rounds: int, steps: int = 30, tol: float = 1e-6)
         ours, bare = ours_loop(f, z0, x, budget, stop), bare_loop(f, z0, x, budget, stop)
         # with a tolerance ours freezes each sample at its own stop, the bare loop stops the
         # batch on the worst one: the values differ by about the tolerance
-        agree = check_same("tanh loop", [cast(Tensor, ours())], [bare()], 0.0 if stop is None
-                           else 10 * stop)
+        agree = check_same(
+            "tanh loop", [cast(Tensor, ours())], [bare()], 0.0 if stop is None else 10 * stop
+        )
         times = medians({"ours": ours, "bare": bare}, rounds)
         goal, what = (1.05, f"K {budget}") if stop is None else (1.15, f"tol {stop:g}")
-        table.add_at_most("7. fixed-point loop overhead", f"tanh B64 N256, {what}",
-                          "bare Python loop", times["ours"], times["bare"], goal,
-                          f"ratio = ours / bare; values agree to {agree:.0e}")
+        table.add_at_most(
+            "7. fixed-point loop overhead",
+            f"tanh B64 N256, {what}",
+            "bare Python loop",
+            times["ours"],
+            times["bare"],
+            goal,
+            f"ratio = ours / bare; values agree to {agree:.0e}",
+        )
     step, state, flat = nmf_step()
 
     def bare_nmf() -> tuple[Tensor, Tensor]:
@@ -130,13 +140,20 @@ def measure_loops(table: Table, rounds: int, steps: int = 30, tol: float = 1e-6)
     ours_nmf = ours_loop(step, state, flat, 6, None)
     check_same("NMF loop", list(cast(tuple[Tensor, Tensor], ours_nmf())), list(bare_nmf()), 0.0)
     times = medians({"ours": ours_nmf, "bare": bare_nmf}, rounds)
-    table.add_at_most("7. fixed-point loop overhead", "NMF step d512 n4096 r64, K 6",
-                      "bare Python loop", times["ours"], times["bare"], 1.05,
-                      "ratio = ours / bare; same iterates (checked bitwise)")
+    table.add_at_most(
+        "7. fixed-point loop overhead",
+        "NMF step d512 n4096 r64, K 6",
+        "bare Python loop",
+        times["ours"],
+        times["bare"],
+        1.05,
+        "ratio = ours / bare; same iterates (checked bitwise)",
+    )
 
 
-def torchopt_cases(steps: int = 30, terms: int = 20) -> tuple[Callable[[], Tensor],
-                                                              Callable[[], Tensor]]:
+def torchopt_cases(
+    steps: int = 30, terms: int = 20
+) -> tuple[Callable[[], Tensor], Callable[[], Tensor]]:
     """(ours, TorchOpt) training steps on the tanh map: ``steps`` plain iterations, then a
     ``terms``-term Neumann series for ``(I - J)^-T``; each returns dL/dx, L = sum(z*^2)."""
     torchopt = importlib.import_module("torchopt")
@@ -170,8 +187,9 @@ def torchopt_cases(steps: int = 30, terms: int = 20) -> tuple[Callable[[], Tenso
     return ours, peer
 
 
-def ridge_cases(steps: int = 200, cg_steps: int = 20) -> tuple[Callable[[], Tensor],
-                                                               Callable[[], Tensor]]:
+def ridge_cases(
+    steps: int = 200, cg_steps: int = 20
+) -> tuple[Callable[[], Tensor], Callable[[], Tensor]]:
     """(ours, TorchOpt) on ``argmin_z 0.5 ||A z - x||^2 + 0.5 lam ||z||^2`` (B 64, 128 x 64):
     ``steps`` gradient-descent steps forward, ``cg_steps`` CG iterations on the Hessian
     backward; each returns dL/dx, L = sum(z*^2)."""
@@ -186,8 +204,13 @@ def ridge_cases(steps: int = 200, cg_steps: int = 20) -> tuple[Callable[[], Tens
         return 0.5 * (z @ mat.T - x).square().sum() + 0.5 * lam * z.square().sum()
 
     solver = ih.GradientDescent(lr=lr, max_steps=steps, tol=None)
-    adjoint = ih.Implicit(linear_solver="cg", max_steps=cg_steps, tol=1e-12,
-                          fixed_point_tol=None, on_divergence="warn")
+    adjoint = ih.Implicit(
+        linear_solver="cg",
+        max_steps=cg_steps,
+        tol=1e-12,
+        fixed_point_tol=None,
+        on_divergence="warn",
+    )
 
     def ours() -> Tensor:
         x = x_data.clone().requires_grad_()
@@ -198,7 +221,8 @@ def ridge_cases(steps: int = 200, cg_steps: int = 20) -> tuple[Callable[[], Tens
     optimality = torch.func.grad(loss)  # the gradient by autograd, as the library takes it
 
     @torchopt.diff.implicit.custom_root(
-        optimality, argnums=1,
+        optimality,
+        argnums=1,
         solve=torchopt.linear_solve.solve_cg(maxiter=cg_steps, rtol=1e-12, atol=0.0),
     )
     def solve(z: Tensor, x: Tensor) -> Tensor:
@@ -219,8 +243,10 @@ def measure_torchopt(table: Table, rounds: int) -> None:
     try:
         torchopt = importlib.import_module("torchopt")
     except ImportError:
-        print("peers_loops: TorchOpt is not installed here; run this section in .peers/torchopt",
-              file=sys.stderr)
+        print(
+            "peers_loops: TorchOpt is not installed here; run this section in .peers/torchopt",
+            file=sys.stderr,
+        )
         return
     version = torchopt.__version__
     for case, (ours, peer) in (
@@ -229,9 +255,15 @@ def measure_torchopt(table: Table, rounds: int) -> None:
     ):
         agree = check_same(f"TorchOpt {case}", [ours()], [peer()], 1e-4)
         times = medians({"ours": ours, "peer": peer}, rounds)
-        table.add("8. same-algorithm loop, training step", case,
-                  f"TorchOpt {version} custom_root", times["ours"], times["peer"], 1.0,
-                  f"rel. diff of dL/dx {agree:.1e}")
+        table.add(
+            "8. same-algorithm loop, training step",
+            case,
+            f"TorchOpt {version} custom_root",
+            times["ours"],
+            times["peer"],
+            1.0,
+            f"rel. diff of dL/dx {agree:.1e}",
+        )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -258,8 +290,9 @@ def main(argv: Sequence[str] | None = None) -> Table:
     if args.json:
         words = sys.argv[1:] if argv is None else list(argv)
         command = " ".join(["python -m experiments.benchmarks.peers_loops", *words])
-        write_json(args.json, "loops", table, run_meta(command, args.threads, args.clock,
-                                                       args.rounds))
+        write_json(
+            args.json, "loops", table, run_meta(command, args.threads, args.clock, args.rounds)
+        )
     return table
 
 

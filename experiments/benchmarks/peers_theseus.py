@@ -180,8 +180,13 @@ def interleaved(runs: dict[str, Callable[[], object]], rounds: int) -> dict[str,
 
 
 def row(
-    names: tuple[str, str, str], mine: float, theirs: float, ratio: float, goal: str,
-    met: bool, notes: str,
+    names: tuple[str, str, str],
+    mine: float,
+    theirs: float,
+    ratio: float,
+    goal: str,
+    met: bool,
+    notes: str,
 ) -> dict[str, object]:
     """One row of the peer JSON format; names = (target, case, peer)."""
     target, case, peer = names

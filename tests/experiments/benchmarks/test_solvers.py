@@ -12,6 +12,8 @@ from torch import Tensor
 
 import implicit_ham as ih
 from experiments.benchmarks import peers as bench_peers
+from experiments.benchmarks.official_hams import OFFICIAL
+from experiments.benchmarks.peers_gmres import StackedGMRES
 from implicit_ham.linalg.operator import AdjointOperator
 
 DT = torch.float64
@@ -136,7 +138,7 @@ def test_gmres_reads_the_host_once_per_arnoldi_step_and_per_cycle(steps, restart
 @pytest.mark.parametrize(("steps", "restart"), [(10, 30), (30, 30), (40, 7)])
 def test_gmres_matches_the_previous_stacked_basis_lstsq_gmres(steps, restart) -> None:
     op, v, _ = linear_operator(scale=0.97)
-    old = bench_peers.StackedGMRES()
+    old = StackedGMRES()
     old.restart = restart
     g_new, used_new, cond = ih.linalg.GMRES(restart=restart).solve(op, v, steps, 1e-12)
     g_old, used_old, _ = old.solve(op, v, steps, 1e-12)
@@ -211,7 +213,7 @@ def test_official_formulation_matches_the_library_hams() -> None:
     torch.manual_seed(0)
     x = torch.rand(2, 32, 8, 8, dtype=DT)
     for name in ("nmf", "vq", "cd"):
-        official = bench_peers.OFFICIAL[name](rank=4, steps=3, eval_steps=3)
+        official = OFFICIAL[name](rank=4, steps=3, eval_steps=3)
         ours = ih.make_decomposition(name, rank=4, steps=3, eval_steps=3)
         torch.manual_seed(1)
         expected = official(x)
