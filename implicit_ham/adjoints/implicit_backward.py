@@ -437,25 +437,19 @@ def _at_fixed_point(worst: float, check: FixedPointCheck, batch: int) -> bool:
 
 
 def _apply_policy(check: FixedPointCheck, worst: float, problem: str, fix: str) -> bool:
+    """Raise, or warn and say whether to keep the implicit gradient (False: fall back)."""
     if check.on_divergence == "raise":
         raise NotFixedPointError(f"{problem} {fix}")
-    if check.on_divergence == "fallback":
-        events().warn(
-            f"{problem} Using the one-step gradient for this batch (fallback).",
-            NotFixedPointWarning,
-            residual=worst,
-            where=f"{check.adjoint} backward",
-            stacklevel=4,
-        )
-        return False
+    fallback = check.on_divergence == "fallback"
+    advice = "Using the one-step gradient for this batch (fallback)." if fallback else fix
     events().warn(
-        f"{problem} {fix}",
+        f"{problem} {advice}",
         NotFixedPointWarning,
         residual=worst,
         where=f"{check.adjoint} backward",
         stacklevel=4,
     )
-    return True
+    return not fallback
 
 
 class _FixedPointGradient(torch.autograd.Function):
