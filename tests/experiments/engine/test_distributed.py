@@ -140,10 +140,15 @@ def test_first_float32_step_matches_one_process_to_rounding(tmp_path: Path) -> N
         torch.testing.assert_close(ddp_state[key], value, rtol=1e-5, atol=1e-6, msg=key)
 
 
+def _untimed(metrics: dict) -> dict:
+    """The metrics without the wall-clock ones (``*_time_s``), which no rerun reproduces."""
+    return {k: v for k, v in metrics.items() if not k.endswith("_time_s")}
+
+
 @pytest.mark.skip(
-    reason="known failure, open in issue 26: under torchrun --max-restarts the restarted "
-    "workers fail on this 2-core machine (gloo connection refused, and a second failure seen "
-    "in a fresh clone); the same command run by hand resumed from step 3"
+    reason="intermittent, open in issue 26: with the wall-clock metrics left out of the "
+    "comparison it passed 8 of 10 runs on this 2-core machine; the other 2 failed inside the "
+    "restarted workers' training (under investigation), so it stays out of CI"
 )
 @needs_torchrun
 def test_elastic_restart_after_a_worker_crash_resumes_bit_identically(
@@ -169,7 +174,7 @@ def test_elastic_restart_after_a_worker_crash_resumes_bit_identically(
     reference = json.loads((ddp_reference / "results.json").read_text())
     assert results["status"] == "ok"
     assert results["state_digests"] == reference["state_digests"]
-    assert results["metrics"] == reference["metrics"]
+    assert _untimed(results["metrics"]) == _untimed(reference["metrics"])
     epochs = [r["epoch"] for r in map(json.loads, (job / "metrics.jsonl").read_text().splitlines())
               if "epoch" in r]  # fmt: skip
     assert epochs == [1, 2]  # the restart logged no row twice
