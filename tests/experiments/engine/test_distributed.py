@@ -147,7 +147,7 @@ def _untimed(metrics: dict) -> dict:
 
 @pytest.mark.skip(
     reason="intermittent, open in issue 26: with the wall-clock metrics left out of the "
-    "comparison it passed 8 of 10 runs on this 2-core machine; the other 2 failed inside the "
+    "comparison it passed 7 of 9 runs on this 2-core machine; the other 2 failed inside the "
     "restarted workers' training (under investigation), so it stays out of CI"
 )
 @needs_torchrun
