@@ -107,33 +107,23 @@ def test_per_sample_value_is_the_same_under_every_backward_mode(name, adjoints) 
         assert torch.equal(value, values[0])
 
 
+def solve_f64(x: Tensor, rates: Tensor, weight: Tensor, solver, adjoint) -> ih.Solution:
+    """``f`` solved from zeros in float64 for the samples of ``x`` (B, N)."""
+    z0 = torch.zeros(x.shape[0], WIDTH, dtype=torch.float64)
+    return ih.fixed_point(f, z0, x, rates, weight, solver=solver, adjoint=adjoint)
+
+
 def test_one_step_gradient_of_a_frozen_sample_is_its_own_last_step() -> None:
     """OneStep through per-sample stops: each sample's gradient is that of f at its own
     second-to-last iterate (compared with the sample solved alone)."""
     weight, rates, x = (double(t) for t in contraction_problem())
     solver = ih.FixedPointIteration(max_steps=400, tol=1e-8)
     xg = x.clone().requires_grad_()
-    sol = ih.fixed_point(
-        f,
-        torch.zeros(4, WIDTH, dtype=torch.float64),
-        xg,
-        rates,
-        weight,
-        solver=solver,
-        adjoint=ih.OneStep(),
-    )
+    sol = solve_f64(xg, rates, weight, solver, ih.OneStep())
     sol.value.square().sum().backward()
     for i in range(4):
         xi = x[i : i + 1].clone().requires_grad_()
-        alone = ih.fixed_point(
-            f,
-            torch.zeros(1, WIDTH, dtype=torch.float64),
-            xi,
-            rates[i : i + 1],
-            weight,
-            solver=solver,
-            adjoint=ih.OneStep(),
-        )
+        alone = solve_f64(xi, rates[i : i + 1], weight, solver, ih.OneStep())
         alone.value.square().sum().backward()
         torch.testing.assert_close(xg.grad[i], xi.grad[0], rtol=1e-10, atol=1e-12)
 
@@ -150,26 +140,10 @@ def test_truncated_replay_of_a_sample_that_stopped_early_keeps_its_own_steps() -
     k = int(fast[3]) + 2  # sample 3 stops before k steps, sample 1 after
     assert k < int(fast[1])
     xg = x.clone().requires_grad_()
-    sol = ih.fixed_point(
-        f,
-        torch.zeros(4, WIDTH, dtype=torch.float64),
-        xg,
-        rates,
-        weight,
-        solver=solver,
-        adjoint=ih.Truncated(k),
-    )
+    sol = solve_f64(xg, rates, weight, solver, ih.Truncated(k))
     sol.value.square().sum().backward()
     xi = x[3:4].clone().requires_grad_()
-    alone = ih.fixed_point(
-        f,
-        torch.zeros(1, WIDTH, dtype=torch.float64),
-        xi,
-        rates[3:4],
-        weight,
-        solver=solver,
-        adjoint=ih.Unroll(),
-    )
+    alone = solve_f64(xi, rates[3:4], weight, solver, ih.Unroll())
     alone.value.square().sum().backward()
     torch.testing.assert_close(sol.value[3], alone.value[0], rtol=1e-12, atol=0)
     torch.testing.assert_close(xg.grad[3], xi.grad[0], rtol=1e-10, atol=1e-12)
