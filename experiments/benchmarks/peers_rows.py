@@ -28,17 +28,8 @@ class Table:
 
     rows: list[dict[str, object]] = field(default_factory=list)
 
-    def add(
-        self,
-        target: str,
-        case: str,
-        peer: str,
-        ours: float,
-        theirs: float,
-        goal: float,
-        notes: str = "",
-        floor: float | None = None,
-    ) -> None:
+    def add(self, target: str, case: str, peer: str, ours: float, theirs: float, goal: float,
+            notes: str = "", floor: float | None = None) -> None:
         """A timed case: ratio = peer / ours, met when ``>= goal``."""
         ratio = theirs / ours
         row: dict[str, object] = {
@@ -50,16 +41,8 @@ class Table:
             row["floor_ms"] = floor
         self.rows.append(row)
 
-    def add_at_most(
-        self,
-        target: str,
-        case: str,
-        peer: str,
-        ours: float,
-        theirs: float,
-        goal: float,
-        notes: str = "",
-    ) -> None:
+    def add_at_most(self, target: str, case: str, peer: str, ours: float, theirs: float,
+                    goal: float, notes: str = "") -> None:
         """A cost where less is better compared as ours / peer (memory, overhead), met when
         ``<= goal``."""
         ratio = ours / theirs
@@ -100,15 +83,8 @@ def read_json(path: str | Path) -> dict[str, Any]:
 def run_meta(command: str, threads: int, clock: str, rounds: int) -> dict[str, object]:
     """The set-up a section records: command, torch, threads, clock, rounds, the host's load."""
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
-    return {
-        "command": command,
-        "torch": torch.__version__,
-        "threads": threads,
-        "clock": clock,
-        "rounds": rounds,
-        "load": f"load average {load}",
-        "python": sys.executable,
-    }
+    return {"command": command, "torch": torch.__version__, "threads": threads, "clock": clock,
+            "rounds": rounds, "load": f"load average {load}", "python": sys.executable}
 
 
 def check_same(what: str, ours: Sequence[Tensor], theirs: Sequence[Tensor], tol: float) -> float:
@@ -142,3 +118,5 @@ def medians(
             if index >= warmup:
                 samples[name].append((now() - start) * 1e3)
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
