@@ -22,8 +22,8 @@ from implicit_ham._core.grad_guard import guard_gradient
 from implicit_ham._core.state import State, StateSpec, StepFn
 from implicit_ham._core.stats import BackwardStats, SolverStats
 from implicit_ham._core.transforms import active_transforms
+from implicit_ham.adjoints.fixed_point_check import FixedPointCheck
 from implicit_ham.adjoints.implicit_backward import (
-    FixedPointCheck,
     attach_fixed_point_gradient,
     attach_root_gradient,
 )

@@ -17,8 +17,9 @@ holds z* and g constant.
 The gradient assumes z* is a fixed point. The evaluation ``fz = f(z*)`` gives its residual
 ``||f(z*) - z*|| / ||f(z*)||`` per sample for free; the backward pass compares the worst one
 with ``FixedPointCheck.tol`` before solving and applies the ``on_divergence`` policy when z* is
-not a fixed point (warn ``NotFixedPointWarning``, raise ``NotFixedPointError``, or fall back
-to the one-step gradient ``g = v``), recording the residual in the ``BackwardStats``.
+not a fixed point (``adjoints.fixed_point_check``: warn ``NotFixedPointWarning``, raise
+``NotFixedPointError``, or fall back to the one-step gradient ``g = v``), recording the
+residual in the ``BackwardStats``.
 
 The root and argmin layers (``ih.root``, ``ih.minimize``) use the same Function through
 ``attach_root_gradient``: the graph is that of g at z* (``g = grad_z loss`` for a minimum), the
@@ -41,8 +42,6 @@ from implicit_ham._core.errors import (
     BackwardSolveError,
     ConvergenceWarning,
     NonFiniteError,
-    NotFixedPointError,
-    NotFixedPointWarning,
     SecondOrderError,
 )
 from implicit_ham._core.events import events
@@ -51,6 +50,7 @@ from implicit_ham._core.precision import working_dtype
 from implicit_ham._core.state import BoundStep, State, StateSpec, StepFn, per_sample_norm
 from implicit_ham._core.stats import BackwardStats
 from implicit_ham._core.transforms import active_transforms, host_checks
+from implicit_ham.adjoints.fixed_point_check import FixedPointCheck, at_fixed_point
 from implicit_ham.adjoints.func_gradient import TransformedSolve, attach_under_transforms
 from implicit_ham.adjoints.second_order import (
     BackwardSolve,
@@ -63,28 +63,6 @@ from implicit_ham.adjoints.second_order import (
     vjp,
 )
 from implicit_ham.linalg.operator import AdjointOperator
-
-ON_DIVERGENCE = ("warn", "raise", "fallback")
-
-
-@dataclass(frozen=True)
-class FixedPointCheck:
-    """How an at-fixed-point backward mode treats a point that is not a fixed point.
-
-    Attributes:
-        adjoint: the backward mode's name (for messages and stats).
-        tol: the largest accepted relative residual ``||f(z*) - z*|| / ||f(z*)||`` (worst
-            sample); None skips the check. For a root (``root_of`` given): the largest accepted
-            absolute residual ``||g(z*)||`` (worst sample).
-        on_divergence: "warn", "raise" or "fallback" (see the module docstring).
-        root_of: None for a fixed point of f; for a root of g, the name of g in messages
-            (e.g. "g", "grad_z loss").
-    """
-
-    adjoint: str
-    tol: float | None
-    on_divergence: str
-    root_of: str | None = None
 
 
 def attach_fixed_point_gradient(
@@ -209,7 +187,7 @@ def _under_transforms(
         tuple(t.detach() for t in z_star),
         spec,
         backward_solve,
-        lambda worst: _at_fixed_point(worst, check, spec.batch),
+        lambda worst: at_fixed_point(worst, check, spec.batch),
         check.root_of is not None,
         rule is not None and rule.vmappable,
         check.adjoint,
@@ -383,7 +361,7 @@ class _AdjointBackward:
     ) -> Tensor:
         """The fixed-point check, then ``solve()`` (or the one-step fallback g = v); logs."""
         worst = float(self.residual.max()) if self.residual.numel() else 0.0
-        if _at_fixed_point(worst, self.check, self.spec.batch):
+        if at_fixed_point(worst, self.check, self.spec.batch):
             g, stats = solve()
         else:
             g = v.clone()
@@ -403,53 +381,6 @@ class _AdjointBackward:
         if self.check.root_of is not None:
             g = -g
         return self.spec.unflatten(g.reshape(self.spec.batch, -1).to(self.spec.dtype))
-
-
-def _at_fixed_point(worst: float, check: FixedPointCheck, batch: int) -> bool:
-    """Apply ``check`` to the worst forward residual: True to go on with the solve, False to
-    fall back to the one-step gradient; raises or warns per ``check.on_divergence``."""
-    if check.tol is None or worst <= check.tol:
-        return True
-    if check.root_of is not None:
-        return _apply_policy(
-            check,
-            worst,
-            f"{check.adjoint} backward: the point it differentiates at is not a root of "
-            f"{check.root_of}: ||{check.root_of}(z*)|| = {worst:.3e} (worst of {batch} samples) "
-            f"> fixed_point_tol={check.tol:g}. The implicit gradient assumes "
-            f"{check.root_of}(z*) = 0 and is wrong here.",
-            "Solve further (more steps, a smaller solver tol), differentiate the iterations "
-            "instead (Unroll, Truncated, OneStep), raise fixed_point_tol, or set "
-            "on_divergence='fallback'.",
-        )
-    problem = (
-        f"{check.adjoint} backward: the point it differentiates at is not a fixed point of f: "
-        f"relative residual ||f(z*) - z*|| / ||f(z*)|| = {worst:.3e} (worst of {batch} samples) "
-        f"> fixed_point_tol={check.tol:g}. The implicit gradient assumes z* = f(z*) and is "
-        "wrong here."
-    )
-    fix = (
-        "Solve further (more steps, a tolerance, Anderson), differentiate the iterations "
-        "instead (Unroll, Truncated, OneStep), raise fixed_point_tol, or set "
-        "on_divergence='fallback'."
-    )
-    return _apply_policy(check, worst, problem, fix)
-
-
-def _apply_policy(check: FixedPointCheck, worst: float, problem: str, fix: str) -> bool:
-    """Raise, or warn and say whether to keep the implicit gradient (False: fall back)."""
-    if check.on_divergence == "raise":
-        raise NotFixedPointError(f"{problem} {fix}")
-    fallback = check.on_divergence == "fallback"
-    advice = "Using the one-step gradient for this batch (fallback)." if fallback else fix
-    events().warn(
-        f"{problem} {advice}",
-        NotFixedPointWarning,
-        residual=worst,
-        where=f"{check.adjoint} backward",
-        stacklevel=4,
-    )
-    return not fallback
 
 
 class _FixedPointGradient(torch.autograd.Function):

@@ -33,9 +33,8 @@ from implicit_ham._core.validation import (
     check_tolerance,
     check_unit_interval,
 )
+from implicit_ham.adjoints.fixed_point_check import ON_DIVERGENCE, FixedPointCheck
 from implicit_ham.adjoints.implicit_backward import (
-    ON_DIVERGENCE,
-    FixedPointCheck,
     SecondOrder,
     attach_fixed_point_gradient,
     finish_backward,
