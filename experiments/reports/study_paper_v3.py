@@ -43,6 +43,8 @@ from experiments.studies.paper_v3_plan import (
     TUNED_GRADIENTS,
     Job,
     Plan,
+    arm_lrs,
+    edge_selected,
     jobs_of_stage,
     select_inv_t,
     select_lr,
@@ -169,6 +171,9 @@ class PaperV3:
     peak_mem_mb: float | None
     pretrain: Table
     edge_arms: tuple[str, ...]
+    extended_arms: tuple[str, ...]
+    stale_rows: int
+    plan_job_minutes: float
 
 
 def _values(rows: Mapping[str, Mapping[str, Any]], jobs: Sequence[Job], column: str) -> list[float]:
@@ -208,35 +213,48 @@ def _by_replicate(
 
 
 def _tuning_table(plan: Plan, rows: Mapping[str, Mapping[str, Any]], tuned: bool) -> Table:
-    jobs = tune_jobs(plan)
+    jobs = tune_jobs(plan, rows)
+    arms = [(c, g, t) for c, g in _tuned_arms() for t in plan.inv_ts_of(c)]
+    lrs = sorted({j.lr for j in jobs if j.lr is not None})
     out = []
-    for context, gradient in [(b, NO_GRADIENT) for b in BASELINES] + [
-        (h, g) for h in HAMS for g in TUNED_GRADIENTS
-    ]:
-        for inv_t in plan.inv_ts_of(context):
-            cells: list[Any] = [context.upper() if context in HAMS else CONTEXT_NAMES[context],
-                                GRADIENT_NAMES[gradient], name_inv_t(inv_t)]  # fmt: skip
-            for lr in plan.lrs:
-                arm = [j for j in _arm_jobs(jobs, context, gradient, inv_t) if j.lr == lr]
-                values = _values(rows, arm, "val_miou")
-                cells.append(_fmt(statistics.fmean(values)) if values else "–")
-            cells.append(f"{select_lr(plan, rows, context, gradient, inv_t):g}" if tuned else "–")
-            out.append(cells)
-    header = ["context", "gradient", "inv_t", *[f"val mIoU @ lr {lr:g}" for lr in plan.lrs],
+    for context, gradient, inv_t in arms:
+        cells: list[Any] = [context.upper() if context in HAMS else CONTEXT_NAMES[context],
+                            GRADIENT_NAMES[gradient], name_inv_t(inv_t)]  # fmt: skip
+        for lr in lrs:
+            arm = [j for j in _arm_jobs(jobs, context, gradient, inv_t) if j.lr == lr]
+            values = _values(rows, arm, "val_miou")
+            cells.append(_fmt(statistics.fmean(values)) if values else "–")
+        cells.append(f"{select_lr(plan, rows, context, gradient, inv_t):g}" if tuned else "–")
+        out.append(cells)
+    header = ["context", "gradient", "inv_t", *[f"val mIoU @ lr {lr:g}" for lr in lrs],
               "selected lr"]  # fmt: skip
     return Table.of(header, out)
 
 
+def _tuned_arms() -> list[tuple[str, str]]:
+    return [(b, NO_GRADIENT) for b in BASELINES] + [(h, g) for h in HAMS for g in TUNED_GRADIENTS]
+
+
+def _extended_arms(plan: Plan, rows: Mapping[str, Mapping[str, Any]]) -> tuple[str, ...]:
+    """The tuned arms whose grid was extended past an end of ``lrs``, with the rates added."""
+    base = set(plan.lrs)
+    out = []
+    for c, g in _tuned_arms():
+        for t in plan.inv_ts_of(c):
+            added = [lr for lr in arm_lrs(plan, rows, c, g, t) if lr not in base]
+            if added:
+                out.append(f"{arm_label(c, g, t)}: {', '.join(f'{lr:g}' for lr in added)}")
+    return tuple(out)
+
+
 def _edge_arms(plan: Plan, rows: Mapping[str, Mapping[str, Any]]) -> tuple[str, ...]:
-    """The tuned arms whose selected learning rate is the grid's smallest or largest (a better
-    one may lie beyond the grid)."""
-    ends = (min(plan.lrs), max(plan.lrs))
-    arms = [(b, NO_GRADIENT) for b in BASELINES] + [(h, g) for h in HAMS for g in TUNED_GRADIENTS]
+    """The tuned arms whose selected learning rate is still an end of their extended grid (the
+    extensions ran out: a better one may lie beyond it)."""
     return tuple(
         arm_label(c, g, t)
-        for c, g in arms
+        for c, g in _tuned_arms()
         for t in plan.inv_ts_of(c)
-        if select_lr(plan, rows, c, g, t) in ends
+        if edge_selected(plan, rows, c, g, t)
     )
 
 
@@ -376,12 +394,11 @@ def paper_v3(
     sessions: Sequence[Mapping[str, Any]],
 ) -> PaperV3:
     """The section's data from the CSV rows (job key -> row) and the sessions sidecar."""
-    tuned = settled(rows, tune_jobs(plan))
+    tuned = settled(rows, tune_jobs(plan, rows))
     main = list(jobs_of_stage(plan, rows, "main")) if tuned else []
     k_jobs = list(jobs_of_stage(plan, rows, "k_axis")) if tuned else []
-    expected = {
-        j.key for j in [*jobs_of_stage(plan, rows, "pretrain"), *tune_jobs(plan), *main, *k_jobs]
-    }
+    known = [*jobs_of_stage(plan, rows, "pretrain"), *tune_jobs(plan, rows), *main, *k_jobs]
+    expected = {j.key for j in known}
     ok = sum(_ok(rows.get(k)) for k in expected)
     failed = tuple(sorted(k for k in expected if k in rows and not _ok(rows[k])))
 
@@ -426,8 +443,7 @@ def paper_v3(
                         [(r["replicate"], r["data_seed"], _fmt(r["val_pixel_acc"]),
                           f"{r['train_s']:.0f}") for r in pre])  # fmt: skip
     own = [r for r in rows.values() if r.get("plan") == plan.digest()]
-    job_s = sum(float(r["finished"]) - float(r["started"]) for r in own
-                if r.get("started") is not None and r.get("finished") is not None)  # fmt: skip
+    job_s = _job_seconds(own)
     peaks = [float(r["peak_mem_mb"]) for r in own if r.get("peak_mem_mb") is not None]
     mine = [s for s in sessions if s.get("plan") == plan.digest()]
     return PaperV3(
@@ -459,7 +475,16 @@ def paper_v3(
         peak_mem_mb=max(peaks) if peaks else None,
         pretrain=pretrain,
         edge_arms=_edge_arms(plan, rows) if tuned else (),
+        extended_arms=_extended_arms(plan, rows),
+        stale_rows=sum(k not in expected for k in rows),
+        plan_job_minutes=_job_seconds([rows[k] for k in expected if k in rows]) / 60,
     )
+
+
+def _job_seconds(rows: Sequence[Mapping[str, Any]]) -> float:
+    """Seconds from start to end, summed over the rows that record both."""
+    return sum(float(r["finished"]) - float(r["started"]) for r in rows
+               if r.get("started") is not None and r.get("finished") is not None)  # fmt: skip
 
 
 def verdict_counts(doc: PaperV3) -> dict[str, int]:

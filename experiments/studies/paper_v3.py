@@ -211,7 +211,7 @@ def pending_jobs(plan: Plan, rows: dict[str, dict[str, Any]], out_dir: Path) -> 
     known, before tuning is settled) needs it."""
     jobs = all_jobs(plan, rows)
     todo = [j for j in jobs if j.stage != "pretrain" and rows.get(j.key, {}).get("status") != "ok"]
-    tuned = all(k.key in rows for k in tune_jobs(plan))
+    tuned = all(k.key in rows for k in tune_jobs(plan, rows))
     needed = {j.replicate for j in todo} | (set() if tuned else set(range(plan.replicates)))
 
     def missing(job: Job) -> bool:

@@ -6,6 +6,9 @@ reports it) has four stages, every job a (context, gradient, K, inv_t, lr, repli
 1. ``pretrain``: one backbone per replicate, on that replicate's clean train scans.
 2. ``tune``: on the ``tune_replicates``, every learning rate of ``lrs`` for each context and
    gradient at K = ``main_k`` (and each inv_t of ``inv_ts`` for VQ and CD), ``short_epochs``.
+   An arm whose best rate is an end of its grid gets the next rate beyond that end (``lr_factor``
+   times the largest, or the smallest divided by it), up to ``lr_extensions`` times
+   (``arm_lrs``), so a selected rate is an end of the grid only when the extensions ran out.
 3. ``main``: every arm on every replicate at its selected learning rate, ``main_epochs``.
 4. ``k_axis``: one-step and BPTT per ham at each K of ``ks`` on the ``k_replicates``, at the
    selected learning rate and the ham's selected inv_t, ``short_epochs`` (K = ``main_k`` on a
@@ -19,7 +22,6 @@ and pretraining run.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -54,7 +56,9 @@ class Plan:
         replicates: how many independent replicates (data seed ``data_seed_base + r``, model
             seed ``r``, pretraining seed ``r``).
         tune_replicates, k_replicates: the replicates of the tuning grid and of the K axis.
-        lrs: the learning-rate grid; inv_ts: VQ / CD's softmax inverse temperatures.
+        lrs: the base learning-rate grid, extended per arm past an end that is best (at most
+            ``lr_extensions`` rates beyond either end, each ``lr_factor`` times further).
+        inv_ts: VQ / CD's softmax inverse temperatures.
         main_k: K of tuning and of the main arms; ks: the K axis.
         main_epochs, short_epochs: epochs of the main arms and of the tuning grid / K axis.
         pretrain_steps, pretrain_images: the backbone's pretraining (``PretrainConf``).
@@ -65,6 +69,8 @@ class Plan:
     tune_replicates: tuple[int, ...] = (0, 1)
     k_replicates: tuple[int, ...] = (0, 1)
     lrs: tuple[float, ...] = (0.025, 0.05, 0.1, 0.2)
+    lr_extensions: int = 2
+    lr_factor: float = 2.0
     inv_ts: tuple[float, ...] = (1.0, 10.0, 100.0)
     main_k: int = 6
     ks: tuple[int, ...] = (1, 3, 6, 12)
@@ -87,10 +93,20 @@ class Plan:
             raise ValueError(f"Plan: main_k={self.main_k} must be one of ks={self.ks}")
         if not self.lrs or not self.inv_ts:
             raise ValueError("Plan: lrs and inv_ts must not be empty")
+        if self.lr_extensions < 0 or self.lr_factor <= 1:
+            raise ValueError(
+                f"Plan: lr_extensions={self.lr_extensions} must be >= 0 and "
+                f"lr_factor={self.lr_factor} > 1"
+            )
 
     def digest(self) -> str:
-        """A short hash of the plan (rows of another plan are not mixed in)."""
-        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        """A short hash of what a job's result depends on beyond its key (the pretraining, the
+        data seeds, the extra overrides): rows of another digest are not mixed in. The grid's
+        shape (replicates, rates, temperatures, K values, extensions) only decides which jobs
+        exist; each job's key names its own lr, inv_t, K, replicate and epochs, so a row stays
+        valid when the grid grows."""
+        fields = ("pretrain_steps", "pretrain_images", "data_seed_base", "overrides")
+        text = json.dumps({f: getattr(self, f) for f in fields}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:10]
 
     def data_seed(self, replicate: int) -> int:
@@ -142,18 +158,12 @@ def _arms() -> list[tuple[str, str]]:
     return [(b, NO_GRADIENT) for b in BASELINES] + [(h, g) for h in HAMS for g in TUNED_GRADIENTS]
 
 
-def tune_jobs(plan: Plan) -> list[Job]:
-    """The learning-rate grid on the tuning replicates."""
-    return [
-        Job("tune", context, gradient, plan.main_k, inv_t, lr, r, plan.short_epochs)
-        for context, gradient in _arms()
-        for inv_t in plan.inv_ts_of(context)
-        for lr in plan.lrs
-        for r in plan.tune_replicates
-    ]
-
-
 Rows = Mapping[str, Mapping[str, Any]]  # job key -> CSV row
+
+
+def _tune_job(plan: Plan, context: str, gradient: str, inv_t: float | None, lr: float,
+              replicate: int) -> Job:  # fmt: skip
+    return Job("tune", context, gradient, plan.main_k, inv_t, lr, replicate, plan.short_epochs)
 
 
 def val_score(row: Mapping[str, Any] | None) -> float:
@@ -164,32 +174,90 @@ def val_score(row: Mapping[str, Any] | None) -> float:
     return value if math.isfinite(value) else -math.inf
 
 
+def _mean_score(plan: Plan, rows: Rows, context: str, gradient: str, inv_t: float | None,
+                lr: float) -> float:  # fmt: skip
+    """Mean final val mIoU over the tuning replicates (KeyError: a job has no row yet)."""
+    keys = [_tune_job(plan, context, gradient, inv_t, lr, r).key for r in plan.tune_replicates]
+    return sum(val_score(rows[k]) for k in keys) / len(keys)
+
+
+def _best(scores: Mapping[float, float]) -> float:
+    """The rate with the highest score (ties: the smaller rate)."""
+    best, best_score = min(scores), -math.inf
+    for lr in sorted(scores):
+        if scores[lr] > best_score:
+            best, best_score = lr, scores[lr]
+    return best
+
+
+def arm_lrs(plan: Plan, rows: Rows, context: str, gradient: str,
+            inv_t: float | None) -> tuple[float, ...]:  # fmt: skip
+    """The learning rates tuned for an arm so far, ascending: ``lrs``, then, while every rate so
+    far has its rows and the best is the largest (smallest), one rate ``lr_factor`` times
+    larger (smaller), at most ``lr_extensions`` times. The through-bases one-step uses the
+    one-step's grid."""
+    tuned = ONE_STEP if gradient == THROUGH_BASES else gradient
+    grid = sorted(plan.lrs)
+    for _ in range(plan.lr_extensions):
+        try:
+            scores = {lr: _mean_score(plan, rows, context, tuned, inv_t, lr) for lr in grid}
+        except KeyError:
+            break
+        best = _best(scores)
+        if not math.isfinite(scores[best]):
+            break
+        if best == grid[-1] and len(grid) > 1 and _beyond(plan, grid, up=True):
+            grid.append(float(f"{grid[-1] * plan.lr_factor:.12g}"))
+        elif best == grid[0] and len(grid) > 1 and _beyond(plan, grid, up=False):
+            grid.insert(0, float(f"{grid[0] / plan.lr_factor:.12g}"))
+        else:
+            break
+    return tuple(grid)
+
+
+def _beyond(plan: Plan, grid: Sequence[float], up: bool) -> bool:
+    """Whether the grid has room for one more extension on that side."""
+    base = sorted(plan.lrs)
+    added = sum(lr > base[-1] for lr in grid) if up else sum(lr < base[0] for lr in grid)
+    return added < plan.lr_extensions
+
+
+def edge_selected(plan: Plan, rows: Rows, context: str, gradient: str,
+                  inv_t: float | None) -> bool:  # fmt: skip
+    """Whether the arm's selected rate is an end of its (extended) grid: a better rate may lie
+    beyond it (the extensions ran out)."""
+    grid = arm_lrs(plan, rows, context, gradient, inv_t)
+    return len(grid) > 1 and select_lr(plan, rows, context, gradient, inv_t) in (grid[0], grid[-1])
+
+
+def tune_jobs(plan: Plan, rows: Rows) -> list[Job]:
+    """The learning-rate grid on the tuning replicates, each arm's grid as extended so far."""
+    return [
+        _tune_job(plan, context, gradient, inv_t, lr, r)
+        for context, gradient in _arms()
+        for inv_t in plan.inv_ts_of(context)
+        for lr in arm_lrs(plan, rows, context, gradient, inv_t)
+        for r in plan.tune_replicates
+    ]
+
+
 def select_lr(plan: Plan, rows: Rows, context: str, gradient: str, inv_t: float | None) -> float:
-    """The learning rate of ``lrs`` with the highest mean final val mIoU over the tuning
-    replicates (ties: the smaller rate); the through-bases one-step takes the one-step's.
+    """The learning rate of the arm's grid (``arm_lrs``) with the highest mean final val mIoU
+    over the tuning replicates (ties: the smaller rate); the through-bases one-step takes the
+    one-step's.
 
     Raises:
         KeyError: a tuning job of this arm has no row yet.
     """
     tuned = ONE_STEP if gradient == THROUGH_BASES else gradient
-    best, best_score = plan.lrs[0], -math.inf
-    for lr in sorted(plan.lrs):
-        scores = []
-        for r in plan.tune_replicates:
-            key = Job("tune", context, tuned, plan.main_k, inv_t, lr, r, plan.short_epochs).key
-            scores.append(val_score(rows[key]))
-        score = sum(scores) / len(scores)
-        if score > best_score:
-            best, best_score = lr, score
-    return best
+    grid = arm_lrs(plan, rows, context, tuned, inv_t)
+    return _best({lr: _mean_score(plan, rows, context, tuned, inv_t, lr) for lr in grid})
 
 
 def tuned_score(plan: Plan, rows: Rows, context: str, gradient: str, inv_t: float | None) -> float:
     """Mean val mIoU over the tuning replicates at the selected learning rate."""
     lr = select_lr(plan, rows, context, gradient, inv_t)
-    keys = [Job("tune", context, gradient, plan.main_k, inv_t, lr, r, plan.short_epochs).key
-            for r in plan.tune_replicates]  # fmt: skip
-    return sum(val_score(rows[k]) for k in keys) / len(keys)
+    return _mean_score(plan, rows, context, gradient, inv_t, lr)
 
 
 def select_inv_t(plan: Plan, rows: Rows, ham: str) -> float | None:
@@ -235,8 +303,8 @@ def all_jobs(plan: Plan, rows: Rows) -> list[Job]:
     """The jobs known from ``rows``: pretraining and tuning always, the main arms and the K
     axis once every tuning job has a row. A job listed twice (a K-axis job that is a tuning
     job) appears once, under its first stage."""
-    jobs = [*pretrain_jobs(plan), *tune_jobs(plan)]
-    if settled(rows, tune_jobs(plan)):
+    jobs = [*pretrain_jobs(plan), *tune_jobs(plan, rows)]
+    if settled(rows, tune_jobs(plan, rows)):
         jobs += [*main_jobs(plan, rows), *k_axis_jobs(plan, rows)]
     seen: set[str] = set()
     unique = []
@@ -252,7 +320,7 @@ def jobs_of_stage(plan: Plan, rows: Rows, stage: str) -> Sequence[Job]:
     if stage == "pretrain":
         return pretrain_jobs(plan)
     if stage == "tune":
-        return tune_jobs(plan)
+        return tune_jobs(plan, rows)
     if stage == "main":
         return main_jobs(plan, rows)
     if stage == "k_axis":

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import statistics
@@ -21,9 +22,12 @@ from experiments.studies.paper_v3_plan import (
     Job,
     Plan,
     all_jobs,
+    arm_lrs,
+    edge_selected,
     k_axis_jobs,
     main_jobs,
     pretrain_jobs,
+    select_lr,
     tune_jobs,
 )
 from experiments.studies.paper_v3_table import append_session, read_rows, write_rows
@@ -62,9 +66,10 @@ def synthetic_rows() -> dict[str, dict[str, Any]]:
     rows: dict[str, dict[str, Any]] = {}
     for job in pretrain_jobs(PLAN):
         rows[job.key] = _row(job, val_pixel_acc=0.9, train_s=5.0, steps=400)
-    for job in tune_jobs(PLAN):
-        rows[job.key] = _row(job, val_miou=tune_score(job), test_miou=arm_score(job),
-                             val_curve="32:0.5;64:0.6", train_s=3.0)  # fmt: skip
+    while todo := [j for j in tune_jobs(PLAN, rows) if j.key not in rows]:  # grids extend
+        for job in todo:
+            rows[job.key] = _row(job, val_miou=tune_score(job), test_miou=arm_score(job),
+                                 val_curve="32:0.5;64:0.6", train_s=3.0)  # fmt: skip
     for job in [*main_jobs(PLAN, rows), *k_axis_jobs(PLAN, rows)]:
         if job.key not in rows:
             fidelity = "32:0.4;64:0.5" if job.gradient in (ONE_STEP, THROUGH_BASES) else ""
@@ -78,6 +83,29 @@ def test_selection_follows_the_val_scores() -> None:
     for job in main_jobs(PLAN, rows):
         assert job.lr == (0.1 if job.gradient == BPTT else 0.05), job.key
     assert len({j.key for j in all_jobs(PLAN, rows)}) == len(rows)
+
+
+def test_grids_extend_past_a_best_end_and_stop_at_the_cap() -> None:
+    rows = synthetic_rows()
+    # the base grid is (0.05, 0.1): BPTT's best (0.1) was the top, the others' (0.05) the bottom
+    assert arm_lrs(PLAN, rows, "nmf", BPTT, None) == (0.05, 0.1, 0.2)
+    assert arm_lrs(PLAN, rows, "nmf", ONE_STEP, None) == (0.025, 0.05, 0.1)
+    assert arm_lrs(PLAN, rows, "nmf", THROUGH_BASES, None) == (0.025, 0.05, 0.1)
+    assert not edge_selected(PLAN, rows, "nmf", BPTT, None)
+
+    plan = dataclasses.replace(PLAN, lr_extensions=1)
+    climbing: dict[str, dict[str, Any]] = {}  # val mIoU grows with the rate: extend once, stop
+    while todo := [j for j in tune_jobs(plan, climbing) if j.key not in climbing]:
+        for job in todo:
+            climbing[job.key] = _row(job, val_miou=0.5 + job.lr)
+    assert arm_lrs(plan, climbing, "none", "-", None) == (0.05, 0.1, 0.2)
+    assert select_lr(plan, climbing, "none", "-", None) == 0.2
+    assert edge_selected(plan, climbing, "none", "-", None)
+
+    failed = {k: {**r, "status": "failed"} for k, r in climbing.items()}
+    assert arm_lrs(plan, failed, "none", "-", None) == (0.05, 0.1)  # no score: no extension
+    # the digest ignores the grid's shape, so rows stay valid when it grows
+    assert plan.digest() == PLAN.digest() != dataclasses.replace(PLAN, pretrain_steps=1).digest()
 
 
 def test_resume_skips_ok_rows_and_rebuilds_only_the_needed_backbone(
@@ -135,7 +163,7 @@ def test_report_from_csv_equals_a_recomputation(tmp_path: Path) -> None:
     family = []
     for ham in ("NMF", "VQ", "CD"):
         for row in _cells(page, ham):
-            if len(row) != 8:
+            if len(row) != 8 or "[" not in row[3]:  # the verdict table's rows
                 continue
             arm = ONE_STEP if row[2].startswith("one-step (paper") else THROUGH_BASES
             inv_t = None if row[1] == "–" else float(row[1].split()[0])
