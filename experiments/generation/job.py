@@ -28,6 +28,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from experiments.data.far_twins import FarTwinsDataset
 from experiments.data.twin_digits import to_gan_range
+from experiments.generation.d_probe import mismatch_gap
 from experiments.generation.evaluate import features_of, sample_canvases, save_grid, score
 from experiments.generation.nets import NETWORK, LocalDiscriminator, LocalGenerator
 from experiments.generation.trainer import hinge_d_loss, hinge_g_loss
@@ -54,12 +55,13 @@ ADJOINTS = {"one_step": OneStep, "unroll": Unroll}
 class GanJob:
     """Everything that defines one job (its results file row repeats these fields).
 
-    ``depth``: the generator's conv1x1 layers before its context block (depth without a wider
-    receptive field); ``rank`` / ``ham_steps``: the Hamburger's bases and iterations
-    (training and evaluation); ``plateau_tolerance``: the largest relative FID change over the
-    last ``plateau_window`` of training that counts as a plateau; ``network``: the networks'
-    design (``experiments.generation.nets.NETWORK``, the only one this code builds; the rows of
-    earlier designs in ``docs/generation/history.jsonl`` lack it or name another)."""
+    ``depth`` / ``g_after``: the generator's conv1x1 layers before / after its context block
+    (depth without a wider receptive field); ``rank`` / ``ham_steps``: the Hamburger's bases
+    and iterations (training and evaluation); ``plateau_tolerance``: the largest relative FID
+    change over the last ``plateau_window`` of training that counts as a plateau; ``network``:
+    the networks' design (``experiments.generation.nets.NETWORK``, the only one this code
+    builds; the rows of earlier designs in ``docs/generation/history.jsonl`` lack it or name
+    another)."""
 
     arm: str
     seed: int
@@ -69,7 +71,8 @@ class GanJob:
     noise: int = 32
     g_width: int = 128
     d_width: int = 128
-    depth: int = 2
+    depth: int = 1
+    g_after: int = 2
     lr_g: float = 1e-4
     lr_d: float = 4e-4
     beta1: float = 0.0
@@ -133,7 +136,9 @@ def build_networks(job: GanJob) -> tuple[LocalGenerator, LocalDiscriminator]:
         g_context, d_context = build_context(job, job.g_width), build_context(job, job.d_width)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(job.seed)
-        generator = LocalGenerator(g_context, noise=job.noise, width=job.g_width, depth=job.depth)
+        generator = LocalGenerator(
+            g_context, noise=job.noise, width=job.g_width, depth=job.depth, after=job.g_after
+        )
         discriminator = LocalDiscriminator(d_context, width=job.d_width)
     return generator, discriminator
 
@@ -160,7 +165,8 @@ def run_job(job: GanJob, classifier: HalfDigitClassifier, classifier_accuracy: f
     rss_start = peak_rss_mib()
     extractor = CanvasFeatures(classifier.eval())
     train = to_gan_range(FarTwinsDataset("train", job.train_size).canvases)
-    real = FarTwinsDataset("val", job.val_size).canvases
+    val = FarTwinsDataset("val", job.val_size)
+    real = val.canvases
     real_features = features_of(extractor, real)
     scoring = {"knn_k": 3, "kid_subsets": 50, "kid_subset_size": 500}
     generator, discriminator = build_networks(job)
@@ -195,7 +201,8 @@ def run_job(job: GanJob, classifier: HalfDigitClassifier, classifier_accuracy: f
         if step % job.eval_every == 0:
             samples = sample_canvases(_ema_module(ema), job.curve_samples)
             metrics = score(samples, real_features, extractor, **scoring)
-            curve.append({"step": step, **metrics.as_dict()})
+            gap = mismatch_gap(discriminator, real, val.labels)
+            curve.append({"step": step, **metrics.as_dict(), "d_mismatch_gap": gap})
             logger.info("%s step %d: %s", job.name, step, metrics.as_dict())
     samples = sample_canvases(_ema_module(ema), job.samples)
     final = score(samples, real_features, extractor, **scoring)
@@ -211,6 +218,7 @@ def run_job(job: GanJob, classifier: HalfDigitClassifier, classifier_accuracy: f
         "reference": reference.as_dict(),
         "classifier_accuracy": classifier_accuracy,
         "fid_change_last": change,
+        "d_mismatch_gap": mismatch_gap(discriminator, real, val.labels),
         "plateau": bool(change < job.plateau_tolerance),
         "time_per_step_s": train_time / job.steps,
         "peak_rss_mib": peak_rss_mib(),

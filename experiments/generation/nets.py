@@ -9,8 +9,10 @@ the cells.
 Generator: a noise map z (B, ``noise``, 4, 4) of i.i.d. N(0, 1) entries, one vector a cell ->
 conv1x1 -> w, plus a learned position embedding (1, w, 4, 4) (the same for every sample: it
 tells a cell where it is and carries no sample's information) -> PixelNorm, ReLU, then
-``depth - 1`` more conv1x1 + PixelNorm + ReLU -> gated context (w channels, 4x4) -> conv1x1 +
-PixelNorm + ReLU -> conv1x1 -> 64 channels -> pixel shuffle (x8) -> (1, 32, 32) -> tanh.
+``depth - 1`` more conv1x1 + PixelNorm + ReLU -> gated context (w channels, 4x4) -> ``after``
+conv1x1 + PixelNorm + ReLU -> conv1x1 -> 64 channels -> pixel shuffle (x8) -> (1, 32, 32) ->
+tanh. With a small ``depth`` and a larger ``after`` the cells mix their noise before the
+per-cell layers decide what to draw.
 
 Discriminator (spectral norm on every convolution, the context block's included): image
 (B, 1, 32, 32) -> pixel unshuffle (x8) -> (64, 4, 4) -> conv1x1 -> w, plus a learned position
@@ -72,22 +74,27 @@ class LocalGenerator(nn.Module):
         context: the context module on ``width`` channels at 4x4 (gated).
         noise: channels of the noise map. width: channels w of the per-cell layers.
         depth: conv1x1 layers before the context block (>= 1).
+        after: conv1x1 + PixelNorm + ReLU layers between the context block and the output
+            conv1x1 (>= 1).
     """
 
     def __init__(
-        self, context: nn.Module, noise: int = 32, width: int = 128, depth: int = 2
-    ) -> None:
+        self, context: nn.Module, noise: int = 32, width: int = 128, depth: int = 2,
+        after: int = 1,
+    ) -> None:  # fmt: skip
         super().__init__()
         check_positive_int("LocalGenerator", "noise", noise)
         check_positive_int("LocalGenerator", "width", width)
         check_positive_int("LocalGenerator", "depth", depth)
+        check_positive_int("LocalGenerator", "after", after)
         self.noise = noise
         self.embed = nn.Conv2d(noise, width, 1)
         self.position = nn.Parameter(torch.randn(1, width, GRID, GRID))
         self.stem = nn.Sequential(PixelNorm(), nn.ReLU(), *pointwise(width, width, depth - 1))
         self.context = ZeroGate(context)
         self.decode = nn.Sequential(
-            *pointwise(width, width, 1), nn.Conv2d(width, CELL * CELL, 1), nn.PixelShuffle(CELL),
+            *pointwise(width, width, after), nn.Conv2d(width, CELL * CELL, 1),
+            nn.PixelShuffle(CELL),
             nn.Tanh(),
         )
 

@@ -161,7 +161,8 @@ def metrics_table(rows: Sequence[Mapping[str, Any]]) -> Table:
 
 
 def pilot_table(rows: Sequence[Mapping[str, Any]]) -> Table:
-    """Consistency and FID per pilot seed of both pilot arms, and the paired difference."""
+    """Consistency, FID and the discriminator's mismatch gap (``d_probe``) per pilot seed of
+    both pilot arms, and the paired difference of consistency."""
     body = []
     for seed in PILOT_SEEDS:
         cells: list[Any] = [seed]
@@ -176,12 +177,14 @@ def pilot_table(rows: Sequence[Mapping[str, Any]]) -> Table:
                 None,
             )
             values[arm] = None if row is None else float(row["consistency"])
-            cells += [values[arm], None if row is None else float(row["fid"])]
+            gap = None if row is None else row.get("d_mismatch_gap")
+            cells += [values[arm], None if row is None else float(row["fid"]), gap]
         both = None not in values.values()
         cells.append(values["self_attention"] - values["none"] if both else None)  # type: ignore[operator]
         body.append(cells)
-    header = ["seed", "consistency, none", "FID, none", "consistency, self-attention",
-              "FID, self-attention", "Δ consistency"]  # fmt: skip
+    header = ["seed", "consistency, none", "FID, none", "D gap, none",
+              "consistency, self-attention", "FID, self-attention", "D gap, self-attention",
+              "Δ consistency"]  # fmt: skip
     return Table.of(header, body)
 
 
