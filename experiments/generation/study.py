@@ -27,8 +27,11 @@ import logging
 import multiprocessing
 import os
 import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -37,6 +40,7 @@ from experiments.generation.job import ARMS, GanJob, run_job
 from experiments.generation.paired import pilot_gate
 from experiments.models.digit_classifier import HalfDigitClassifier
 
+T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 RESULTS = "docs/generation/results.jsonl"
@@ -130,6 +134,28 @@ def run_phase(phase: str, out_dir: str | Path, results: str | Path, workers: int
     return [row for job in jobs if (row := finished(rows, job)) is not None]
 
 
+def in_workers(fn: Callable[[Any], T], items: Sequence[Any], workers: int,
+               names: Sequence[str]) -> Iterator[T]:  # fmt: skip
+    """``fn(item)`` for every item in ``workers`` fresh spawned processes (one item each),
+    yielded as they finish. A worker that dies (killed, out of memory) raises RuntimeError
+    naming the unfinished items (``names``) instead of leaving them waiting forever, as
+    ``multiprocessing.Pool`` would."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1) as pool:
+        futures = {pool.submit(fn, item): name for item, name in zip(items, names, strict=True)}
+        try:
+            for future in as_completed(futures):
+                yield future.result()
+        except BrokenProcessPool as err:
+            lost = sorted(name for future, name in futures.items()
+                          if not future.done() or future.exception() is not None)  # fmt: skip
+            raise RuntimeError(
+                f"a worker process died (killed or out of memory); not finished: "
+                f"{', '.join(lost)}. Finished jobs are kept: run the same command again to "
+                "run the rest"
+            ) from err
+
+
 def _run_jobs(todo: list[GanJob], out_dir: Path, results: str | Path, workers: int) -> None:
     """Run ``todo`` in ``workers`` processes, appending each row to ``results`` as it ends."""
     _, accuracy = metrics_classifier(out_dir)
@@ -139,12 +165,11 @@ def _run_jobs(todo: list[GanJob], out_dir: Path, results: str | Path, workers: i
             f"{MIN_CLASSIFIER_ACCURACY}: FID and consistency would not be trustworthy"
         )
     start = time.perf_counter()
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(processes=workers, maxtasksperchild=1) as pool:
-        for row in pool.imap_unordered(_worker_of, [(job, str(out_dir)) for job in todo]):
-            append_row(results, row)
-            logger.info("%s done: fid %.2f consistency %.3f (%.0f s)", row["job"], row["fid"],
-                        row["consistency"], row["wall_s"])  # fmt: skip
+    for row in in_workers(_worker_of, [(job, str(out_dir)) for job in todo], workers,
+                          [job.name for job in todo]):  # fmt: skip
+        append_row(results, row)
+        logger.info("%s done: fid %.2f consistency %.3f (%.0f s)", row["job"], row["fid"],
+                    row["consistency"], row["wall_s"])  # fmt: skip
     logger.info("%d jobs: %.1f min wall", len(todo), (time.perf_counter() - start) / 60)
 
 
