@@ -146,9 +146,8 @@ def study_document(
     )
 
 
-def scale(runs: StudyRuns, paper_missing: tuple[str, ...] = ()) -> Scale:
-    """The scale-and-compute section's data (``paper_missing``: the paper sweeps' unfinished
-    jobs, listed first among the missing parts)."""
+def scale(runs: StudyRuns) -> Scale:
+    """The scale-and-compute section's data."""
     jobs = [job for name in LEGEND_SWEEPS for job in runs.sweeps.get(name, [])]
     config = first_config(jobs)
     stress = None
@@ -183,7 +182,7 @@ def scale(runs: StudyRuns, paper_missing: tuple[str, ...] = ()) -> Scale:
         study_minutes=study_seconds(studies) / 60,
         total_minutes=span_s / 60 + study_seconds(studies) / 60,
         invocation_minutes=_invocation_minutes(runs.root),
-        missing=(*paper_missing, *runs.missing()),
+        missing=tuple(runs.missing()),
     )
 
 

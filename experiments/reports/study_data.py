@@ -6,9 +6,8 @@ Layout (what ``experiments/scripts/study.sh`` writes under ``multirun/study``)::
     context/<n>/        experiments.train, +experiment=attention_vs_md (question 3)
     remedy/<n>/         experiments.train, +experiment=study_remedy (question 2)
     legend_probe/<n>/   experiments.train, +experiment=legend_probe (the dD/dX probe)
-    paper_<finetune|frozen|adamw>/<n>/   experiments.train, +experiment=paper_* (paper regime)
-    pretrain/backbone.pt                 experiments.pretrain (the paper regime's backbone)
-    grad_paper/<init|trained>_<context>/ experiments.grad_study on the paper regime
+    paper_v3/           experiments.studies.paper_v3 (the paper regime, section 1: read from its
+                        committed CSV, docs/results/paper_v3.csv, not from this folder)
     grad/<init|trained>_<context>/         experiments.grad_study (question 2)
     convergence/<init|trained>_<context>/  experiments.convergence (question 4)
     bench.json          experiments.bench --json (question 3's compute table)
@@ -44,15 +43,10 @@ KS = (1, 3, 6, 12)
 METRICS = ("val/blob_acc", "val/miou")
 REFERENCE_K = 6  # the paper's K, where the document compares modes
 STRESS_TASK = "legend_seg"  # the stress test's task (the study_scale presets), by name
-PAPER_TASK = "digit_seg"  # the paper regime's task (the paper_scale presets), by name
-PAPER_SWEEPS = (
-    "paper_finetune",
-    "paper_frozen",
-    "paper_adamw",
-)  # experiments/scripts/study_paper.sh
+PAPER_TASK = "digit_seg"  # the paper regime's task (study v3, the paper_v3 preset), by name
 LEGEND_SWEEPS = ("adjoints", "context", "remedy", "legend_probe")
 SWEEPS = LEGEND_SWEEPS  # what study.sh runs as Hydra sweeps (the paper regime: study v3's CSV)
-STUDIES = ("grad", "convergence", "grad_paper")
+STUDIES = ("grad", "convergence")
 EXPECTED_STUDIES = {  # what experiments/scripts/study.sh runs
     "grad": (*(f"init_{c}" for c in ("nmf", "vq", "cd", "nmf_normalized")),
              *(f"trained_{c}" for c in ("nmf", "vq", "cd"))),
@@ -88,7 +82,7 @@ class StudyRuns:
         """Parts of the study that produced nothing (for the document's status line): empty
         sweeps, each expected no-training study without results, the benchmark."""
         out = [f"sweep `{name}`" for name in SWEEPS if not self.sweeps.get(name)]
-        for name in LEGEND_SWEEPS:  # the paper sweeps' unfinished jobs: study_paper
+        for name in LEGEND_SWEEPS:  # the sweeps' unfinished jobs
             jobs = self.sweeps.get(name) or []
             ok = sum(job.status == "ok" for job in jobs)
             expected = max(planned_jobs(self.root / name) or len(jobs), len(jobs))
@@ -207,11 +201,6 @@ def first_config(jobs: Iterable[Job]) -> dict[str, Any]:
     """The saved config of the first job that has one ({} when none does): the settings a
     sweep's jobs share."""
     return next((job.config for job in jobs if job.config), {})
-
-
-def row_config(row: Row | None) -> dict[str, Any]:
-    """``first_config`` of a row's jobs ({} without a row)."""
-    return first_config(row.jobs) if row is not None else {}
 
 
 def config_with(rows: Iterable[Row], key: str, **wanted: str) -> dict[str, Any]:

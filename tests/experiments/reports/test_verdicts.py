@@ -47,6 +47,16 @@ def test_paired_interval_by_hand() -> None:
     assert single.n == 1 and math.isinf(single.lower) and verdict(single, 0.01) == UNDECIDED
 
 
+def test_paired_interval_matches_scipys_paired_t_test() -> None:
+    a = [0.71, 0.69, 0.74, 0.70, 0.72]
+    b = [0.70, 0.70, 0.71, 0.66, 0.70]
+    interval = paired_interval([x - y for x, y in zip(a, b, strict=True)])
+    low, high = stats.ttest_rel(a, b).confidence_interval(0.95)
+    assert interval.n == 5
+    assert interval.mean == pytest.approx(sum(a) / 5 - sum(b) / 5)
+    assert (interval.lower, interval.upper) == (pytest.approx(low), pytest.approx(high))
+
+
 def test_p_value_is_below_005_exactly_when_the_interval_excludes_the_margin() -> None:
     rng = np.random.default_rng(0)
     for _ in range(200):

@@ -1,6 +1,7 @@
-"""The paper-regime test's machinery: same forward value across the gradient arms of a ham, the
-poly schedule, the frozen / fine-tuned backbone, the cached pretraining artefact, the paired
-confidence interval and verdict, the task-loss gradients."""
+"""The paper regime's machinery (the ``paper_v3`` preset of study v3): same forward value across
+the gradient arms of a ham, the poly schedule, the frozen / fine-tuned backbone, the cached
+pretraining artefact, the task-loss gradients. The paired interval and verdict are tested in
+tests/experiments/reports/test_verdicts.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-from scipy import stats
 
 import implicit_ham as ih
 from experiments.config.groups import TrainConfig, register_configs
@@ -25,8 +25,6 @@ from experiments.engine.build import (
 )
 from experiments.engine.loop import Task
 from experiments.engine.schedule import poly_lr_hooks
-from experiments.reports.study_paper import MARGIN, Paired, paired_difference, verdict
-from experiments.reports.sweep import Job, Row
 from experiments.studies import pretraining
 from experiments.studies.pretraining import (
     PretrainConf,
@@ -54,12 +52,13 @@ def _config(arm: str, artefact: Path, *extra: str) -> TrainConfig:
         cfg = compose(
             "config",
             overrides=[
-                "+experiment=paper_finetune",
+                "+experiment=paper_v3",
                 f"+arm={arm}",
                 f"model.pretrained={artefact}",
                 "model.width=16",
                 "data.train_size=2",
                 "data.val_size=2",
+                "data.test_size=2",
                 *extra,
             ],
         )
@@ -159,41 +158,6 @@ def test_pretraining_is_cached_by_config_and_checked_on_load(
         load_backbone(ih.IdentityContext(), artefact)
     with pytest.raises(FileNotFoundError, match=r"python -m experiments\.pretrain --out"):
         load_backbone(ih.IdentityContext(), artefact.with_name("absent.pt"))
-
-
-def _row(values: dict[str, float]) -> Row:
-    jobs = [
-        Job(Path(seed), {"seed": seed}, "ok", {"val/miou": value}) for seed, value in values.items()
-    ]
-    return Row({}, jobs)
-
-
-def test_paired_interval_matches_scipys_paired_t_test() -> None:
-    a = {"0": 0.71, "1": 0.69, "2": 0.74, "3": 0.70, "4": 0.72, "5": 0.9}
-    b = {"0": 0.70, "1": 0.70, "2": 0.71, "3": 0.66, "4": 0.70}  # seed 5 unpaired: dropped
-    diff = paired_difference(_row(a), _row(b), "val/miou")
-    assert diff is not None and diff.n == 5
-    seeds = sorted(b)
-    reference = stats.ttest_rel([a[s] for s in seeds], [b[s] for s in seeds])
-    low, high = reference.confidence_interval(0.95)
-    assert diff.mean == pytest.approx(sum(a[s] - b[s] for s in seeds) / 5)
-    assert (diff.low, diff.high) == (pytest.approx(low), pytest.approx(high))
-    assert paired_difference(_row({"0": 1.0}), _row({"0": 0.5}), "val/miou") is None
-
-
-@pytest.mark.parametrize(
-    ("low", "high", "expected"),
-    [
-        (-0.05, -0.001, "refuted"),
-        (-0.005, -0.001, "refuted"),  # significantly worse, if only slightly
-        (-MARGIN / 2, 0.03, "holds"),
-        (0.002, 0.03, "holds"),
-        (-0.05, 0.02, "undecided"),
-    ],
-)
-def test_verdict_reads_the_interval(low: float, high: float, expected: str) -> None:
-    assert verdict(Paired((low + high) / 2, low, high, 5)) == expected
-    assert verdict(None) == "not run"
 
 
 def test_task_gradient_through_bases_is_bptt_at_one_step_and_the_papers_is_not(
