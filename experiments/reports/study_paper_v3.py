@@ -445,7 +445,8 @@ def paper_v3(
     own = [r for r in rows.values() if r.get("plan") == plan.digest()]
     job_s = _job_seconds(own)
     peaks = [float(r["peak_mem_mb"]) for r in own if r.get("peak_mem_mb") is not None]
-    mine = [s for s in sessions if s.get("plan") == plan.digest()]
+    mine = [s for s in sessions if s.get("plan") == plan.digest()
+            and s.get("main_epochs") in (None, plan.main_epochs)]  # fmt: skip
     return PaperV3(
         csv=csv,
         margin=MARGIN,

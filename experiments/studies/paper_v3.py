@@ -281,7 +281,8 @@ def run_study(plan: Plan, out_dir: Path, csv_path: Path, workers: int = 2) -> di
         if counts["ran"]:
             append_session(csv_path, {"started": started, "finished": time.time(),
                                       "jobs_run": counts["ran"], "workers": workers,
-                                      "plan": plan.digest()})  # fmt: skip
+                                      "plan": plan.digest(),
+                                      "main_epochs": plan.main_epochs})  # fmt: skip
     return counts
 
 
@@ -292,9 +293,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--csv", default=str(DEFAULT_CSV), help="the study's CSV (resumed)")
     parser.add_argument("--workers", type=int, default=2, help="jobs run at once")
     parser.add_argument("--list", action="store_true", help="print the pending jobs and stop")
+    parser.add_argument("--main-epochs", type=int, default=Plan.main_epochs,
+                        help="epochs of the main arms (a longer-training check; the report "
+                        "reads the default plan's)")  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    plan = Plan()
+    plan = Plan(main_epochs=args.main_epochs)
     if args.list:
         rows = read_rows(args.csv)
         for job in pending_jobs(plan, rows, Path(args.out_dir).resolve()):

@@ -24,7 +24,8 @@ COLUMNS = (
     "val_loss", "test_miou", "test_pixel_acc", "test_loss", "val_curve", "fidelity",
     "train_s", "peak_mem_mb", "started", "finished", "plan", "error",
 )  # fmt: skip
-SESSION_COLUMNS = ("started", "finished", "jobs_run", "workers", "plan")
+# main_epochs: the main arms' training length of that invocation ("" in older rows: the default)
+SESSION_COLUMNS = ("started", "finished", "jobs_run", "workers", "plan", "main_epochs")
 FLOAT_COLUMNS = (
     "inv_t", "lr", "val_miou", "val_pixel_acc", "val_loss", "test_miou", "test_pixel_acc",
     "test_loss", "train_s", "peak_mem_mb", "started", "finished",
@@ -113,7 +114,8 @@ def append_session(csv_path: str | Path, session: Mapping[str, Any]) -> None:
 
 
 def read_sessions(csv_path: str | Path) -> list[dict[str, Any]]:
-    """The sessions sidecar's rows (started / finished as floats, jobs_run / workers ints)."""
+    """The sessions sidecar's rows (started / finished as floats, jobs_run / workers ints,
+    main_epochs an int or None where the row predates the column)."""
     path = sessions_path(csv_path)
     if not path.exists():
         return []
@@ -125,6 +127,7 @@ def read_sessions(csv_path: str | Path) -> list[dict[str, Any]]:
                 "jobs_run": int(r["jobs_run"]),
                 "workers": int(r["workers"]),
                 "plan": r["plan"],
+                "main_epochs": int(r["main_epochs"]) if r.get("main_epochs") else None,
             }
             for r in csv.DictReader(fh)
         ]
