@@ -13,6 +13,12 @@ default 300 s): a collective that waits longer fails, and ``diagnose_hangs`` tur
 into ``DistributedTimeoutError`` naming the ranks that did not answer (found with gloo's
 ``monitored_barrier`` on a side group of its own, so the diagnosis does not depend on the
 failed group's state).
+
+After an elastic restart (``torchrun --max-restarts``) the workers of the new attempt join
+torchrun's shared TCP store again, which still holds the keys the previous attempt's process
+group wrote: the gloo mesh could read a dead worker's address and fail with "connectFullMesh
+failed ... Connection refused" (a race: it works when the new peer overwrites its key first).
+``restart_store`` gives each attempt a key space of its own (``TORCHELASTIC_RESTART_COUNT``).
 """
 
 from __future__ import annotations
@@ -105,9 +111,12 @@ class DistributedContext:
         timeout = datetime.timedelta(seconds=float(timeout_s))
         if not dist.is_initialized():
             backend = "nccl" if target.type == "cuda" else "gloo"
+            store = restart_store(timeout)
             dist.init_process_group(
-                backend, timeout=timeout, device_id=target if target.type == "cuda" else None
-            )
+                backend, timeout=timeout, device_id=target if target.type == "cuda" else None,
+                **({} if store is None else {"store": store, "rank": rank,
+                                             "world_size": world_size}),
+            )  # fmt: skip
         side = dist.new_group(backend="gloo", timeout=timeout)
         return cls(rank, world_size, local_rank, target, float(timeout_s), side)
 
@@ -195,6 +204,20 @@ class DistributedContext:
         if self.enabled and dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
+
+
+def restart_store(timeout: datetime.timedelta) -> dist.Store | None:
+    """torchrun's agent store under a prefix of this attempt
+    (``implicit_ham/attempt_<restart count>``), or None (then ``env://`` as usual) outside a
+    torchrun agent that shares its store."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    client = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+        int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout,
+    )  # fmt: skip
+    return dist.PrefixStore(f"implicit_ham/attempt_{attempt}", client)
 
 
 def state_digest(module: nn.Module) -> str:
