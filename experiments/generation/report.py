@@ -101,6 +101,7 @@ class GenerationPage:
     grids: tuple[tuple[str, str], ...]
     classifier_accuracy: float | None
     history: tuple[EarlierDesign, ...]
+    job_minutes: float
 
 
 def design_of(job: GanJob) -> Design:
@@ -353,6 +354,7 @@ def build_page(
         grids=copy_grids(sweep_dir, figures, [a for a in ARMS if _arm_rows(rows, a)]),
         classifier_accuracy=float(rows[0]["classifier_accuracy"]) if rows else None,
         history=earlier_designs(history, job),
+        job_minutes=sum(float(r.get("wall_s", 0.0)) for r in rows) / 60,
     )  # fmt: skip
 
 
