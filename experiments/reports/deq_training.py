@@ -107,9 +107,21 @@ class DEQPage:
 
 
 def load_jobs(study_dir: str | Path) -> list[Job]:
-    """Every finished job file of the study, in arm then seed order."""
-    paths = sorted(Path(study_dir, "jobs").glob("*.json"))
-    jobs = [json.loads(p.read_text()) for p in paths]
+    """Every readable finished job file of the study, in arm then seed order. A file that is
+    not a JSON job object is named in a warning and left out (the page then lists its job as
+    missing), so one damaged file does not stop the report."""
+    jobs = []
+    for path in sorted(Path(study_dir, "jobs").glob("*.json")):
+        try:
+            job = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            logger.warning("%s is not readable (%s); its job is reported as missing", path, err)
+            continue
+        if not isinstance(job, dict) or "arm" not in job or "seed" not in job:
+            logger.warning("%s is not a job file (no arm / seed); its job is reported as "
+                           "missing", path)  # fmt: skip
+            continue
+        jobs.append(job)
     order = list(ARMS)
     return sorted(jobs, key=lambda j: (order.index(j["arm"]), j["seed"]))
 

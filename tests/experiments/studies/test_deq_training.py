@@ -119,3 +119,18 @@ def test_the_page_refuses_an_empty_study(tmp_path: Path) -> None:
 def test_a_bad_configuration_is_refused_early(change: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(TINY, **change)
+
+
+def test_a_damaged_job_file_is_named_and_the_rest_still_reported(
+    study: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    damaged = tmp_path / "study"
+    shutil.copytree(study, damaged)
+    bad = job_path(damaged, "jacobian", 0)
+    bad.write_text('{"arm": "jacobian", "se')  # cut off mid-write
+    out = tmp_path / "deq_training.md"
+    with caplog.at_level("WARNING"):
+        report.main(["--deq", str(damaged), "--out", str(out)])
+    assert str(bad) in caplog.text and "reported as missing" in caplog.text
+    text = out.read_text()
+    assert "from 1 of 2 planned jobs" in text and "`none`" in text
