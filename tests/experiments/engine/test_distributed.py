@@ -154,7 +154,7 @@ def test_elastic_restart_after_a_worker_crash_resumes_bit_identically(
     (Before each attempt had its own store prefix, ``restart_store``, the restarted gloo mesh
     could read the dead worker's address: "connectFullMesh failed ... Connection refused".)"""
     command = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", "--max-restarts=1",
-               str(ROOT / "tests" / "helpers" / "crash_once.py")]  # fmt: skip
+               str(ROOT / "tests" / "helpers" / "fault_once.py"), "crash"]  # fmt: skip
     job = tmp_path / "job"
     _run([*command, str(job), "3", *ARGS, "dtype=float64", "batch_size=4"])
     assert (job / "crashed").exists(), "the injected crash did not happen"
@@ -183,7 +183,7 @@ def test_sigterm_to_torchrun_checkpoints_every_rank_and_resumes_bit_identically(
     _torchrun(reference, args)
     job = tmp_path / "job"
     command = [str(TORCHRUN), "--standalone", "--nproc_per_node=2",
-               str(ROOT / "tests" / "helpers" / "signal_agent_once.py"), str(job), "3", *args,
+               str(ROOT / "tests" / "helpers" / "fault_once.py"), "sigterm", str(job), "3", *args,
                "batch_size=4"]  # fmt: skip
     first = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True,
                            timeout=600, check=False)  # fmt: skip
