@@ -35,7 +35,7 @@ def mismatched(canvases: Tensor, labels: Tensor) -> Tensor:
     return out
 
 
-def _digit_cells(logits: Tensor) -> tuple[Tensor, Tensor]:
+def digit_cells(logits: Tensor) -> tuple[Tensor, Tensor]:
     """Per-cell logits (N, 4, 4) -> the left and the right digit cell's logits, (N,) each."""
     row = TOP // CELL
     return logits[:, row, LEFT // CELL], logits[:, row, RIGHT // CELL]
@@ -58,11 +58,11 @@ def mismatch_gap(discriminator: nn.Module, canvases: Tensor, labels: Tensor) -> 
     was_training = discriminator.training
     discriminator.eval()
     try:
-        left, right = _digit_cells(discriminator(canvases * 2 - 1))  # the GAN's range
+        left, right = digit_cells(discriminator(canvases * 2 - 1))  # the GAN's range
         shift = torch.roll(torch.arange(len(labels)), -1)
         keep = labels != labels[shift]
         agree = (left[keep] + right[shift[keep]]) / 2
-        cross_left, cross_right = _digit_cells(discriminator(mismatched(canvases, labels) * 2 - 1))
+        cross_left, cross_right = digit_cells(discriminator(mismatched(canvases, labels) * 2 - 1))
         disagree = (cross_left + cross_right) / 2
     finally:
         discriminator.train(was_training)

@@ -23,12 +23,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from experiments.data.far_twins import FarTwinsDataset
 from experiments.data.twin_digits import to_gan_range
-from experiments.generation.d_probe import mismatch_gap
+from experiments.generation.d_probe import digit_cells, mismatch_gap, mismatched
 from experiments.generation.evaluate import features_of, sample_canvases, save_grid, score
 from experiments.generation.nets import NETWORK, LocalDiscriminator, LocalGenerator
 from experiments.generation.trainer import hinge_d_loss, hinge_g_loss
@@ -57,11 +58,13 @@ class GanJob:
 
     ``depth`` / ``g_after``: the generator's conv1x1 layers before / after its context block
     (depth without a wider receptive field); ``rank`` / ``ham_steps``: the Hamburger's bases
-    and iterations (training and evaluation); ``plateau_tolerance``: the largest relative FID
-    change over the last ``plateau_window`` of training that counts as a plateau; ``network``:
-    the networks' design (``experiments.generation.nets.NETWORK``, the only one this code
-    builds; the rows of earlier designs in ``docs/generation/history.jsonl`` lack it or name
-    another)."""
+    and iterations (training and evaluation); ``mismatch_weight``: weight of the
+    discriminator's matching-aware negatives (real canvases recombined so that their two
+    digits disagree, hinge "fake" on their two digit cells; 0: none); ``plateau_tolerance``:
+    the largest relative FID change over the last ``plateau_window`` of training that counts
+    as a plateau; ``network``: the networks' design (``experiments.generation.nets.NETWORK``,
+    the only one this code builds; the rows of earlier designs in
+    ``docs/generation/history.jsonl`` lack it or name another)."""
 
     arm: str
     seed: int
@@ -73,6 +76,7 @@ class GanJob:
     d_width: int = 128
     depth: int = 1
     g_after: int = 2
+    mismatch_weight: float = 1.0
     lr_g: float = 1e-4
     lr_d: float = 4e-4
     beta1: float = 0.0
@@ -164,7 +168,8 @@ def run_job(job: GanJob, classifier: HalfDigitClassifier, classifier_accuracy: f
     a sample grid to ``grid_path`` when given."""
     rss_start = peak_rss_mib()
     extractor = CanvasFeatures(classifier.eval())
-    train = to_gan_range(FarTwinsDataset("train", job.train_size).canvases)
+    train_set = FarTwinsDataset("train", job.train_size)
+    train, train_labels = to_gan_range(train_set.canvases), train_set.labels
     val = FarTwinsDataset("val", job.val_size)
     real = val.canvases
     real_features = features_of(extractor, real)
@@ -190,10 +195,13 @@ def run_job(job: GanJob, classifier: HalfDigitClassifier, classifier_accuracy: f
     gates.append(gate_row(0))
     for step in range(1, job.steps + 1):
         start = time.perf_counter()
-        real_batch = train[torch.randint(len(train), (job.batch_size,), generator=data_rng)]
+        index = torch.randint(len(train), (job.batch_size,), generator=data_rng)
+        real_batch = train[index]
         z_d = generator.noise_like(job.batch_size, data_rng)
         z_g = generator.noise_like(job.batch_size, data_rng)
-        skipped += _train_step(generator, discriminator, opt_g, opt_d, real_batch, z_d, z_g)
+        negatives = mismatched(real_batch, train_labels[index]) if job.mismatch_weight else None
+        skipped += _train_step(generator, discriminator, opt_g, opt_d, real_batch, z_d, z_g,
+                               negatives, job.mismatch_weight)  # fmt: skip
         ema.update_parameters(generator)
         train_time += time.perf_counter() - start
         if step % job.gate_every == 0:
@@ -257,14 +265,22 @@ def _finite_step(loss: Tensor, optimizer: torch.optim.Optimizer) -> int:
 
 def _train_step(generator: LocalGenerator, discriminator: LocalDiscriminator,
                 opt_g: torch.optim.Optimizer, opt_d: torch.optim.Optimizer, real: Tensor,
-                z_d: Tensor, z_g: Tensor) -> int:  # fmt: skip
-    """One D update (hinge) on ``real`` (B, 1, 32, 32) and fakes from ``z_d``, then one G update
-    from ``z_g``; returns the number of dropped updates (0..2)."""
+                z_d: Tensor, z_g: Tensor, negatives: Tensor | None = None,
+                weight: float = 0.0) -> int:  # fmt: skip
+    """One D update (hinge) on ``real`` (B, 1, 32, 32) and fakes from ``z_d`` (plus, with
+    ``negatives`` (M, 1, 32, 32), the hinge "fake" term on their two digit cells times
+    ``weight``: matching-aware negatives), then one G update from ``z_g``; returns the number
+    of dropped updates (0..2)."""
     with torch.no_grad():
         fake = generator(z_d)
-    logits = discriminator(torch.cat([real, fake]))
+    parts = [real, fake] if negatives is None else [real, fake, negatives]
+    logits = discriminator(torch.cat(parts))
     batch = real.shape[0]
-    dropped = _finite_step(hinge_d_loss(logits[:batch], logits[batch:]), opt_d)
+    loss = hinge_d_loss(logits[:batch], logits[batch : 2 * batch])
+    if negatives is not None and len(negatives):
+        left, right = digit_cells(logits[2 * batch :])
+        loss = loss + weight * F.relu(1.0 + torch.cat([left, right])).mean()
+    dropped = _finite_step(loss, opt_d)
     discriminator.requires_grad_(False)
     try:
         dropped += _finite_step(hinge_g_loss(discriminator(generator(z_g))), opt_g)
