@@ -15,7 +15,13 @@ import torch
 from torch import Tensor
 
 from experiments.data.twin_digits import from_gan_range
-from experiments.generation.metrics import GenerationMetrics, consistency, fid_kid, precision_recall
+from experiments.generation.metrics import (
+    GenerationMetrics,
+    agreement_kappa,
+    consistency,
+    fid_kid,
+    precision_recall,
+)
 from experiments.generation.nets import LocalGenerator
 from experiments.models.digit_classifier import CanvasFeatures
 from experiments.models.gan import Generator
@@ -68,6 +74,7 @@ def score(
         precision=precision,
         recall=recall,
         consistency=consistency(extractor.classifier, canvases),
+        kappa=agreement_kappa(extractor.classifier, canvases),
     )
 
 

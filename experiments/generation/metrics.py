@@ -5,7 +5,10 @@
 * k-NN precision and recall (Kynkäänniemi et al., NeurIPS 2019): a sample is "covered" when it
   lies inside the k-nearest-neighbour ball of some point of the other set;
 * the consistency score: the share of canvases whose two halves get the same class, each with
-  probability > ``threshold``.
+  probability > ``threshold``;
+* the agreement kappa: Cohen's kappa of the two halves' predicted classes, the agreement beyond
+  what independent halves with the same class frequencies would reach. A generator collapsed
+  onto one class scores consistency ~1 but kappa 0: the pilot gate reads kappa.
 
 These numbers are *relative* measures for comparing the arms of one experiment: they live in a
 128-dimensional feature space of a small digit classifier and are not comparable with ImageNet
@@ -116,6 +119,23 @@ def consistency(classifier: HalfDigitClassifier, canvases: Tensor, threshold: fl
     return float(agree.double().mean())
 
 
+@torch.no_grad()
+def agreement_kappa(classifier: HalfDigitClassifier, canvases: Tensor) -> float:
+    """Cohen's kappa of the halves' predicted classes over canvases (N, 1, 32, 32) in [0, 1]:
+    (p_o - p_e) / (1 - p_e), p_o the share of canvases whose halves get the same class, p_e the
+    same share for independent halves with the observed class frequencies of each side. 1 for
+    perfect agreement beyond chance, 0 for independent halves and for a single class on both
+    sides (p_e = 1, no agreement beyond chance can be measured)."""
+    left, right = halves(canvases)
+    cls_l, cls_r = classifier(left).argmax(1), classifier(right).argmax(1)
+    classes = int(max(cls_l.max(), cls_r.max())) + 1
+    p_l = torch.bincount(cls_l, minlength=classes).double() / len(cls_l)
+    p_r = torch.bincount(cls_r, minlength=classes).double() / len(cls_r)
+    observed = float((cls_l == cls_r).double().mean())
+    expected = float((p_l * p_r).sum())
+    return 0.0 if expected >= 1.0 - 1e-12 else (observed - expected) / (1.0 - expected)
+
+
 @dataclass(frozen=True)
 class GenerationMetrics:
     """The metrics of one sample set against the real reference set."""
@@ -126,6 +146,7 @@ class GenerationMetrics:
     precision: float
     recall: float
     consistency: float
+    kappa: float
 
     def as_dict(self, prefix: str = "") -> dict[str, float]:
         """{prefix + name: value}."""

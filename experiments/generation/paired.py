@@ -19,7 +19,7 @@ from scipy import stats
 
 LEVEL = 0.95
 HIGHER_IS_BETTER = {"fid": False, "kid": False, "precision": True, "recall": True,
-                    "consistency": True}  # fmt: skip
+                    "consistency": True, "kappa": True}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,9 @@ def compare(
 
 @dataclass(frozen=True)
 class Gate:
-    """The pilot gate: self-attention's consistency minus no context's, paired by seed."""
+    """The pilot gate: self-attention's agreement kappa minus no context's, paired by seed
+    (kappa, not the consistency share: a generator collapsed onto one class has consistency ~1
+    and kappa 0)."""
 
     interval: PairedInterval | None
     min_seeds: int
@@ -113,10 +115,10 @@ class Gate:
                 f"no paired seeds of none and self_attention yet (the gate needs {self.min_seeds})"
             )
         outcome = "passed" if self.passed else "failed" if self.complete else "incomplete"
-        return (f"consistency(self_attention) - consistency(none) = {i.mean:+.3f}, 95 % interval "
+        return (f"kappa(self_attention) - kappa(none) = {i.mean:+.3f}, 95 % interval "
                 f"[{i.low:+.3f}, {i.high:+.3f}] over {i.n} seeds: {outcome}")  # fmt: skip
 
 
 def pilot_gate(rows: Sequence[Mapping[str, Any]], min_seeds: int = 3) -> Gate:
     """The gate of ``rows`` (all seeds of both arms present in the results)."""
-    return Gate(compare(rows, "self_attention", "none", "consistency"), min_seeds)
+    return Gate(compare(rows, "self_attention", "none", "kappa"), min_seeds)

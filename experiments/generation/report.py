@@ -38,7 +38,8 @@ ARM_TITLES = {
     "vq_one_step": "Hamburger VQ, one-step",
 }
 METRICS = (("fid", "FID ↓", 2), ("kid", "KID ↓", 4), ("precision", "precision ↑", 3),
-           ("recall", "recall ↑", 3), ("consistency", "consistency ↑", 3))  # fmt: skip
+           ("recall", "recall ↑", 3), ("consistency", "consistency ↑", 3),
+           ("kappa", "kappa ↑", 3))  # fmt: skip
 COMPARISONS = (
     ("self_attention", "none"),
     ("nmf_one_step", "none"),
@@ -48,7 +49,7 @@ COMPARISONS = (
     ("nmf_unroll", "nmf_one_step"),
     ("vq_one_step", "nmf_one_step"),
 )
-VERDICT_METRICS = ("consistency", "fid")
+VERDICT_METRICS = ("kappa", "fid")
 HISTORY_FILE = "history.jsonl"  # beside the results file: rows of earlier designs
 
 
@@ -162,8 +163,8 @@ def metrics_table(rows: Sequence[Mapping[str, Any]]) -> Table:
 
 
 def pilot_table(rows: Sequence[Mapping[str, Any]]) -> Table:
-    """Consistency, FID and the discriminator's mismatch gap (``d_probe``) per pilot seed of
-    both pilot arms, and the paired difference of consistency."""
+    """Kappa, consistency, FID and the discriminator's mismatch gap (``d_probe``) per pilot
+    seed of both pilot arms, and the paired difference of kappa."""
     body = []
     for seed in PILOT_SEEDS:
         cells: list[Any] = [seed]
@@ -177,15 +178,16 @@ def pilot_table(rows: Sequence[Mapping[str, Any]]) -> Table:
                 ),
                 None,
             )
-            values[arm] = None if row is None else float(row["consistency"])
+            values[arm] = None if row is None else float(row["kappa"])
             gap = None if row is None else row.get("d_mismatch_gap")
-            cells += [values[arm], None if row is None else float(row["fid"]), gap]
+            cells += [values[arm], None if row is None else float(row["consistency"]),
+                      None if row is None else float(row["fid"]), gap]  # fmt: skip
         both = None not in values.values()
         cells.append(values["self_attention"] - values["none"] if both else None)  # type: ignore[operator]
         body.append(cells)
-    header = ["seed", "consistency, none", "FID, none", "D gap, none",
-              "consistency, self-attention", "FID, self-attention", "D gap, self-attention",
-              "Δ consistency"]  # fmt: skip
+    header = ["seed", "kappa, none", "consistency, none", "FID, none", "D gap, none",
+              "kappa, self-attention", "consistency, self-attention", "FID, self-attention",
+              "D gap, self-attention", "Δ kappa"]  # fmt: skip
     return Table.of(header, body)
 
 
@@ -257,7 +259,7 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> None:
         zip(ARMS, ("tab:gray", "tab:blue", "tab:orange", "tab:red", "tab:green"), strict=True)
     )
     panels = (
-        ("curves.png", "curve", ("fid", "consistency")),
+        ("curves.png", "curve", ("fid", "kappa", "consistency")),
         ("gates.png", "gates", ("gamma_g", "gamma_d")),
     )
     for name, key, series in panels:

@@ -10,7 +10,13 @@ import scipy.linalg
 import torch
 from torch import nn
 
-from experiments.generation.metrics import consistency, fid_kid, knn_radii, precision_recall
+from experiments.generation.metrics import (
+    agreement_kappa,
+    consistency,
+    fid_kid,
+    knn_radii,
+    precision_recall,
+)
 
 
 def fid_scipy(a: np.ndarray, b: np.ndarray) -> float:
@@ -129,3 +135,27 @@ def test_consistency_counts_agreeing_confident_halves() -> None:
     assert consistency(_IntensityClassifier(100.0), canvases) == 0.5  # type: ignore[arg-type]
     # unconfident (p = sigmoid(2 * 0.5 * 1) = 0.73 < 0.9): nothing counts
     assert consistency(_IntensityClassifier(1.0), canvases) == 0.0  # type: ignore[arg-type]
+
+
+def _canvases(left_bright: list[bool], right_bright: list[bool]) -> torch.Tensor:
+    canvases = torch.zeros(len(left_bright), 1, 32, 32)
+    for i, (lb, rb) in enumerate(zip(left_bright, right_bright, strict=True)):
+        canvases[i, ..., :16] = float(lb)
+        canvases[i, ..., 16:] = float(rb)
+    return canvases
+
+
+def test_kappa_matches_cohens_formula_and_sees_through_collapse() -> None:
+    classifier = _IntensityClassifier(100.0)
+    left = [True, True, True, False, False, False, True, False]
+    right = [True, True, False, False, False, True, True, False]
+    # by hand: p_o = 6/8; p_L(bright) = 4/8, p_R(bright) = 4/8, p_e = 0.5; kappa = 0.5
+    assert agreement_kappa(classifier, _canvases(left, right)) == pytest.approx(0.5)  # type: ignore[arg-type]
+    same = _canvases(left, left)
+    assert agreement_kappa(classifier, same) == pytest.approx(1.0)  # type: ignore[arg-type]
+    collapsed = _canvases([True] * 8, [True] * 8)  # one class everywhere: consistency 1, kappa 0
+    assert consistency(classifier, collapsed) == 1.0  # type: ignore[arg-type]
+    assert agreement_kappa(classifier, collapsed) == 0.0  # type: ignore[arg-type]
+    rng = np.random.default_rng(0)  # independent halves: kappa about 0
+    a, b = rng.random(4000) < 0.3, rng.random(4000) < 0.3
+    assert abs(agreement_kappa(classifier, _canvases(list(a), list(b)))) < 0.05  # type: ignore[arg-type]
