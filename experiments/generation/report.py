@@ -263,7 +263,7 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> None:
         ("gates.png", "gates", ("gamma_g", "gamma_d")),
     )
     for name, key, series in panels:
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        fig, axes = plt.subplots(1, len(series), figsize=(5.5 * len(series), 4))
         for ax, metric in zip(axes, series, strict=True):
             for arm in ARMS:
                 for i, row in enumerate(_arm_rows(rows, arm)):

@@ -27,14 +27,15 @@ def synthetic_row(job: GanJob) -> dict:
     seed, arm = job.seed, job.arm
     fid = 20.0 - 10 * CONSISTENCY[arm] + 0.5 * seed
     curve = [{"step": s, "fid": fid * (1 + 150 / s), "kid": 0.01, "kid_std": 0.0,
-              "precision": 0.5, "recall": 0.4, "consistency": CONSISTENCY[arm]}
+              "precision": 0.5, "recall": 0.4, "consistency": CONSISTENCY[arm],
+              "kappa": CONSISTENCY[arm]}
              for s in range(job.eval_every, job.steps + 1, job.eval_every)]  # fmt: skip
     return {
         "job": job.name, "definition": job.definition(), "fid": fid, "kid": fid / 1000,
         "kid_std": 0.001, "precision": 0.6, "recall": 0.5,
-        "consistency": CONSISTENCY[arm] + 0.01 * seed,
+        "consistency": CONSISTENCY[arm] + 0.01 * seed, "kappa": CONSISTENCY[arm] + 0.01 * seed,
         "reference": {"fid": 1.234, "kid": 0.0001, "kid_std": 0.0, "precision": 0.7,
-                      "recall": 0.7, "consistency": 0.93},
+                      "recall": 0.7, "consistency": 0.93, "kappa": 0.97},
         "classifier_accuracy": 0.99, "fid_change_last": 0.01 if arm != "nmf_unroll" else 0.09,
         "plateau": arm != "nmf_unroll", "time_per_step_s": 0.1, "peak_rss_mib": 400.0,
         "rss_before_mib": 300.0, "skipped_updates": 0, "params_g": 10, "params_d": 20,
@@ -50,11 +51,11 @@ def test_results_file_round_trip(tmp_path: Path) -> None:
         append_row(results, synthetic_row(job))
     out = tmp_path / "docs" / "generation.md"
     text = write_generation_report(tmp_path / "no_sweep", out, "make generate", results).read_text()
-    assert "consistency(self_attention) - consistency(none) = +0.320" in text
+    assert "kappa(self_attention) - kappa(none) = +0.320" in text
     assert "passed" in text and "real data (reference)" in text and "1.234" in text
     assert "Not at a plateau in every seed: Hamburger NMF, BPTT." in text
-    # NMF BPTT vs none on consistency: +0.22 in every seed -> better (a point interval)
-    assert "consistency: nmf_unroll − none = +0.22 [+0.22, +0.22] over 5 seeds: **better**" in text
+    # NMF BPTT vs none on kappa: +0.22 in every seed -> better (a point interval)
+    assert "kappa: nmf_unroll − none = +0.22 [+0.22, +0.22] over 5 seeds: **better**" in text
     assert "fid: self_attention − none = -3.2 [-3.2, -3.2] over 5 seeds: **better**" in text
     assert "Main sweep" not in text  # all 25 jobs present
     assert "1×1 noise cells = 8 pixels" in text  # the probe's fields
@@ -70,7 +71,7 @@ def test_failed_gate_is_reported_and_stops_the_main_sweep(tmp_path: Path) -> Non
     results = tmp_path / "results.jsonl"
     for job in phase_jobs("pilot"):
         row = synthetic_row(job)
-        row["consistency"] = 0.1 + (0.02 if job.arm == "self_attention" and job.seed == 0 else 0.0)
+        row["kappa"] = 0.1 + (0.02 if job.arm == "self_attention" and job.seed == 0 else 0.0)
         append_row(results, row)
     text = write_generation_report(
         tmp_path, tmp_path / "generation.md", "make generate", results

@@ -50,8 +50,8 @@ def test_verdict_reads_the_metric_direction(
     assert PairedInterval("a", "b", metric, 3, (low + high) / 2, low, high).verdict == verdict
 
 
-def _row(arm: str, seed: int, consistency: float) -> dict:
-    return {"definition": {"arm": arm, "seed": seed}, "consistency": consistency}
+def _row(arm: str, seed: int, kappa: float) -> dict:
+    return {"definition": {"arm": arm, "seed": seed}, "consistency": kappa, "kappa": kappa}
 
 
 def test_gate_passes_only_above_zero_with_enough_seeds() -> None:

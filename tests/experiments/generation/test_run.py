@@ -100,7 +100,7 @@ def reference(cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_tiny_run_writes_results_curves_and_a_sample_grid(reference: Path) -> None:
     results = json.loads((reference / "results.json").read_text())
     assert results["status"] == "ok" and results["steps"] == 4
-    names = {"fid", "kid", "kid_std", "precision", "recall", "consistency"}
+    names = {"fid", "kid", "kid_std", "precision", "recall", "consistency", "kappa"}
     assert set(results["metrics"]) == names
     assert all(math.isfinite(v) for v in results["metrics"].values())
     assert results["failures"]["total"] == 0 and results["parameters"]["G_context"] > 0
