@@ -200,18 +200,38 @@ def evaluate(
     dtype: torch.dtype | None = None,
 ) -> dict[str, float]:
     """Metrics of ``model`` on ``batches`` in eval mode (keys prefixed with ``val/``);
-    floating-point inputs are cast to ``dtype`` unless it is None."""
+    floating-point inputs are cast to ``dtype`` unless it is None.
+
+    A sample whose (floating-point) input holds NaN / inf is left out of every metric, counted
+    in ``val/nonfinite_inputs`` and named in a warning with the count: its logits would be
+    non-finite and its metrics meaningless. ValueError when every sample is such."""
     model.eval()
     confusion = ConfusionMatrix(task.num_classes, task.ignore_index)
-    total, count = 0.0, 0
+    total, count, dropped = 0.0, 0, 0
     for inputs, target in batches:
         inputs, target = _to(inputs, device, dtype), target.to(device)
+        if inputs.is_floating_point():
+            finite = torch.isfinite(inputs.reshape(len(inputs), -1)).all(1)
+            if not bool(finite.all()):
+                dropped += int((~finite).sum())
+                inputs, target = inputs[finite], target[finite]
+                if not len(inputs):
+                    continue
         logits = model(inputs)
         total += float(task.loss(logits, target)) * len(inputs)
         count += len(inputs)
         confusion.update(logits, target)
+    if dropped and not count:
+        raise ValueError(
+            f"evaluation: all {dropped} validation samples have NaN / inf inputs; no metric can "
+            "be computed. Check the validation data"
+        )
     metrics = {f"val/{k}": v for k, v in confusion.summary(task.kind).items()}
     metrics["val/loss"] = total / max(count, 1)
+    if dropped:
+        logger.warning("evaluation: %d sample(s) with NaN / inf inputs left out of the metrics "
+                       "(%d evaluated); check the validation data", dropped, count)  # fmt: skip
+        metrics["val/nonfinite_inputs"] = float(dropped)
     return metrics
 
 
