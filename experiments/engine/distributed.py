@@ -111,12 +111,15 @@ class DistributedContext:
         timeout = datetime.timedelta(seconds=float(timeout_s))
         if not dist.is_initialized():
             backend = "nccl" if target.type == "cuda" else "gloo"
+            device_id = target if target.type == "cuda" else None
             store = restart_store(timeout)
-            dist.init_process_group(
-                backend, timeout=timeout, device_id=target if target.type == "cuda" else None,
-                **({} if store is None else {"store": store, "rank": rank,
-                                             "world_size": world_size}),
-            )  # fmt: skip
+            if store is None:
+                dist.init_process_group(backend, timeout=timeout, device_id=device_id)
+            else:
+                dist.init_process_group(
+                    backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
+                    device_id=device_id,
+                )  # fmt: skip
         side = dist.new_group(backend="gloo", timeout=timeout)
         return cls(rank, world_size, local_rank, target, float(timeout_s), side)
 

@@ -28,7 +28,7 @@ import multiprocessing
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, TypeVar
@@ -136,24 +136,36 @@ def run_phase(phase: str, out_dir: str | Path, results: str | Path, workers: int
 
 def in_workers(fn: Callable[[Any], T], items: Sequence[Any], workers: int,
                names: Sequence[str]) -> Iterator[T]:  # fmt: skip
-    """``fn(item)`` for every item in ``workers`` fresh spawned processes (one item each),
-    yielded as they finish. A worker that dies (killed, out of memory) raises RuntimeError
-    naming the unfinished items (``names``) instead of leaving them waiting forever, as
-    ``multiprocessing.Pool`` would."""
+    """``fn(item)`` for every item, each in a fresh spawned process of its own (so a job's peak
+    memory is its own), ``workers`` at a time, yielded as they finish. A worker that dies
+    (killed, out of memory) raises RuntimeError naming the unfinished items (``names``) instead
+    of leaving them waiting forever, as ``multiprocessing.Pool`` would."""
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1) as pool:
-        futures = {pool.submit(fn, item): name for item, name in zip(items, names, strict=True)}
-        try:
-            for future in as_completed(futures):
-                yield future.result()
-        except BrokenProcessPool as err:
-            lost = sorted(name for future, name in futures.items()
-                          if not future.done() or future.exception() is not None)  # fmt: skip
-            raise RuntimeError(
-                f"a worker process died (killed or out of memory); not finished: "
-                f"{', '.join(lost)}. Finished jobs are kept: run the same command again to "
-                "run the rest"
-            ) from err
+    pending = list(zip(items, names, strict=True))
+    running: dict[Future[T], tuple[str, ProcessPoolExecutor]] = {}
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                item, name = pending.pop(0)
+                executor = ProcessPoolExecutor(1, mp_context=context)
+                running[executor.submit(fn, item)] = (name, executor)
+            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for future in done:
+                name, executor = running.pop(future)
+                executor.shutdown(wait=False)
+                try:
+                    yield future.result()
+                except BrokenProcessPool as err:
+                    lost = sorted([name, *(n for n, _ in running.values()),
+                                   *(n for _, n in pending)])  # fmt: skip
+                    raise RuntimeError(
+                        f"a worker process died (killed or out of memory); not finished: "
+                        f"{', '.join(lost)}. Finished jobs are kept: run the same command again "
+                        "to run the rest"
+                    ) from err
+    finally:
+        for _, executor in running.values():
+            executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _run_jobs(todo: list[GanJob], out_dir: Path, results: str | Path, workers: int) -> None:

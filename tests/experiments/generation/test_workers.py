@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from experiments.generation.study import in_workers
-from tests.helpers.dying_worker import square_or_die
+from tests.helpers.dying_worker import own_pid, square_or_die
 
 
 def test_results_of_every_item() -> None:
@@ -16,3 +16,9 @@ def test_results_of_every_item() -> None:
 def test_a_dead_worker_raises_naming_the_unfinished_jobs() -> None:
     with pytest.raises(RuntimeError, match=r"worker process died.*not finished: .*dies"):
         list(in_workers(square_or_die, [-1], 1, ["dies"]))
+
+
+def test_every_item_runs_in_a_fresh_process() -> None:
+    """One process per job, so that a job's peak memory (getrusage) is its own."""
+    pids = list(in_workers(own_pid, [0, 1, 2, 3], 2, ["a", "b", "c", "d"]))
+    assert len(set(pids)) == 4
