@@ -112,7 +112,8 @@ class Gate:
         i = self.interval
         if i is None:
             return (
-                f"no paired seeds of none and self_attention yet (the gate needs {self.min_seeds})"
+                f"fewer than 2 paired seeds of none and self_attention (the gate needs "
+                f"{self.min_seeds})"
             )
         outcome = "passed" if self.passed else "failed" if self.complete else "incomplete"
         return (f"kappa(self_attention) - kappa(none) = {i.mean:+.3f}, 95 % interval "

@@ -62,7 +62,7 @@ def test_gate_passes_only_above_zero_with_enough_seeds() -> None:
     assert not pilot_gate(rows, min_seeds=4).passed
     flat = rows[:3] + [_row("self_attention", s, c) for s, c in enumerate([0.2, 0.05, 0.1])]
     assert not pilot_gate(flat).passed  # differences +0.1, -0.06, -0.02: interval straddles 0
-    assert not pilot_gate([]).passed and "no paired seeds" in pilot_gate([]).summary
+    assert not pilot_gate([]).passed and "fewer than 2 paired seeds" in pilot_gate([]).summary
 
 
 def test_compare_uses_only_the_seeds_both_arms_have() -> None:
