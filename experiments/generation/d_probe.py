@@ -19,6 +19,13 @@ from experiments.generation.nets import CANVAS, CELL
 HALF = CANVAS // 2
 
 
+def _pairing(labels: Tensor) -> tuple[Tensor, Tensor]:
+    """The recombination's partner of each canvas ((i + 1) mod N) and whether the two classes
+    differ (the canvases kept), both (N,)."""
+    shift = torch.roll(torch.arange(len(labels)), -1)
+    return shift, labels != labels[shift]
+
+
 def mismatched(canvases: Tensor, labels: Tensor) -> Tensor:
     """Real canvases (N, 1, 32, 32) with class labels (N,) -> canvases (M, 1, 32, 32), M <= N,
     whose left digit is canvas i's and right digit canvas (i + 1) mod N's, for the i where the
@@ -28,8 +35,7 @@ def mismatched(canvases: Tensor, labels: Tensor) -> Tensor:
             f"mismatched: need >= 2 canvases and one label each, got {canvases.shape[0]} "
             f"canvases and {labels.shape[0]} labels"
         )
-    shift = torch.roll(torch.arange(len(labels)), -1)
-    keep = labels != labels[shift]
+    shift, keep = _pairing(labels)
     out = canvases[keep].clone()
     out[..., HALF:] = canvases[shift[keep]][..., HALF:]
     return out
@@ -59,8 +65,7 @@ def mismatch_gap(discriminator: nn.Module, canvases: Tensor, labels: Tensor) -> 
     discriminator.eval()
     try:
         left, right = digit_cells(discriminator(canvases * 2 - 1))  # the GAN's range
-        shift = torch.roll(torch.arange(len(labels)), -1)
-        keep = labels != labels[shift]
+        shift, keep = _pairing(labels)
         agree = (left[keep] + right[shift[keep]]) / 2
         cross_left, cross_right = digit_cells(discriminator(mismatched(canvases, labels) * 2 - 1))
         disagree = (cross_left + cross_right) / 2
