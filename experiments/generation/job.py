@@ -60,7 +60,9 @@ class GanJob:
     (depth without a wider receptive field); ``rank`` / ``ham_steps``: the Hamburger's bases
     and iterations (training and evaluation); ``mismatch_weight``: weight of the
     discriminator's matching-aware negatives (real canvases recombined so that their two
-    digits disagree, hinge "fake" on their two digit cells; 0: none); ``plateau_tolerance``:
+    digits disagree, hinge "fake" on their two digit cells; 0: none); ``d_gate_init``: the
+    discriminator's context gate's initial gamma (the generator's starts at 0);
+    ``plateau_tolerance``:
     the largest relative FID change over the last ``plateau_window`` of training that counts
     as a plateau; ``network``: the networks' design (``experiments.generation.nets.NETWORK``,
     the only one this code builds; the rows of earlier designs in
@@ -76,7 +78,8 @@ class GanJob:
     d_width: int = 128
     depth: int = 1
     g_after: int = 2
-    mismatch_weight: float = 1.0
+    mismatch_weight: float = 0.5
+    d_gate_init: float = 1.0
     lr_g: float = 1e-4
     lr_d: float = 4e-4
     beta1: float = 0.0
@@ -143,7 +146,9 @@ def build_networks(job: GanJob) -> tuple[LocalGenerator, LocalDiscriminator]:
         generator = LocalGenerator(
             g_context, noise=job.noise, width=job.g_width, depth=job.depth, after=job.g_after
         )
-        discriminator = LocalDiscriminator(d_context, width=job.d_width)
+        discriminator = LocalDiscriminator(
+            d_context, width=job.d_width, gate_init=job.d_gate_init
+        )
     return generator, discriminator
 
 

@@ -24,6 +24,8 @@ official code).
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 from torch.nn.utils.parametrizations import spectral_norm
@@ -34,16 +36,20 @@ CONTEXT_SIZE = 16
 
 
 class ZeroGate(nn.Module):
-    """``z + gamma * (context(z) - z)`` with a learnable scalar gamma initialised 0.
+    """``z + gamma * (context(z) - z)`` with a learnable scalar gamma, initialised 0 (SAGAN's
+    and HamGAN's) unless ``init`` says otherwise.
 
     Args:
         context: a (B, C, H, W) -> (B, C, H, W) module.
+        init: gamma's initial value (finite).
     """
 
-    def __init__(self, context: nn.Module) -> None:
+    def __init__(self, context: nn.Module, init: float = 0.0) -> None:
         super().__init__()
+        if not math.isfinite(init):
+            raise ValueError(f"ZeroGate: init must be finite, got {init!r}")
         self.context = context
-        self.gamma = nn.Parameter(torch.zeros(()))
+        self.gamma = nn.Parameter(torch.full((), float(init)))
 
     def forward(self, z: Tensor) -> Tensor:
         """z (B, C, H, W) -> (B, C, H, W)."""
