@@ -56,6 +56,7 @@ GEN_RESULTS ?= docs/generation/results.jsonl
 generate: install
 	OMP_NUM_THREADS=1 nice -n 10 $(PY) -m experiments.generation.study pilot $(GEN_DIR) --results $(GEN_RESULTS)
 	OMP_NUM_THREADS=1 nice -n 10 $(PY) -m experiments.generation.study main $(GEN_DIR) --results $(GEN_RESULTS)
+	test -f docs/generation/pairing_check.json || OMP_NUM_THREADS=1 $(PY) -m experiments.generation.pairing_check --out docs/generation/pairing_check.json
 	$(PY) -m experiments.generation.page $(GEN_DIR) --results $(GEN_RESULTS)
 
 # The DEQ training study of docs/deq_training.md: 5 arms x 3 seeds, two jobs at a time, one

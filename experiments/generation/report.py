@@ -11,6 +11,7 @@ the sweep folder when it holds them (seed 0's), else the committed ones are kept
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 import shutil
@@ -51,6 +52,7 @@ COMPARISONS = (
 )
 VERDICT_METRICS = ("kappa", "fid")
 HISTORY_FILE = "history.jsonl"  # beside the results file: rows of earlier designs
+PAIRING_FILE = "pairing_check.json"  # beside the results file: experiments.generation.pairing_check
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,7 @@ class GenerationPage:
     classifier_accuracy: float | None
     history: tuple[EarlierDesign, ...]
     job_minutes: float
+    pairing: Table | None = None
 
 
 def design_of(job: GanJob) -> Design:
@@ -337,8 +340,10 @@ def build_page(
     figures: Path,
     command: str,
     history: Sequence[Mapping[str, Any]] = (),
+    pairing: Sequence[Mapping[str, Any]] = (),
 ) -> GenerationPage:
-    """The page's data from the results rows (figures written to ``figures``)."""
+    """The page's data from the results rows (figures written to ``figures``) and the
+    supervised pairing check's cases (``experiments.generation.pairing_check``)."""
     main_jobs = phase_jobs("main")
     rows = current_rows(rows, main_jobs)
     job = GanJob(**rows[0]["definition"]) if rows else main_jobs[0]
@@ -357,7 +362,24 @@ def build_page(
         classifier_accuracy=float(rows[0]["classifier_accuracy"]) if rows else None,
         history=earlier_designs(history, job),
         job_minutes=sum(float(r.get("wall_s", 0.0)) for r in rows) / 60,
+        pairing=pairing_table(pairing),
     )  # fmt: skip
+
+
+def pairing_table(cases: Sequence[Mapping[str, Any]]) -> Table | None:
+    """One row per pairing-check case: arm, initial gamma, steps, val accuracy at the start, the
+    middle and the end, final gamma (None without cases)."""
+    if not cases:
+        return None
+    body = []
+    for case in cases:
+        curve = case["curve"]
+        body.append([ARM_TITLES[case["arm"]], float(case["d_gate_init"]), int(case["steps"]),
+                     float(curve[0]["val_accuracy"]), float(curve[len(curve) // 2]["val_accuracy"]),
+                     float(curve[-1]["val_accuracy"]), float(curve[-1]["gamma"])])  # fmt: skip
+    header = ["discriminator's context", "initial γ", "steps", "val accuracy, start", "middle",
+              "end", "final γ"]  # fmt: skip
+    return Table.of(header, body)
 
 
 def write_generation_report(sweep_dir: str | Path, out: str | Path, command: str,
@@ -369,7 +391,9 @@ def write_generation_report(sweep_dir: str | Path, out: str | Path, command: str
     if not all(math.isfinite(float(r["fid"])) for r in rows):
         logger.warning("some jobs have a non-finite FID")
     history = read_rows(Path(results).with_name(HISTORY_FILE))
-    page = build_page(rows, Path(sweep_dir), out.with_suffix(""), command, history)
+    pairing_file = Path(results).with_name(PAIRING_FILE)
+    pairing = json.loads(pairing_file.read_text()) if pairing_file.exists() else []
+    page = build_page(rows, Path(sweep_dir), out.with_suffix(""), command, history, pairing)
     out.write_text(render("generation/page.md.j2", page=page, figures=out.with_suffix("").name))
     logger.info("wrote %s from %d result rows", out, len(rows))
     return out
