@@ -47,6 +47,13 @@ def digit_cells(logits: Tensor) -> tuple[Tensor, Tensor]:
     return logits[:, row, LEFT // CELL], logits[:, row, RIGHT // CELL]
 
 
+def pair_logits(discriminator: nn.Module, canvases: Tensor) -> Tensor:
+    """Canvases (N, 1, 32, 32) in [0, 1] -> the mean of their two digit cells' logits (N,), the
+    discriminator fed the GAN's range [-1, 1]."""
+    left, right = digit_cells(discriminator(canvases * 2 - 1))
+    return (left + right) / 2
+
+
 @torch.no_grad()
 def mismatch_gap(discriminator: nn.Module, canvases: Tensor, labels: Tensor) -> float:
     """How much lower the discriminator scores disagreeing digits, paired cell by cell.
@@ -67,8 +74,7 @@ def mismatch_gap(discriminator: nn.Module, canvases: Tensor, labels: Tensor) -> 
         left, right = digit_cells(discriminator(canvases * 2 - 1))  # the GAN's range
         shift, keep = _pairing(labels)
         agree = (left[keep] + right[shift[keep]]) / 2
-        cross_left, cross_right = digit_cells(discriminator(mismatched(canvases, labels) * 2 - 1))
-        disagree = (cross_left + cross_right) / 2
+        disagree = pair_logits(discriminator, mismatched(canvases, labels))
     finally:
         discriminator.train(was_training)
     return float((agree - disagree).mean())

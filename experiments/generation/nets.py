@@ -30,9 +30,9 @@ vector).
 The context module is any ``(B, C, 4, 4) -> (B, C, 4, 4)`` module; it is wrapped in a gate
 (``z + gamma * (context(z) - z)``). The generator's gamma starts at 0 (SAGAN's and HamGAN's), so
 its context path opens only as training asks for it and gamma(t) shows how much context it uses.
-The discriminator's gamma starts at ``gate_init`` (1 in the jobs): with gamma at 0 its context
-block gets no gradient, and the supervised pairing check (``experiments.generation.pairing_check``,
-its numbers on the page) stays at chance. In the
+The discriminator's gamma starts at ``gate_init`` (``GanJob.d_gate_init`` in the jobs): with
+gamma at 0 its context block gets no gradient, and the supervised pairing check
+(``experiments.generation.pairing_check``, its numbers on the page) stays at chance. In the
 discriminator the context block's BatchNorm layers are replaced by identities (HamGAN's
 ``use_bn=False``).
 """

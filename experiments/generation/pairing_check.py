@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from experiments.data.far_twins import FarTwinsDataset
-from experiments.generation.d_probe import digit_cells, mismatched
+from experiments.generation.d_probe import mismatched, pair_logits
 from experiments.generation.job import GanJob, build_networks
 
 logger = logging.getLogger(__name__)
@@ -31,18 +31,13 @@ logger = logging.getLogger(__name__)
 CASES = (("self_attention", 0.0), ("self_attention", 1.0), ("nmf_one_step", 1.0))
 
 
-def _pair_score(discriminator: nn.Module, canvases: Tensor) -> Tensor:
-    left, right = digit_cells(discriminator(canvases * 2 - 1))
-    return (left + right) / 2
-
-
 @torch.no_grad()
 def balanced_accuracy(discriminator: nn.Module, canvases: Tensor, labels: Tensor) -> float:
     """Mean of the accuracy on real canvases (logit > 0) and on their recombinations (< 0)."""
     discriminator.eval()
     try:
-        real = (_pair_score(discriminator, canvases) > 0).float().mean()
-        fake = (_pair_score(discriminator, mismatched(canvases, labels)) < 0).float().mean()
+        real = (pair_logits(discriminator, canvases) > 0).float().mean()
+        fake = (pair_logits(discriminator, mismatched(canvases, labels)) < 0).float().mean()
     finally:
         discriminator.train()
     return float((real + fake) / 2)
@@ -74,7 +69,7 @@ def check(
         index = torch.randint(0, len(train), (batch,), generator=batches)
         real, labels = train.canvases[index], train.labels[index]
         fake = mismatched(real, labels)
-        logits = torch.cat([_pair_score(discriminator, real), _pair_score(discriminator, fake)])
+        logits = torch.cat([pair_logits(discriminator, real), pair_logits(discriminator, fake)])
         target = torch.cat([torch.ones(len(real)), torch.zeros(len(fake))])
         loss = F.binary_cross_entropy_with_logits(logits, target)
         optimiser.zero_grad()
