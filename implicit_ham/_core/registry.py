@@ -21,6 +21,7 @@ class Registry(Generic[T]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._entries: dict[str, type[T]] = {}
+        self._names: dict[type, str] = {}  # class -> name (solves look names up on every call)
 
     def register(self, name: str) -> Callable[[type[T]], type[T]]:
         """Class decorator: ``@REGISTRY.register("name")``. Re-registering a name is an error."""
@@ -32,6 +33,7 @@ class Registry(Generic[T]):
                     f"{self._entries[name].__qualname__}; choose another name."
                 )
             self._entries[name] = cls
+            self._names.setdefault(cls, name)
             return cls
 
         return decorator
@@ -50,10 +52,11 @@ class Registry(Generic[T]):
 
     def name_of(self, obj: object) -> str | None:
         """The registered name of ``obj``'s class, or None."""
-        for name, cls in self._entries.items():
-            if type(obj) is cls:
-                return name
-        return None
+        cls = type(obj)
+        name = self._names.get(cls)
+        if name is not None and self._entries.get(name) is cls:
+            return name
+        return next((n for n, c in self._entries.items() if c is cls), None)
 
     def make(self, name: str, **kwargs: Any) -> T:
         """Instantiate the class registered under ``name``, rejecting unknown keyword arguments."""

@@ -8,8 +8,7 @@ each other's token; outside any solve it is None.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 
 _CURRENT: ContextVar[object | None] = ContextVar("implicit_ham_solve", default=None)
@@ -20,13 +19,21 @@ def current_solve() -> object | None:
     return _CURRENT.get()
 
 
-@contextmanager
-def solve_scope() -> Iterator[object]:
-    """Mark the body as one solve; yields its token. Nested solves get their own token and the
-    outer one is restored on exit."""
-    token = object()
-    reset = _CURRENT.set(token)
-    try:
-        yield token
-    finally:
-        _CURRENT.reset(reset)
+class _Scope:
+    """The context manager of one solve (a class: entered once per solve, on the hot path)."""
+
+    __slots__ = ("_reset",)
+
+    def __enter__(self) -> object:
+        token = object()
+        self._reset = _CURRENT.set(token)
+        return token
+
+    def __exit__(self, *exc: object) -> None:
+        _CURRENT.reset(self._reset)
+
+
+def solve_scope() -> AbstractContextManager[object]:
+    """Mark the body of a ``with`` as one solve; it yields the solve's token. Nested solves get
+    their own token and the outer one is restored on exit."""
+    return _Scope()

@@ -6,6 +6,7 @@ per step; reading them (``summary()``) synchronises once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -106,17 +107,18 @@ class BackwardStats:
 class TraceRecorder:
     """Accumulates per-step residuals on the device (no host sync).
 
-    Per step it keeps the (B,) absolute and relative residuals and the (B, n_tensors) norms of
-    each state tensor's change ((B,) for a one-tensor state); the finiteness of a step is read
-    from those norms only when ``check_finite`` asks (no per-step flag is computed). For a
-    one-tensor state the norms are one ``vector_norm`` each (no per-tensor stacking or
-    rescaling).
+    Per step it keeps the (B,) absolute residual, the (B,) norm of the new iterate (the
+    denominator of the relative residual, divided once when the stats are built) and the
+    (B, n_tensors) norms of each state tensor's change ((B,) for a one-tensor state); the
+    finiteness of a step is read from those norms only when ``check_finite`` asks (no per-step
+    flag is computed). For a one-tensor state the norms are one ``vector_norm`` each (no
+    per-tensor stacking or rescaling).
     """
 
     solver: str
     scale: float = 1.0
     residuals: list[Tensor] = field(default_factory=list)
-    rel: list[Tensor] = field(default_factory=list)
+    sizes: list[Tensor] = field(default_factory=list)
     parts: list[Tensor] = field(default_factory=list)
     sample_steps: Tensor | None = None
 
@@ -145,7 +147,7 @@ class TraceRecorder:
         if self.scale != 1.0:
             res = res / self.scale
         self.residuals.append(res)
-        self.rel.append(res / size.clamp_min(torch.finfo(res.dtype).tiny))
+        self.sizes.append(size)
         return res
 
     def _one(self, prev: Tensor, nxt: Tensor) -> tuple[Tensor, Tensor]:
@@ -155,14 +157,37 @@ class TraceRecorder:
         self.parts.append(res)
         return res, _sample_norm(nxt)
 
+    def excess(self, tol: float, stop_mode: str) -> Tensor:
+        """(B,) the last step's stopping metric minus ``tol``, ``<= 0`` where a sample meets the
+        tolerance: ``res - tol * size`` ("rel": ``res / size <= tol`` without a division per
+        step) or ``res - tol`` ("abs"). ``converged_at`` decides with the same expression, so
+        the solve's stop and the reported ``converged`` flag always agree."""
+        if stop_mode == "rel":
+            return torch.sub(self.residuals[-1], self.sizes[-1], alpha=tol)
+        return self.residuals[-1] - tol
+
+    def last_step_finite(self) -> bool:
+        """One reduction and one host synchronisation: whether the last recorded change is
+        finite (a NaN / inf in the final state, or in the one before it, makes the norm of its
+        change non-finite). The sum of the (B,) norms is finite exactly when they all are, but
+        for a sum that overflows, which the exact (slower) test then clears."""
+        last = self.parts[-1]
+        return math.isfinite(float(last.sum())) or bool(torch.isfinite(last).all())
+
+    def last(self) -> tuple[Tensor, Tensor]:
+        """The last step's (B,) absolute and relative residuals."""
+        return self.residuals[-1], _relative(self.residuals[-1], self.sizes[-1])
+
     def check_finite(self, z0: State, steps_offset: int = 0) -> None:
         """Raise NonFiniteError naming the first step and state tensor that went non-finite.
 
         One reduction over the recorded (steps, B, n_tensors) norms and one host
         synchronisation when everything is finite; z0 and the steps are examined one by one
         only to name the culprit."""
-        if self.parts and bool(torch.isfinite(torch.stack(self.parts)).all()):
-            return
+        if self.parts:
+            stacked = torch.stack(self.parts)
+            if math.isfinite(float(stacked.sum())) or bool(torch.isfinite(stacked).all()):
+                return
         z0_flags = finite_flags(tuple(t.detach() for t in z0))
         rows = (torch.isfinite(p.reshape(p.shape[0], -1)).all(0) for p in self.parts)
         flags = torch.stack([z0_flags, *rows])
@@ -190,20 +215,23 @@ class TraceRecorder:
         its residual at the stop, so its trace and final residuals are those of solving it
         alone."""
         if self.residuals:
-            residuals = torch.stack(self.residuals)
-            rel = torch.stack(self.rel)
-            if self.sample_steps is not None:
-                rows = torch.arange(len(residuals), device=residuals.device)[:, None]
-                index = torch.minimum(rows, self.sample_steps[None] - 1).clamp_min(0)
-                residuals, rel = residuals.gather(0, index), rel.gather(0, index)
+            steps = len(self.residuals)
+            both = torch.stack(self.residuals + self.sizes).view(2, steps, *self.residuals[0].shape)
+            if self.sample_steps is not None:  # every sample stops after >= 1 step
+                rows = torch.arange(steps, device=both.device)[:, None]
+                at_stop = torch.minimum(rows, self.sample_steps[None] - 1)
+                both = both.gather(1, at_stop.expand(2, -1, -1))
+            residuals, sizes = both[0], both[1]
+            last_abs, last_size = residuals[-1], sizes[-1]
+            last_rel = _relative(last_abs, last_size)
         else:
             residuals = torch.zeros(0, batch, device=device, dtype=dtype)
-            rel = residuals
-        last_abs = residuals[-1] if len(residuals) else torch.full((batch,), float("nan"))
-        last_rel = rel[-1] if len(rel) else last_abs
+            last_abs = last_rel = last_size = torch.full((batch,), float("nan"))
         converged = None
         if tol is not None:
-            converged = (last_rel if stop_mode == "rel" else last_abs) <= tol
+            metric = torch.sub(last_abs, last_size, alpha=tol) if stop_mode == "rel" else (
+                last_abs - tol)  # fmt: skip
+            converged = metric <= 0  # the stopping test of ``excess``, to the bit
         return SolverStats(
             self.solver,
             len(self.residuals),
@@ -213,6 +241,11 @@ class TraceRecorder:
             converged,
             self.sample_steps,
         )
+
+
+def _relative(res: Tensor, size: Tensor) -> Tensor:
+    """(B,) ``res / size``, a zero size counted as the smallest normal number."""
+    return res / size.clamp_min(torch.finfo(res.dtype).tiny)
 
 
 def _sample_norm(t: Tensor) -> Tensor:

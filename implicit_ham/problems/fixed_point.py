@@ -104,28 +104,16 @@ def fixed_point(
     solver = SOLVERS.resolve(FixedPointIteration() if solver is None else solver, FixedPointSolver)
     adjoint = ADJOINTS.resolve(OneStep() if adjoint is None else adjoint, Adjoint)
     spec = StateSpec.of(z0)
-    where = f"fixed_point (adjoint={adjoint.name})"
-    args = tuple(guard_gradient(a, f"{where}, args[{i}]") for i, a in enumerate(args))
-    z0 = spec.restore(
-        tuple(guard_gradient(t, f"{where}, z0[{i}]") for i, t in enumerate(spec.as_tuple(z0)))
-    )
+    if torch.is_grad_enabled():  # without grad mode no gradient can reach a guard
+        where = f"fixed_point (adjoint={adjoint.name})"
+        args = tuple(guard_gradient(a, f"{where}, args[{i}]") for i, a in enumerate(args))
+        z0 = spec.restore(
+            tuple(guard_gradient(t, f"{where}, z0[{i}]") for i, t in enumerate(spec.as_tuple(z0)))
+        )
 
     wanted = state_indices(states, solver.max_steps)
     recorder = StateRecorder(wanted) if wanted else None
-
-    single = None if spec.is_tuple or len(spec.shapes) != 1 else (spec.shapes[0], spec.dtype)
-
-    def call(z: State, inputs: tuple[Any, ...]) -> State:
-        value = f(spec.restore(z), *inputs)
-        if single is not None and type(value) is Tensor and (value.shape, value.dtype) == single:
-            out: State = (value,)  # the common case of spec.check, without its general walk
-        else:
-            out = spec.check(value, where="fixed_point")
-        if recorder is not None:
-            recorder.see(out)
-        return out
-
-    step = BoundStep(call, args)
+    step = BoundStep(_checked_map(f, spec, recorder), args)
 
     if spec.batch == 0:
         return _empty_batch(step, spec.as_tuple(z0), spec, solver)
@@ -138,6 +126,33 @@ def fixed_point(
         return Solution(spec.restore(z), stats, log)
     kept = attach_states(recorder, stats.steps, z, BoundStep(_plain(spec, f), args), adjoint)
     return Solution(spec.restore(z), stats, log, [spec.restore(s) for s in kept])
+
+
+def _checked_map(
+    f: Callable[..., Any], spec: StateSpec, recorder: StateRecorder | None
+) -> Callable[[State, tuple[Any, ...]], State]:
+    """The map on tuple states, checking that ``f`` keeps the state's structure, shapes and
+    dtype (``spec.check``), and showing each new state to ``recorder`` when there is one. A
+    one-tensor state without a recorder gets a lean version (the map runs once per iteration:
+    the general walk of ``spec.check`` only where the quick test fails, to name the problem)."""
+    if recorder is None and not spec.is_tuple and len(spec.shapes) == 1:
+        shape, dtype = spec.shapes[0], spec.dtype
+
+        def lean(z: State, inputs: tuple[Any, ...]) -> State:
+            value = f(z[0], *inputs)
+            if type(value) is Tensor and value.shape == shape and value.dtype == dtype:
+                return (value,)
+            return spec.check(value, where="fixed_point")
+
+        return lean
+
+    def call(z: State, inputs: tuple[Any, ...]) -> State:
+        out = spec.check(f(spec.restore(z), *inputs), where="fixed_point")
+        if recorder is not None:
+            recorder.see(out)
+        return out
+
+    return call
 
 
 def _plain(spec: StateSpec, f: Callable[..., Any]) -> Callable[[State, tuple[Any, ...]], State]:
@@ -158,16 +173,20 @@ def _one_solve(f: Callable[..., Any]) -> AbstractContextManager[Any]:
     carries its graph (a cache filled inside a no-grad step would cut the gradient). Not
     entered while ``torch.compile`` traces (Python-level state the compiled graph cannot hold;
     ``VariationalDropout`` refuses to train there)."""
+    owner = f if isinstance(f, nn.Module) else getattr(f, "__self__", None)
+    layers = (
+        [m for m in owner.modules() if parametrize.is_parametrized(m)]
+        if isinstance(owner, nn.Module)
+        else []
+    )
+    if not layers:
+        return solve_scope()
     stack = ExitStack()
     stack.enter_context(solve_scope())
-    owner = f if isinstance(f, nn.Module) else getattr(f, "__self__", None)
-    if isinstance(owner, nn.Module):
-        layers = [m for m in owner.modules() if parametrize.is_parametrized(m)]
-        if layers:
-            stack.enter_context(parametrize.cached())
-            for layer in layers:
-                for name in cast(nn.ModuleDict, layer.parametrizations):
-                    getattr(layer, name)  # fills the cache
+    stack.enter_context(parametrize.cached())
+    for layer in layers:
+        for name in cast(nn.ModuleDict, layer.parametrizations):
+            getattr(layer, name)  # fills the cache
     return stack
 
 

@@ -99,17 +99,20 @@ class FixedPointIteration(FixedPointSolver):
             )
         if self.tol is None and not self.trace:
             return self._untraced(step, z0, spec, grad_steps, rec)
+        stops: _Stops | None = None
         if self.tol is None:
             z = self._fixed_budget(step, z0, grad_steps, rec)
         elif grad_steps >= self.max_steps:
             z, stops = self._until_converged(step, z0, rec, keep=0)
             rec.sample_steps = stops.per_sample if stops.staggered else None
         else:
-            z = self._replay_tail(step, z0, grad_steps, rec)
-        if self.check_finite and host_checks():
+            z, stops = self._replay_tail(step, z0, grad_steps, rec)
+        # a tolerance loop has read every step's metric, which is finite only for finite steps
+        if self.check_finite and host_checks() and not (stops is not None and stops.finite):
             rec.check_finite(z0)
         stats = rec.build(spec.batch, z0[0].device, z0[0].dtype, self.tol, self.stop_mode)
-        warn_if_not_converged(stats, self.tol)
+        if stops is None or not stops.converged:
+            warn_if_not_converged(stats, self.tol)
         return z, stats
 
     def _untraced(
@@ -121,11 +124,12 @@ class FixedPointIteration(FixedPointSolver):
             with torch.no_grad():
                 for _ in range(self.max_steps - grad_steps):
                     prev, z = z, step(z)
-            z = detached(z)  # no_grad does not stop forward-mode tangents (jvp, jacfwd)
+            if grad_steps or _forward_mode():
+                z = detached(z)  # no_grad does not stop forward-mode tangents (jvp, jacfwd)
         for _ in range(grad_steps):
             prev, z = z, step(z)
         rec.record(prev, z)
-        if self.check_finite and host_checks() and not _last_step_finite(rec):
+        if self.check_finite and host_checks() and not rec.last_step_finite():
             replay = TraceRecorder(self.name, scale=self.damping)
             with torch.no_grad():
                 self._fixed_budget(step, z0, 0, replay)
@@ -136,8 +140,8 @@ class FixedPointIteration(FixedPointSolver):
                 "stayed finite: f differs between grad and no-grad mode). Check f for overflow "
                 "or division by zero, or use float64."
             )
-        res, rel = rec.residuals[-1], rec.rel[-1]
-        return z, SolverStats(self.name, self.max_steps, res[None], res, rel, None)
+        res, rel = rec.last()
+        return z, SolverStats(self.name, self.max_steps, res.unsqueeze(0), res, rel, None)
 
     def _fixed_budget(self, step: StepFn, z0: State, grad_steps: int, rec: TraceRecorder) -> State:
         z = z0
@@ -157,8 +161,9 @@ class FixedPointIteration(FixedPointSolver):
 
         Returns the final state and the per-sample stops: each sample's step count and, when
         ``keep > 0``, the iterate ``keep`` steps before its stop (z0 where it stopped sooner).
-        One host synchronisation per step: the (min, max) of the stopping metric over the
-        samples still running (NaN / inf stops the solve; the finite check then names it).
+        One host synchronisation per step (``_bounds``): the (min, max) of the stopping metric
+        over the samples still running (NaN / inf stops the solve; the finite check then names it).
+        The metric is ``TraceRecorder.excess`` (``<= 0`` where a sample meets the tolerance).
         """
         tol = float(self.tol or 0.0)
         batch = z0[0].shape[0]
@@ -167,24 +172,23 @@ class FixedPointIteration(FixedPointSolver):
         stops = torch.full((batch,), self.max_steps, dtype=torch.int64, device=device)
         window: deque[State] = deque([z0], maxlen=keep + 1)
         starts: State | None = None  # per sample: the iterate keep steps before its stop
-        z = z0
+        z, finite, high = z0, True, math.inf
         for k in range(1, self.max_steps + 1):
             z_next = step(z)
             rec.record(z, z_next)
-            metric = (rec.rel if self.stop_mode == "rel" else rec.residuals)[-1]
+            excess = rec.excess(tol, self.stop_mode)  # <= 0 where a sample meets tol
             if active is None:
                 z = z_next
-                bounds = torch.aminmax(metric)
-                low, high = torch.stack((bounds.min, bounds.max)).tolist()
-                done = metric <= tol if low <= tol and high > tol else None
+                low, high = _bounds(excess)
+                done = excess <= 0 if low <= 0 < high else None
             else:
                 z = _select(active, z_next, z)
-                running = metric.masked_fill(~active, 0.0)
-                high = float(running.max())
-                done = active & (metric <= tol)
+                high = excess.masked_fill(~active, 0.0).max().item()
+                done = active & (excess <= 0)
             if keep:
                 window.append(z)
-            if not math.isfinite(high) or high <= tol:
+            finite = math.isfinite(high)
+            if not finite or high <= 0:
                 break
             if done is not None:  # some samples converged at step k: freeze them
                 stops = stops.masked_fill(done, k)
@@ -202,9 +206,11 @@ class FixedPointIteration(FixedPointSolver):
                 if starts is None or active is None
                 else _select(active, running_start, starts)
             )
-        return z, _Stops(stops, k, starts, active is not None)
+        return z, _Stops(stops, k, starts, active is not None, finite, finite and high <= 0)
 
-    def _replay_tail(self, step: StepFn, z0: State, grad_steps: int, rec: TraceRecorder) -> State:
+    def _replay_tail(
+        self, step: StepFn, z0: State, grad_steps: int, rec: TraceRecorder
+    ) -> tuple[State, _Stops]:
         """Solve to tolerance without gradient, then redo each sample's last steps with gradient.
 
         Each sample's replay starts from its own iterate ``grad_steps`` before its stop; a
@@ -219,7 +225,7 @@ class FixedPointIteration(FixedPointSolver):
             solved, stops = self._until_converged(step, z0, rec, keep=grad_steps)
         rec.sample_steps = stops.per_sample if stops.staggered else None
         if grad_steps == 0:
-            return solved
+            return solved, stops
         assert stops.starts is not None
         start = stops.starts
         counts = stops.per_sample.tolist() if stops.staggered else [stops.last]
@@ -232,10 +238,10 @@ class FixedPointIteration(FixedPointSolver):
                 live = torch.tensor([c + j >= grad_steps for c in counts], device=z0[0].device)
                 z = _select(live, step(z), z)
         if not stops.staggered:
-            return z
+            return z, stops
         if host_checks():
             _warn_if_coupled(self.name, solved, z, counts)
-        return with_gradient_of(solved, z)
+        return with_gradient_of(solved, z), stops
 
 
 def _warn_if_coupled(name: str, solved: State, replayed: State, counts: list[int]) -> None:
@@ -265,12 +271,16 @@ class _Stops:
         per_sample: (B,) int64 steps of each sample. last: the solve's steps (the largest).
         starts: per sample the iterate ``keep`` steps before its stop (None without ``keep``).
         staggered: whether some sample stopped before the others.
+        finite: whether every step's stopping metric was finite (then so was every step).
+        converged: whether every sample met the tolerance.
     """
 
     per_sample: Tensor
     last: int
     starts: State | None
     staggered: bool
+    finite: bool
+    converged: bool
 
 
 def _records_gradient() -> bool:
@@ -298,7 +308,17 @@ def _advance(step: StepFn, z: State, rec: TraceRecorder) -> State:
     return z_next
 
 
-def _last_step_finite(rec: TraceRecorder) -> bool:
-    """One host synchronisation: whether the last recorded change is finite (a NaN / inf in
-    the final state, or in the one before it, makes the norm of its change non-finite)."""
-    return bool(torch.isfinite(rec.parts[-1]).all())
+def _bounds(values: Tensor) -> tuple[float, float]:
+    """The (min, max) of ``values`` on the host: one synchronisation on a device (the pair is
+    stacked and copied once); on the CPU, where reading a value does not wait for a device,
+    two scalar reads (cheaper than the stacking kernel)."""
+    bounds = torch.aminmax(values)
+    if values.device.type == "cpu":
+        return bounds.min.item(), bounds.max.item()
+    low, high = torch.stack((bounds.min, bounds.max)).tolist()
+    return low, high
+
+
+def _forward_mode() -> bool:
+    """Whether tangents can ride on the states: forward-mode AD or a torch.func transform."""
+    return forward_ad._current_level >= 0 or bool(active_transforms())

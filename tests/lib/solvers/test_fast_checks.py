@@ -4,6 +4,8 @@ removes one large product per forward without changing the value."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -122,3 +124,49 @@ def test_shared_product_is_used_once_and_only_for_its_own_state() -> None:
     again = problem.f(z0, problem.args[0])  # used once: recomputed, same value
     for a, b, c in zip(first, again, first_other, strict=True):
         assert torch.equal(a, b) and torch.equal(a, c)
+
+
+@pytest.mark.parametrize("tol", [None, 1e-3])
+def test_finite_steps_whose_norms_sum_past_the_float_range_are_not_called_non_finite(tol) -> None:
+    """The finiteness test reads the sum of the per-sample change norms (one reduction); two
+    finite norms of 3e38 sum to inf in float32, which the exact test must then clear."""
+    z0 = torch.zeros(2, 1)
+
+    def f(z: Tensor) -> Tensor:
+        return torch.full_like(z, 3e38)
+
+    solver = ih.FixedPointIteration(max_steps=2, tol=tol)
+    sol = ih.fixed_point(f, z0, solver=solver)
+    assert torch.equal(sol.value, torch.full((2, 1), 3e38))
+    assert bool(torch.isfinite(sol.stats.abs_residual).all())
+
+
+def test_tolerance_stops_and_converged_flags_match_a_per_sample_reference() -> None:
+    """The loop stops a sample on ``res - tol * size <= 0`` (no division per step): each
+    sample's step count equals a by-hand loop's first k with ``||f(z) - z|| / ||f(z)|| <= tol``
+    (float64, the sample alone), and ``converged`` agrees with the stop (no warning)."""
+    gen = torch.Generator().manual_seed(0)
+    rates = torch.tensor([0.2, 0.5, 0.7, 0.9], dtype=DT)[:, None]
+    x = torch.randn(4, 16, generator=gen, dtype=DT)
+
+    def f(z: Tensor) -> Tensor:
+        return rates * torch.tanh(z) + x
+
+    tol = 1e-9
+    expected = []
+    for i in range(4):
+        z = torch.zeros(1, 16, dtype=DT)
+        for k in range(1, 500):
+            fz = rates[i : i + 1] * torch.tanh(z) + x[i : i + 1]
+            if float((fz - z).norm() / fz.norm()) <= tol:
+                expected.append(k)
+                break
+            z = fz
+    solver = ih.FixedPointIteration(max_steps=500, tol=tol)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sol = ih.fixed_point(f, torch.zeros(4, 16, dtype=DT), solver=solver)
+    assert sol.stats.steps_per_sample().tolist() == expected
+    assert bool(sol.stats.converged.all())
+    assert bool((sol.stats.rel_residual <= tol).all())
+    assert len(set(expected)) == 4  # the samples really stopped at different steps
