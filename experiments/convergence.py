@@ -12,10 +12,11 @@ from omegaconf import DictConfig
 
 from experiments.config.groups import TrainConfig, register_configs
 from experiments.config.typed import as_container, typed_config
-from experiments.engine.targets import check_targets
+from experiments.engine.targets import check_targets, guard_hydra_callbacks
 from experiments.studies.model_studies import run_convergence
 
 register_configs()
+guard_hydra_callbacks()  # before Hydra instantiates hydra.callbacks
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

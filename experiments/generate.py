@@ -21,7 +21,7 @@ from experiments.config.typed import as_container, typed_config
 from experiments.engine.paths import check_write_paths
 from experiments.engine.results import write_results
 from experiments.engine.resume import ResumeConflictError
-from experiments.engine.targets import check_targets
+from experiments.engine.targets import check_targets, guard_hydra_callbacks
 from experiments.generation.config import (
     GenerateConfig,
     check_generate_config,
@@ -30,6 +30,7 @@ from experiments.generation.config import (
 from experiments.generation.run import run_generation
 
 register_generate_configs()
+guard_hydra_callbacks()  # before Hydra instantiates hydra.callbacks
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="generate")

@@ -25,9 +25,10 @@ from experiments.engine.preemption import PreemptedError
 from experiments.engine.results import write_results
 from experiments.engine.resume import ResumeConflictError
 from experiments.engine.run import run_training
-from experiments.engine.targets import check_targets
+from experiments.engine.targets import check_targets, guard_hydra_callbacks
 
 register_configs()
+guard_hydra_callbacks()  # before Hydra instantiates hydra.callbacks
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

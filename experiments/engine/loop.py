@@ -281,7 +281,8 @@ def fit(
     policy may skip, in a row and in total: past either, ``SkipLimitError`` stops the run
     (a run that skips most batches trains nothing and would otherwise end "ok").
 
-    Logs one line per epoch (``logging``) and, when ``show_progress``, a rich progress bar
+    Logs a line when an epoch's evaluation starts (``epoch N/M: evaluating``) and one with the
+    epoch's metrics (``logging``) and, when ``show_progress``, a rich progress bar
     (needs ``rich``, part of the ``experiments`` extra). ``epochs`` must be >= 1: the returned
     metrics are the last epoch's evaluation.
     """
@@ -337,6 +338,8 @@ def fit(
                 if scheduler is not None:
                     scheduler.step()
                 loss_sum, loss_count = dist.sum([state.loss_sum, state.loss_count])
+                if dist.is_main:
+                    logger.info("epoch %d/%d: evaluating", state.epoch, epochs)
                 val = (
                     evaluate(unwrap(model), val_batches, task, device=device, dtype=dtype)
                     if dist.is_main

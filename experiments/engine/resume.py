@@ -8,7 +8,10 @@ RNG states and failure counts, the number of rows each metric file had, the run'
 the same command again in the same directory resumes from the newest good checkpoint: the
 metric files are cut back to their rows at that checkpoint (so rows logged after it and before
 the crash do not appear twice), and training continues as if it had never stopped. A job that
-starts from scratch (no usable checkpoint) removes the metric files of the earlier attempt.
+starts from scratch (no checkpoint, or every one is bad: each is then moved aside as
+``.corrupt`` and named in an error log line) removes the metric files of the earlier attempt. A
+garbled ``results.json`` is moved aside as ``results.json.corrupt`` (logged, naming it) and the
+job resumes from its checkpoints, so the next ``results.json`` reports the whole run again.
 
 Two settings that change the numbers may still differ on resume, by choice:
 
@@ -37,10 +40,10 @@ from torch import nn
 
 from experiments.config.groups import TrainConfig
 from experiments.config.typed import as_container
-from experiments.engine.checkpoint import CheckpointStore, read_checkpoint
+from experiments.engine.checkpoint import CheckpointError, CheckpointStore, read_checkpoint
 from experiments.engine.distributed import DistributedContext
 from experiments.engine.loop import TrainState
-from experiments.engine.results import RESULTS_FILE, read_results
+from experiments.engine.results import RESULTS_FILE, ResultsError, read_results
 from implicit_ham._core.validation import check_choice
 from implicit_ham.reliability.failures import FailureMonitor
 from implicit_ham.reliability.guard import unwrap
@@ -183,7 +186,8 @@ class JobCheckpoints:
     def restore(self) -> TrainState | None:
         """Load the newest good checkpoint into the model, optimiser, scheduler, RNGs and
         monitor and return its ``TrainState``; None when starting from scratch (no checkpoint,
-        or ``reliability.resume=false``, which deletes the old checkpoints). A fresh start
+        or ``reliability.resume=false``, which deletes the old checkpoints, or every checkpoint
+        is bad: each was moved aside as ``.corrupt``, and the error names them). A fresh start
         removes the metric files of an earlier attempt (``metrics.jsonl`` / ``metrics.csv`` /
         ``tables/*``), so that no row is logged twice."""
         path = None
@@ -191,7 +195,7 @@ class JobCheckpoints:
             if not self.resume:
                 self.store.clear()
             else:
-                latest = self.store.latest()
+                latest = _latest_or_none(self.store)
                 path = None if latest is None else str(latest[0])
         path = self.dist.broadcast(path)
         if path is None:
@@ -283,12 +287,18 @@ def finished_results(
     """The results of the job in ``output_dir`` when it already finished with this config
     (``results.json`` says ok and the newest checkpoint is past the last epoch), else None
     (also with ``reliability.resume=false``). Needs no model or data, so a finished job of a
-    sweep is skipped before they are built (collective: rank 0 reads, every rank gets it)."""
+    sweep is skipped before they are built (collective: rank 0 reads, every rank gets it).
+
+    A garbled ``results.json`` is moved aside as ``results.json.corrupt`` (an error log line
+    names it) and the job counts as unfinished: it resumes from its newest good checkpoint, and
+    the ``results.json`` it writes reports the whole run (a finished job's last checkpoint
+    holds its counts and totals)."""
     done = None
     if cfg.reliability.resume and dist.is_main and (output_dir / RESULTS_FILE).exists():
-        results = read_results(output_dir)
+        results = _results_or_none(output_dir / RESULTS_FILE)
         store = CheckpointStore(output_dir / CHECKPOINT_DIR, keep=cfg.reliability.keep)
-        latest = store.latest() if results.get("status") == "ok" else None
+        ok = results is not None and results.get("status") == "ok"
+        latest = _latest_or_none(store) if ok else None
         if (
             latest is not None
             and latest[1]["train_state"]["epoch"] > cfg.epochs
@@ -296,6 +306,38 @@ def finished_results(
         ):
             done = results
     return dist.broadcast(done)
+
+
+def _results_or_none(path: Path) -> dict[str, Any] | None:
+    """The job's ``results.json``, or None when it is garbled (then moved aside as
+    ``results.json.corrupt`` with an error naming it)."""
+    try:
+        return read_results(path)
+    except ResultsError as err:
+        aside = path.with_name(path.name + ".corrupt")
+        path.replace(aside)
+        reason = err.__cause__ if err.__cause__ is not None else "not a results object"
+        logger.error(
+            "%s is damaged (%s): moved aside to %s; resuming from the job's checkpoints",
+            path,
+            reason,
+            aside,
+        )
+        return None
+
+
+def _latest_or_none(store: CheckpointStore) -> tuple[Path, dict[str, Any]] | None:
+    """``store.latest()``, or None when every checkpoint is bad (``latest`` has moved each
+    aside as ``.corrupt``; the error names them): the job starts from scratch."""
+    try:
+        return store.latest()
+    except CheckpointError:
+        logger.error(
+            "every checkpoint in %s is bad (each moved aside as .corrupt, named above): "
+            "starting from scratch",
+            store.directory,
+        )
+        return None
 
 
 def _summed(totals: list[Mapping[str, Any]]) -> dict[str, Any]:

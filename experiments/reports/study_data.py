@@ -20,6 +20,7 @@ loader, this module holds what every section of the document computes with: row 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from experiments.engine.results import RESULTS_FILE, read_results
+from experiments.engine.results import RESULTS_FILE, ResultsError, read_results
 from experiments.reports.sweep import (
     Job,
     Row,
@@ -36,6 +37,8 @@ from experiments.reports.sweep import (
     parallel_jobs,
     planned_jobs,
 )
+
+logger = logging.getLogger(__name__)
 
 CONTEXTS = ("nmf", "vq", "cd")
 ADJOINTS = ("unroll", "one_step", "implicit", "phantom")
@@ -63,12 +66,15 @@ class StudyRuns:
         sweeps: sweep name -> its jobs (empty when the sweep folder is missing).
         studies: "grad" / "convergence" -> {"<init|trained>_<context>": results.json content}.
         bench: the benchmark's JSON tables, or None.
+        damaged: part name (``grad/init_nmf``, ``bench.json``) -> the path of its unreadable
+            file; such a part is reported as missing, naming the file.
     """
 
     root: Path
     sweeps: dict[str, list[Job]] = field(default_factory=dict)
     studies: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     bench: dict[str, Any] | None = None
+    damaged: dict[str, Path] = field(default_factory=dict)
 
     def rows(self, sweep: str) -> list[Row]:
         """The sweep's jobs grouped over seeds."""
@@ -89,8 +95,13 @@ class StudyRuns:
             if jobs and ok < expected:
                 out.append(f"{expected - ok}/{expected} jobs of `{name}`")
         for kind, names in EXPECTED_STUDIES.items():
-            out += [f"`{kind}/{name}`" for name in names if name not in self.studies.get(kind, {})]
-        return out + ([] if self.bench is not None else ["`bench.json`"])
+            out += [self._missing(f"{kind}/{name}") for name in names
+                    if name not in self.studies.get(kind, {})]  # fmt: skip
+        return out + ([] if self.bench is not None else [self._missing("bench.json")])
+
+    def _missing(self, part: str) -> str:
+        damaged = self.damaged.get(part)
+        return f"`{part}`" + ("" if damaged is None else f" (damaged: {damaged})")
 
     def parallel_jobs(self, sweep: str) -> int | None:
         """``hydra.launcher.n_jobs`` of a sweep (from its multirun.yaml), or None."""
@@ -98,7 +109,10 @@ class StudyRuns:
 
 
 def load_study(root: str | Path) -> StudyRuns:
-    """Read a study folder (see the module docstring); missing parts stay empty."""
+    """Read a study folder (see the module docstring); missing parts stay empty. An unreadable
+    file (a garbled ``results.json``, ``bench.json``) is named in a warning and in
+    ``runs.damaged``, and its part counts as missing: the rest of the study is still read (a
+    sweep's damaged job is a job of status "unreadable", see ``experiments.reports.sweep``)."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(
@@ -114,9 +128,20 @@ def load_study(root: str | Path) -> StudyRuns:
     for kind in STUDIES:
         folder = root / kind
         found = sorted(folder.glob(f"*/{RESULTS_FILE}")) if folder.is_dir() else []
-        runs.studies[kind] = {path.parent.name: read_results(path) for path in found}
+        runs.studies[kind] = {}
+        for path in found:
+            try:
+                runs.studies[kind][path.parent.name] = read_results(path)
+            except ResultsError as err:
+                runs.damaged[f"{kind}/{path.parent.name}"] = path
+                logger.warning("%s: reported as missing", err)
     bench = root / "bench.json"
-    runs.bench = json.loads(bench.read_text()) if bench.exists() else None
+    if bench.exists():
+        try:
+            runs.bench = json.loads(bench.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            runs.damaged["bench.json"] = bench
+            logger.warning("%s is not valid JSON (%s): reported as missing", bench, err)
     return runs
 
 

@@ -1,12 +1,17 @@
-"""Real ``python -m experiments.train`` subprocesses for the engine tests, and the parts of a
-job's files that must agree between two runs (everything but timings)."""
+"""Real ``python -m experiments.train`` subprocesses for the engine tests, the parts of a
+job's files that must agree between two runs (everything but timings), and the agreement of a
+job's failure log with its ``results.json``."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +40,37 @@ def run_train(
                           capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
 
 
+def start_train(job: Path, args: list[str], *extra: str) -> subprocess.Popen[str]:
+    """Start the job without waiting; stdout and stderr merged into ``proc.stdout``."""
+    command = train_command(job, args, *extra)
+    return subprocess.Popen(command, cwd=ROOT, env=train_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def wait_for(proc: subprocess.Popen[str], ready: Callable[[], bool], timeout: float = 600) -> None:
+    """Poll ``ready()`` every 2 ms while ``proc`` runs; AssertionError when the process ends
+    first or ``timeout`` seconds pass (the process is then killed)."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            output = proc.communicate(timeout=60)[0] or ""
+            raise AssertionError(f"the run ended or timed out first:\n{output[-3000:]}")
+        time.sleep(0.002)
+
+
+def train_rows(job: Path) -> int:
+    """Rows of ``metrics.jsonl`` holding a training loss (one per logged step and per epoch)."""
+    metrics = job / "metrics.jsonl"
+    return metrics.read_text().count('"train/loss"') if metrics.exists() else 0
+
+
+def copy_job(source: Path, target: Path) -> Path:
+    """A copy of a job directory (to damage it without touching ``source``)."""
+    shutil.copytree(source, target, dirs_exist_ok=True)
+    return target
+
+
 def untimed(value: Any) -> Any:
     """``value`` without its time / seconds entries (nested dicts included)."""
     if isinstance(value, dict):
@@ -57,3 +93,27 @@ def metric_rows(job: Path) -> list[dict[str, Any]]:
 def job_parameters(job: Path) -> dict[str, torch.Tensor]:
     """The model state of the job's final checkpoint."""
     return read_checkpoint(job / "checkpoint.pt")["model"]
+
+
+def state_digests(job: Path) -> list[str]:
+    """The SHA-256 of each rank's final model state, from ``results.json``."""
+    return list(json.loads((job / "results.json").read_text())["state_digests"])
+
+
+def failure_rows(job: Path) -> list[dict[str, Any]]:
+    """The job's ``tables/failures.jsonl`` rows (none when the file does not exist)."""
+    path = job / "tables" / "failures.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line) for line in lines]
+
+
+def assert_failures_agree(job: Path) -> None:
+    """``tables/failures.jsonl`` and the ``failures`` of ``results.json`` agree: as many rows
+    as the total, the same count per kind, and no event logged twice (step, kind, layer)."""
+    results = json.loads((job / "results.json").read_text())
+    rows = failure_rows(job)
+    counted = results["failures"]
+    assert counted["total"] == len(rows), (counted, len(rows))
+    assert dict(Counter(row["kind"] for row in rows)) == counted["by_kind"], counted
+    events = Counter((row["step"], row["kind"], row["layer"]) for row in rows)
+    assert not [e for e, n in events.items() if n > 1], "failure events logged twice"

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.train_jobs import assert_failures_agree
 
 from experiments.engine.checkpoint import read_checkpoint
 
@@ -166,6 +167,7 @@ def test_elastic_restart_after_a_worker_crash_resumes_bit_identically(
     epochs = [r["epoch"] for r in map(json.loads, (job / "metrics.jsonl").read_text().splitlines())
               if "epoch" in r]  # fmt: skip
     assert epochs == [1, 2]  # the restart logged no row twice
+    assert_failures_agree(job)
 
 
 @needs_torchrun
@@ -200,6 +202,7 @@ def test_sigterm_to_torchrun_checkpoints_every_rank_and_resumes_bit_identically(
     epochs = [r["epoch"] for r in map(json.loads, (job / "metrics.jsonl").read_text().splitlines())
               if "epoch" in r]  # fmt: skip
     assert epochs == [1, 2]
+    assert_failures_agree(job)
 
 
 @needs_torchrun

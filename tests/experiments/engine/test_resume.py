@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.train_jobs import (
+    assert_failures_agree,
     job_parameters,
     job_results,
     metric_rows,
@@ -25,12 +26,13 @@ from helpers.train_jobs import (
 )
 
 ROOT = Path(__file__).resolve().parents[3]
-# NMF context: random initial bases are drawn from torch's global RNG at every forward.
+# NMF context: random initial bases are drawn from torch's global RNG at every forward; the
+# implicit adjoint logs a failure event at every step (failures.jsonl must agree with results).
 ARGS = [
     "epochs=4", "data.train_size=96", "data.val_size=16", "data.image_size=48",
     "data.num_classes=3", "context.rank=4", "context.steps=3", "context.eval_steps=3",
     "batch_size=8", "progress=false", "threads=1", "diagnostics.every=2",
-    "reliability.checkpoint_every=5", "reliability.keep=3",
+    "reliability.checkpoint_every=5", "reliability.keep=3", "adjoint=implicit",
 ]  # fmt: skip
 STEPS_PER_EPOCH = 12
 
@@ -95,6 +97,7 @@ def test_killed_run_resumes_to_identical_results(reference: Path, tmp_path: Path
     assert _results(tmp_path) == _results(reference)
     _assert_same_state(_parameters(tmp_path), _parameters(reference))
     assert _rows(tmp_path) == _rows(reference)
+    assert_failures_agree(tmp_path)
 
 
 def test_finished_job_is_not_retrained_and_other_configs_are_refused(reference: Path) -> None:

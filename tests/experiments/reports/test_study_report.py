@@ -251,3 +251,19 @@ def test_a_job_without_a_config_in_results_json_is_read_from_hydras(
         hydra.write_text("adjoint:\n  k: 9\n  tau: ${half}\nhalf: 0.5\n")
     text = write_study_report(study, tmp_path / "docs", "").read_text()
     assert "`phantom` is Phantom(k=9, τ=0.5):" in text
+
+
+def test_a_damaged_results_file_is_named_and_the_rest_reported(
+    study: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    grad = study / "grad" / "init_nmf"
+    grad.mkdir(parents=True)
+    (grad / "results.json").write_text('{"status": "ok", "gra')  # a garbled study result
+    (study / "bench.json").write_text("[1, 2")
+    (study / "adjoints" / "0" / "results.json").write_text("\xff\xfe")  # one sweep job
+    text = write_study_report(study, tmp_path / "docs", "").read_text()
+    missing = text.split("**Missing** (not run or failed): ")[1].split("\n")[0]
+    assert f"`grad/init_nmf` (damaged: {grad / 'results.json'})" in missing
+    assert f"`bench.json` (damaged: {study / 'bench.json'})" in missing
+    assert "1/21 jobs of `adjoints`" in missing  # the damaged job, the others reported
+    assert str(grad / "results.json") in caplog.text and str(study / "bench.json") in caplog.text
