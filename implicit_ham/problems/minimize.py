@@ -190,7 +190,7 @@ def _scalar_loss(
                 f"{where}: the loss has dtype {value.dtype}, z0 has {spec.dtype}; give z0 and "
                 "the arguments one dtype"
             )
-        return value.reshape(()) if value.numel() == 1 else value
+        return value.reshape(()) if value.numel() == 1 and value.ndim else value
 
     return on_state
 

@@ -73,7 +73,7 @@ class Probe:
         with torch.enable_grad():
             xr = x.detach().requires_grad_()
             out = self.objective.loss(self.objective.state(xr))
-            total = out.sum()
+            total = out if out.ndim == 0 else out.sum()
             (grad,) = torch.autograd.grad(total, xr)
         return self._values(total.detach(), out.detach()), grad
 

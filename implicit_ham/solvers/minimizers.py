@@ -68,7 +68,7 @@ class Objective:
 
     def state(self, x: Tensor) -> State:
         """Inverse of ``flat``."""
-        return self.spec.unflatten(x.reshape(self.spec.batch, -1))
+        return self.spec.unflatten(x)
 
     def value(self, x: Tensor) -> Tensor:
         """The loss at the flat point x (a scalar: the sum of per-sample losses)."""
