@@ -117,6 +117,7 @@ def backtrack(
     direction: Tensor,
     active: Tensor,
     slope0: Tensor | None = None,
+    downhill: bool = False,
 ) -> Step:
     """Halve ``t = 1, 1/2, ...`` per active row until the Armijo or the approximate Wolfe test
     holds (see the module docstring); without gradient.
@@ -130,13 +131,17 @@ def backtrack(
         active: (rows,) bool, the rows still being solved (the others do not move: their
             direction must be zero).
         slope0: (rows,) ``grad·direction`` per row when the caller has it (else computed).
+        downhill: the caller has checked that every row is active with ``slope0 < 0``.
     """
     with torch.no_grad():
         if slope0 is None:
-            slope0 = (grad * direction).sum(1)
+            slope0 = torch.linalg.vecdot(grad, direction)
         slope0 = probe.combine(slope0)
-        pending = active & (slope0 < 0)
-        every_row = bool(pending.all())
+        if downhill and not probe.shared:
+            pending, every_row = active, True
+        else:
+            pending = active & (slope0 < 0)
+            every_row = bool(pending.all())
         trial = x + direction if every_row else torch.where(pending[:, None], x + direction, x)
         f, g = probe.evaluate(trial)
         armijo = (f <= torch.add(value, slope0, alpha=ARMIJO_C1)) & torch.isfinite(f)

@@ -107,8 +107,11 @@ class LineSearchMinimizer(Minimizer):
             direction = memory.direction(x, grad)
             if count < probe.rows:  # finished rows do not move
                 direction = direction * active[:, None]
-            direction, slope0 = memory.descend(direction, grad)
-            result = backtrack(probe, x, value, grad, direction, active, slope0)
+            slope0 = torch.linalg.vecdot(grad, direction)
+            downhill = count == probe.rows and bool((slope0 < 0).all())  # the common case
+            if not downhill:
+                direction, slope0 = memory.descend(direction, grad, slope0, active)
+            result = backtrack(probe, x, value, grad, direction, active, slope0, downhill)
             memory.update(x, grad, result)
             x, value, grad = result.x, result.value, result.grad
             row_norms = torch.linalg.vector_norm(grad, dim=1)
@@ -160,10 +163,13 @@ class DirectionRule:
         """(rows, n): a search direction at x (``descend`` makes it a descent direction)."""
         raise NotImplementedError
 
-    def descend(self, direction: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
-        """The direction to search along and its slopes ``grad·direction`` (rows,): this
-        rule's answer to a row whose direction goes uphill (here: none, the search stalls it)."""
-        return direction, (grad * direction).sum(1)
+    def descend(
+        self, direction: Tensor, grad: Tensor, slope: Tensor, active: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """The direction to search along and its slopes (rows,) when some active row's
+        ``slope = grad·direction`` is not negative: this rule's answer (here none: the search
+        stalls such a row)."""
+        return direction, slope
 
     def update(self, x: Tensor, grad: Tensor, step: Step) -> None:
         """Learn from the step from ``(x, grad)`` to ``step``."""
@@ -193,19 +199,20 @@ class _LBFGSMemory(DirectionRule):
             q = torch.addcmul(q, alpha - (rho_y * q).sum(1, keepdim=True), s)
         return q.neg_()
 
-    def descend(self, direction: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
-        """Rows going uphill restart from scaled steepest descent, their pairs dropped."""
-        slope = (grad * direction).sum(1)
-        uphill = slope >= 0
-        if bool(uphill.any()):  # a rare row (or a finished one, whose direction is zero)
-            moving = uphill & direction.any(dim=1)  # a finished row keeps its zero direction
-            norm = torch.linalg.vector_norm(grad, dim=1, keepdim=True)
-            steepest = -grad / norm.clamp_min(torch.finfo(grad.dtype).tiny)
-            direction = torch.where(moving[:, None], steepest, direction)
-            slope = (grad * direction).sum(1)
-            keep = (~moving).to(grad.dtype)[:, None]
-            self.pairs = [(s, y, rs * keep, ry * keep) for s, y, rs, ry in self.pairs]
-        return direction, slope
+    def descend(
+        self, direction: Tensor, grad: Tensor, slope: Tensor, active: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Active rows going uphill restart from scaled steepest descent, their pairs dropped
+        (a row whose direction is zero keeps it)."""
+        moving = active & (slope >= 0) & direction.any(dim=1)
+        if not bool(moving.any()):
+            return direction, slope
+        norm = torch.linalg.vector_norm(grad, dim=1, keepdim=True)
+        steepest = -grad / norm.clamp_min(torch.finfo(grad.dtype).tiny)
+        direction = torch.where(moving[:, None], steepest, direction)
+        keep = (~moving).to(grad.dtype)[:, None]
+        self.pairs = [(s, y, rs * keep, ry * keep) for s, y, rs, ry in self.pairs]
+        return direction, torch.linalg.vecdot(grad, direction)
 
     def update(self, x: Tensor, grad: Tensor, step: Step) -> None:
         s, y = step.x - x, step.grad - grad
