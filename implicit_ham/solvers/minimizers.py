@@ -82,8 +82,8 @@ class Objective:
         create = torch.is_grad_enabled()
         with torch.enable_grad():
             zr = tuple(t if t.requires_grad else t.detach().requires_grad_() for t in z)
-            out = self.loss(zr)
-            total = out if out.ndim == 0 else out.sum()
+            value = self.loss(zr)
+            total = value if value.ndim == 0 else value.sum()
             grads = torch.autograd.grad(total, zr, create_graph=create, allow_unused=True)
         out = self.spec.zeros_like_missing(grads, zr)
         return out if create else tuple(t.detach() for t in out)

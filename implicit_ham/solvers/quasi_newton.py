@@ -190,7 +190,7 @@ class _LBFGSMemory(DirectionRule):
             tiny = torch.finfo(grad.dtype).tiny
             self.gamma = 1.0 / torch.linalg.vector_norm(grad, dim=1, keepdim=True).clamp_min(tiny)
         q, alphas = grad, []
-        for s, y, rho_s, _ in reversed(self.pairs):
+        for _, y, rho_s, _ in reversed(self.pairs):
             alpha = (rho_s * q).sum(1, keepdim=True)
             q = torch.addcmul(q, alpha, y, value=-1.0)
             alphas.append(alpha)
