@@ -119,7 +119,10 @@ class StateSpec:
         return torch.cat([t.reshape(self.batch, -1) for t in z], dim=1)
 
     def unflatten(self, flat: Tensor) -> State:
-        """Inverse of ``flatten``: (B, N) -> tuple of tensors with the spec's shapes."""
+        """Inverse of ``flatten``: (B, N) (or any shape of B * N entries) -> tuple of tensors
+        with the spec's shapes."""
+        if len(self.shapes) == 1:  # one tensor: a view, no split (fewer autograd nodes)
+            return (flat if flat.shape == self.shapes[0] else flat.reshape(self.shapes[0]),)
         sizes = [s.numel() // s[0] for s in self.shapes]
         chunks = torch.split(flat.reshape(self.batch, -1), sizes, dim=1)
         return tuple(c.reshape(s) for c, s in zip(chunks, self.shapes, strict=True))

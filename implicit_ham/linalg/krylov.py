@@ -177,26 +177,30 @@ class CG(LinearSolver):
         self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float
     ) -> LinearSolve:
         x, r = torch.zeros_like(v), v
-        p, rr = r, torch.dot(r, r)
-        target = (tol * torch.linalg.vector_norm(v)) ** 2
+        p, rr = r, float(torch.dot(r, r))  # the scalars of the recursion live on the host
+        target = tol * tol * rr
+        if rr == 0.0:  # v = 0: g = 0 solves the system exactly
+            return LinearSolve(x, 0, None)
         for step in range(1, max_steps + 1):
             ap = op.apply(p)
-            curvature, length = float(torch.dot(p, ap)), float(torch.dot(p, p))
+            curvature = float(torch.dot(p, ap))  # the step's one synchronisation
             if not math.isfinite(curvature):
                 return LinearSolve(torch.full_like(v, float("nan")), step, None)
-            if curvature <= self.curvature_tol * length:
-                raise NotPositiveDefiniteError(
-                    f"CG: the system {op.label} is not positive definite: direction {step} has "
-                    f"curvature p^T A p = {curvature:.3e} (||p||^2 = {length:.3e}). CG needs a "
-                    "symmetric positive-definite system (a strict minimum); use "
-                    "linear_solver='gmres' or 'dense', or check that the point is a minimum."
-                )
+            if curvature <= 0.0 or self.curvature_tol:
+                length = float(torch.dot(p, p))
+                if curvature <= self.curvature_tol * length:
+                    raise NotPositiveDefiniteError(
+                        f"CG: the system {op.label} is not positive definite: direction {step} "
+                        f"has curvature p^T A p = {curvature:.3e} (||p||^2 = {length:.3e}). CG "
+                        "needs a symmetric positive-definite system (a strict minimum); use "
+                        "linear_solver='gmres' or 'dense', or check that the point is a minimum."
+                    )
             alpha = rr / curvature
-            x, r = x + alpha * p, r - alpha * ap
-            rr_next = torch.dot(r, r)
-            if bool(rr_next <= target):
+            x, r = torch.add(x, p, alpha=alpha), torch.add(r, ap, alpha=-alpha)
+            rr_next = float(torch.dot(r, r))
+            if rr_next <= target:
                 return LinearSolve(x, step, None)
-            p, rr = r + (rr_next / rr) * p, rr_next
+            p, rr = torch.add(r, p, alpha=rr_next / rr), rr_next
         return LinearSolve(x, max_steps, None)
 
 

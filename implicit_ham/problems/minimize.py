@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
+import torch
 from torch import Tensor
+from torch.utils import _pytree
 
 from implicit_ham._core.state import BoundStep, State, StateSpec
+from implicit_ham._core.stats import SolverStats
+from implicit_ham._core.transforms import active_transforms
 from implicit_ham.adjoints.conditions import Condition, differentiate, guarded_inputs
 from implicit_ham.adjoints.modes import ADJOINTS, Adjoint, Implicit
 from implicit_ham.linalg.krylov import CG
@@ -115,8 +119,16 @@ def _solve(
         )
 
     objective = objective_at(args)
+
+    def run(grad_steps: int) -> tuple[State, SolverStats]:
+        # a solve without gradient (the at-point modes') evaluates the loss on detached
+        # inputs: its autograd graphs then hold only the state's branch
+        plain = not torch.is_grad_enabled() and not active_transforms()
+        return solver.minimize(objective_at(_detached(args)) if plain else objective, z0_t,
+                               grad_steps)  # fmt: skip
+
     z, stats, log = differentiate(
-        lambda grad_steps: solver.minimize(objective, z0_t, grad_steps),
+        run,
         solver,
         adjoint,
         _condition(objective_at, args, solver),
@@ -190,9 +202,17 @@ def _scalar_loss(
                 f"{where}: the loss has dtype {value.dtype}, z0 has {spec.dtype}; give z0 and "
                 "the arguments one dtype"
             )
-        return value.reshape(()) if value.numel() == 1 else value
+        return value.reshape(()) if value.numel() == 1 and value.ndim else value
 
     return on_state
+
+
+def _detached(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``args`` with every Tensor (inside tuples, lists and dicts too) detached."""
+    return cast(
+        tuple[Any, ...],
+        _pytree.tree_map(lambda a: a.detach() if isinstance(a, Tensor) else a, args),
+    )
 
 
 def _state_fn(

@@ -73,7 +73,7 @@ class Probe:
         with torch.enable_grad():
             xr = x.detach().requires_grad_()
             out = self.objective.loss(self.objective.state(xr))
-            total = out.sum()
+            total = out if out.ndim == 0 else out.sum()
             (grad,) = torch.autograd.grad(total, xr)
         return self._values(total.detach(), out.detach()), grad
 
@@ -99,12 +99,14 @@ class Probe:
 @dataclass(frozen=True)
 class Step:
     """A line search's outcome per row: the new point, its value and gradient, and which rows
-    found an acceptable step (the others are stalled and kept at x)."""
+    found an acceptable step (the others are stalled and kept at x); ``full_step`` says on
+    the host that every row took its full first step (the common case)."""
 
     x: Tensor
     value: Tensor
     grad: Tensor
     accepted: Tensor
+    full_step: bool = False
 
 
 def backtrack(
@@ -114,39 +116,52 @@ def backtrack(
     grad: Tensor,
     direction: Tensor,
     active: Tensor,
+    slope0: Tensor | None = None,
+    downhill: bool = False,
 ) -> Step:
     """Halve ``t = 1, 1/2, ...`` per active row until the Armijo or the approximate Wolfe test
     holds (see the module docstring); without gradient.
 
+    The first trial (t = 1 for every row) is taken for all rows at once and accepted without
+    further work when it passes the Armijo test everywhere (the test that needs the fewest
+    operations); otherwise its values serve as the first halving step's.
+
     Args:
         probe: the problem's rows. x, grad, direction: (rows, n). value: (rows,) f at x.
-        active: (rows,) bool, the rows still being solved (the others do not move).
+        active: (rows,) bool, the rows still being solved (the others do not move: their
+            direction must be zero).
+        slope0: (rows,) ``grad·direction`` per row when the caller has it (else computed).
+        downhill: the caller has checked that every row is active with ``slope0 < 0``.
     """
     with torch.no_grad():
-        slope0 = probe.combine((grad * direction).sum(1))
-        eps = torch.finfo(x.dtype).eps
-        floor = ROUNDING_UNITS * eps * value.abs()
-        pending = active & (slope0 < 0)
-        if bool(pending.all()):  # the common case: every row takes its full first step
-            trial = x + direction
-            f, g = probe.evaluate(trial)
-            ok = _acceptable(probe, f, g, value, slope0, floor, direction, 1.0)
-            if bool(ok.all()):
-                return Step(trial, f, g, ok)
+        if slope0 is None:
+            slope0 = torch.linalg.vecdot(grad, direction)
+        slope0 = probe.combine(slope0)
+        if downhill and not probe.shared:
+            pending, every_row = active, True
+        else:
+            pending = active & (slope0 < 0)
+            every_row = bool(pending.all())
+        trial = x + direction if every_row else torch.where(pending[:, None], x + direction, x)
+        f, g = probe.evaluate(trial)
+        armijo = (f <= torch.add(value, slope0, alpha=ARMIJO_C1)) & torch.isfinite(f)
+        if every_row and bool(armijo.all()):  # the common case: every row's full step passes
+            return Step(trial, f, g, pending, full_step=True)
+        floor = ROUNDING_UNITS * torch.finfo(x.dtype).eps * value.abs()
         t = torch.ones_like(value)
-        new_x, new_value, new_grad = x.clone(), value.clone(), grad.clone()
+        new_x, new_value, new_grad = x, value, grad
         accepted = torch.zeros_like(active)
-        for _ in range(MAX_HALVINGS):
-            if not bool(pending.any()):
-                break
-            trial = torch.where(pending[:, None], x + t[:, None] * direction, new_x)
-            f, g = probe.evaluate(trial)
+        for halving in range(MAX_HALVINGS):
             ok = pending & _acceptable(probe, f, g, value, slope0, floor, direction, t)
             new_x = torch.where(ok[:, None], trial, new_x)
             new_value = torch.where(ok, f, new_value)
             new_grad = torch.where(ok[:, None], g, new_grad)
             accepted, pending = accepted | ok, pending & ~ok
+            if halving == MAX_HALVINGS - 1 or not bool(pending.any()):
+                break
             t = torch.where(pending, t / 2, t)
+            trial = torch.where(pending[:, None], x + t[:, None] * direction, new_x)
+            f, g = probe.evaluate(trial)
         return Step(new_x, new_value, new_grad, accepted)
 
 

@@ -68,7 +68,7 @@ class Objective:
 
     def state(self, x: Tensor) -> State:
         """Inverse of ``flat``."""
-        return self.spec.unflatten(x.reshape(self.spec.batch, -1))
+        return self.spec.unflatten(x)
 
     def value(self, x: Tensor) -> Tensor:
         """The loss at the flat point x (a scalar: the sum of per-sample losses)."""
@@ -82,7 +82,8 @@ class Objective:
         create = torch.is_grad_enabled()
         with torch.enable_grad():
             zr = tuple(t if t.requires_grad else t.detach().requires_grad_() for t in z)
-            total = self.loss(zr).sum()
+            value = self.loss(zr)
+            total = value if value.ndim == 0 else value.sum()
             grads = torch.autograd.grad(total, zr, create_graph=create, allow_unused=True)
         out = self.spec.zeros_like_missing(grads, zr)
         return out if create else tuple(t.detach() for t in out)

@@ -88,34 +88,44 @@ class LineSearchMinimizer(Minimizer):
         probe = Probe.of(objective, x0)
         x = probe.view(x0)
         value, grad = probe.evaluate(x)
-        first = _sample_norms(grad, spec.batch)
+        row_norms = torch.linalg.vector_norm(grad, dim=1)
+        first = _sample_norms(grad, row_norms, spec.batch)
         _check_finite(self.name, first, 0)
         # "auto" scales with each problem's gradient: each sample's, or a coupled row's
-        tol = resolve_tolerance(self.tol, _per_sample(probe, grad.norm(dim=1), spec.batch))
+        tol = resolve_tolerance(self.tol, _per_sample(probe, row_norms, spec.batch))
         norms, rows = first, [first]
         stalled = torch.zeros(spec.batch, dtype=torch.bool, device=x.device)
-        best = grad.norm(dim=1)  # per row: a coupled row stalls as a whole
+        best = row_norms  # per row: a coupled row stalls as a whole
         floor = math.sqrt(torch.finfo(x.dtype).eps) * best.clamp_min(1.0)
-        since_best = torch.zeros_like(best, dtype=torch.long)
+        best_step = torch.zeros_like(best, dtype=torch.long)
         memory = self._memory(probe)
+        active = _active_rows(probe, norms, tol, stalled)
         for step in range(1, self.max_steps + 1):
-            active = _active_rows(probe, norms, tol, stalled)
-            if not bool(active.any()):
+            count = int(active.sum())  # the step's decision, one host read
+            if count == 0:
                 break
-            direction = memory.direction(x, grad) * active[:, None]
-            result = backtrack(probe, x, value, grad, direction, active)
+            direction = memory.direction(x, grad)
+            if count < probe.rows:  # finished rows do not move
+                direction = direction * active[:, None]
+            slope0 = torch.linalg.vecdot(grad, direction)
+            downhill = count == probe.rows and bool((slope0 < 0).all())  # the common case
+            if not downhill:
+                direction, slope0 = memory.descend(direction, grad, slope0, active)
+            result = backtrack(probe, x, value, grad, direction, active, slope0, downhill)
             memory.update(x, grad, result)
             x, value, grad = result.x, result.value, result.grad
-            norms = _sample_norms(grad, spec.batch)
+            row_norms = torch.linalg.vector_norm(grad, dim=1)
+            norms = _sample_norms(grad, row_norms, spec.batch)
             _check_finite(self.name, norms, step)
-            row_norms = grad.norm(dim=1)
             improved = row_norms <= 0.5 * best
             best = torch.where(improved, row_norms, best)
-            since_best = torch.where(improved, 0, since_best + 1)
-            no_progress = (since_best >= STALL_STEPS) & (row_norms <= floor)
-            stuck = active & (~result.accepted | no_progress)
-            stalled = stalled | _per_sample(probe, stuck, spec.batch)
+            best_step = torch.where(improved, step, best_step)
+            if step >= STALL_STEPS or not result.full_step:  # else no row can be stuck yet
+                no_progress = (best_step <= step - STALL_STEPS) & (row_norms <= floor)
+                stuck = active & (~result.accepted | no_progress)
+                stalled = stalled | _per_sample(probe, stuck, spec.batch)
             rows.append(norms)
+            active = _active_rows(probe, norms, tol, stalled)
         trace = torch.stack(rows[1:]) if len(rows) > 1 else first.new_zeros(0, spec.batch)
         converged = None if tol is None else norms <= tol
         rel = norms / (first + torch.finfo(first.dtype).tiny)
@@ -150,55 +160,74 @@ class DirectionRule:
     """Per-row search directions and what each accepted step teaches them."""
 
     def direction(self, x: Tensor, grad: Tensor) -> Tensor:
-        """(rows, n): a descent direction at x."""
+        """(rows, n): a search direction at x (``descend`` makes it a descent direction)."""
         raise NotImplementedError
+
+    def descend(
+        self, direction: Tensor, grad: Tensor, slope: Tensor, active: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """The direction to search along and its slopes (rows,) when some active row's
+        ``slope = grad·direction`` is not negative: this rule's answer (here none: the search
+        stalls such a row)."""
+        return direction, slope
 
     def update(self, x: Tensor, grad: Tensor, step: Step) -> None:
         """Learn from the step from ``(x, grad)`` to ``step``."""
 
 
 class _LBFGSMemory(DirectionRule):
-    """Per-row curvature pairs ``(s, y, 1 / s·y)``; a row's pair is zeroed (a no-op in the
-    two-loop recursion) when its step was rejected or its curvature ``s·y`` not positive."""
+    """Per-row curvature pairs ``(s, y)``, kept with ``rho s`` and ``rho y``
+    (``rho = 1 / s·y``) for the two-loop recursion; a row's ``rho`` is zero (a no-op in the
+    recursion) when its step was rejected or its curvature ``s·y`` not positive."""
 
     def __init__(self, history: int) -> None:
         self.history = history
-        self.pairs: list[tuple[Tensor, Tensor, Tensor]] = []
-        self.gamma: Tensor | None = None
+        self.pairs: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []  # s, y, rho s, rho y
+        self.gamma: Tensor | None = None  # (rows, 1): the initial inverse-Hessian scale
 
     def direction(self, x: Tensor, grad: Tensor) -> Tensor:
-        tiny = torch.finfo(grad.dtype).tiny
         if self.gamma is None:
-            self.gamma = 1.0 / grad.norm(dim=1).clamp_min(tiny)
-        q, alphas = grad.clone(), []
-        for s, y, rho in reversed(self.pairs):
-            alpha = rho * (s * q).sum(1)
-            q = q - alpha[:, None] * y
+            tiny = torch.finfo(grad.dtype).tiny
+            self.gamma = 1.0 / torch.linalg.vector_norm(grad, dim=1, keepdim=True).clamp_min(tiny)
+        q, alphas = grad, []
+        for _, y, rho_s, _ in reversed(self.pairs):
+            alpha = (rho_s * q).sum(1, keepdim=True)
+            q = torch.addcmul(q, alpha, y, value=-1.0)
             alphas.append(alpha)
-        q = q * self.gamma[:, None]
-        for (s, y, rho), alpha in zip(self.pairs, reversed(alphas), strict=True):
-            beta = rho * (y * q).sum(1)
-            q = q + (alpha - beta)[:, None] * s
-        direction = -q
-        uphill = (direction * grad).sum(1) >= 0
-        if bool(uphill.any()):  # reset those rows to scaled steepest descent
-            steepest = -grad / grad.norm(dim=1, keepdim=True).clamp_min(tiny)
-            direction = torch.where(uphill[:, None], steepest, direction)
-            keep = (~uphill).to(grad.dtype)
-            self.pairs = [(s, y, rho * keep) for s, y, rho in self.pairs]
-        return direction
+        q = q * self.gamma
+        for (s, _, _, rho_y), alpha in zip(self.pairs, reversed(alphas), strict=True):
+            q = torch.addcmul(q, alpha - (rho_y * q).sum(1, keepdim=True), s)
+        return q.neg_()
+
+    def descend(
+        self, direction: Tensor, grad: Tensor, slope: Tensor, active: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Active rows going uphill restart from scaled steepest descent, their pairs dropped
+        (a row whose direction is zero keeps it)."""
+        moving = active & (slope >= 0) & direction.any(dim=1)
+        if not bool(moving.any()):
+            return direction, slope
+        norm = torch.linalg.vector_norm(grad, dim=1, keepdim=True)
+        steepest = -grad / norm.clamp_min(torch.finfo(grad.dtype).tiny)
+        direction = torch.where(moving[:, None], steepest, direction)
+        keep = (~moving).to(grad.dtype)[:, None]
+        self.pairs = [(s, y, rs * keep, ry * keep) for s, y, rs, ry in self.pairs]
+        return direction, torch.linalg.vecdot(grad, direction)
 
     def update(self, x: Tensor, grad: Tensor, step: Step) -> None:
         s, y = step.x - x, step.grad - grad
-        sy = (s * y).sum(1)
-        good = step.accepted & (sy > 1e-10 * s.norm(dim=1) * y.norm(dim=1)) & (sy > 0)
-        rho = torch.where(good, 1.0 / torch.where(good, sy, torch.ones_like(sy)), 0.0)
-        self.pairs.append((s, y, rho))
+        sy = (s * y).sum(1, keepdim=True)
+        s_norm = torch.linalg.vector_norm(s, dim=1, keepdim=True)
+        y_norm = torch.linalg.vector_norm(y, dim=1, keepdim=True)
+        good = sy > 1e-10 * s_norm * y_norm  # implies s·y > 0
+        if not step.full_step:
+            good = good & step.accepted[:, None]
+        rho = torch.where(good, sy.reciprocal(), 0.0)
+        self.pairs.append((s, y, rho * s, rho * y))
         if len(self.pairs) > self.history:
             self.pairs.pop(0)
-        yy = (y * y).sum(1)
         assert self.gamma is not None
-        self.gamma = torch.where(good, sy / torch.where(good, yy, torch.ones_like(yy)), self.gamma)
+        self.gamma = torch.where(good, sy / y_norm.square(), self.gamma)
 
 
 @MINIMIZERS.register("lbfgs")
@@ -283,9 +312,11 @@ def truncated_cg(hvp: Callable[[Tensor], Tensor], grad: Tensor, max_steps: int) 
     return torch.where(empty[:, None], -grad, p)
 
 
-def _sample_norms(grad: Tensor, batch: int) -> Tensor:
-    """(B,): each sample's gradient norm (a coupled row holds all samples)."""
-    return grad.reshape(batch, -1).norm(dim=1)
+def _sample_norms(grad: Tensor, row_norms: Tensor, batch: int) -> Tensor:
+    """(B,): each sample's gradient norm, from the rows' (a coupled row holds all samples)."""
+    if row_norms.numel() == batch:
+        return row_norms
+    return torch.linalg.vector_norm(grad.reshape(batch, -1), dim=1)
 
 
 def _per_sample(probe: Probe, per_row: Tensor, batch: int) -> Tensor:
