@@ -409,20 +409,21 @@ class Decomposition(nn.Module, ABC):
         adjoint = self.active_adjoint()
         if isinstance(adjoint, OneStep) and not self.grad_through_bases:
             with torch.no_grad():  # z0 = init(X, D0) too: no graph the gradient never uses
-                problem = self.implicit_problem(x, init)
-                solution = problem.solve(self.active_solver(), adjoint)
+                solution = self.implicit_problem(x, init).solve(self.active_solver(), adjoint)
             # detached: no_grad does not stop forward-mode tangents (torch.func.jvp / jacfwd)
             solution.value = detached(tuple(solution.value))
-            problem = dataclasses.replace(problem, args=(self.flatten(x),))
+            flat = self.flatten(x)
         else:
             problem = self.implicit_problem(x, init)
             solution = problem.solve(self.active_solver(), adjoint)
+            flat = problem.args[0]
+            del problem  # z0 is not needed past the solve: its memory goes before the readout
         self.last_solution = Solution(
             tuple(t.detach() for t in solution.value), solution.stats, solution.backward_log
         )
         if self._updates_online_bases():
             self._update_online_bases(solution.value[0])
-        readout = self.kernel("readout")(problem.args[0], solution.value)
+        readout = self.kernel("readout")(flat, solution.value)
         return _like(self.unflatten(readout, x.shape), x)
 
     def extra_repr(self) -> str:

@@ -119,15 +119,19 @@ class FixedPointIteration(FixedPointSolver):
         self, step: StepFn, z0: State, spec: StateSpec, grad_steps: int, rec: TraceRecorder
     ) -> tuple[State, SolverStats]:
         """K steps without a per-step trace: the last step's residual, one finiteness sync."""
-        prev, z = z0, z0
+        # ``prev = z`` before each step (not ``prev, z = z, step(z)``): the iterate two steps
+        # back is released before the step allocates the next one (two states alive, not three)
+        prev = z = z0
         if grad_steps < self.max_steps:
             with torch.no_grad():
                 for _ in range(self.max_steps - grad_steps):
-                    prev, z = z, step(z)
+                    prev = z
+                    z = step(z)
             if grad_steps or _forward_mode():
                 z = detached(z)  # no_grad does not stop forward-mode tangents (jvp, jacfwd)
         for _ in range(grad_steps):
-            prev, z = z, step(z)
+            prev = z
+            z = step(z)
         rec.record(prev, z)
         if self.check_finite and host_checks() and not rec.last_step_finite():
             replay = TraceRecorder(self.name, scale=self.damping)
