@@ -281,11 +281,12 @@ class Neumann(AtFixedPoint):
         return SecondOrder("series", vmappable=True)
 
     def backward_solve(self, op: AdjointOperator, v: Tensor) -> tuple[Tensor, BackwardStats]:
-        term, total = v, v
+        term, total, plain = v, v, self.tau == 1.0  # plain: the undamped series, no scalings
         for _ in range(self.k - 1):
-            term = self.tau * op.vjp(term) + (1 - self.tau) * term
+            product = op.vjp(term)
+            term = product if plain else self.tau * product + (1 - self.tau) * term
             total = total + term
-        g = self.tau * total
+        g = total if plain else self.tau * total
         return finish_backward(
             op,
             v,
