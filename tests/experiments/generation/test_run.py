@@ -21,6 +21,7 @@ from hydra import compose, initialize_config_dir
 
 from experiments.config.typed import typed_config
 from experiments.engine.checkpoint import read_checkpoint, write_checkpoint
+from experiments.engine.paths import check_write_paths
 from experiments.generation import classifier, trainer
 from experiments.generation.classifier import CLASSIFIER_VERSION
 from experiments.generation.config import (
@@ -272,3 +273,25 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over_without_duplicate_
     monkeypatch.setattr(GanTraining, "train_step", original)
     run_generation(_config(cache), tmp_path)
     _same_run(tmp_path, reference)
+
+
+def test_a_relative_classifier_cache_is_the_path_that_was_checked(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``metrics.classifier_cache=classifier.pt`` is checked as ``<job>/classifier.pt``
+    (``check_write_paths``); the job must use that file, not ``classifier.pt`` in the working
+    directory (which the check never saw: it could lie anywhere)."""
+    job, elsewhere = tmp_path / "job", tmp_path / "cwd"
+    job.mkdir()
+    elsewhere.mkdir()
+    shutil.copyfile(cache, job / "classifier.pt")
+    check_write_paths({"metrics": {"classifier_cache": "classifier.pt"}}, job)
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the checked cache exists: no classifier may be trained")
+
+    monkeypatch.setattr(classifier, "train_classifier", never)
+    monkeypatch.chdir(elsewhere)
+    config = _config(cache, "metrics.classifier_cache=classifier.pt")
+    assert run_generation(config, job)["status"] == "ok"
+    assert not list(elsewhere.iterdir())
