@@ -175,7 +175,7 @@ def test_sigterm_to_torchrun_checkpoints_every_rank_and_resumes_bit_identically(
     tmp_path: Path,
 ) -> None:
     """A preemption under torchrun: SIGTERM to the agent (what a scheduler sends the launcher)
-    after the checkpoint of step 3 of 16. The agent forwards it to both workers, which agree on
+    after the checkpoint of step 3 of 8. The agent forwards it to both workers, which agree on
     the step to stop at (an all-reduce of the signal), checkpoint, write status "preempted" and
     exit; the same command run again resumes and ends bit-identical to an uninterrupted run,
     logging no row twice.
@@ -183,9 +183,9 @@ def test_sigterm_to_torchrun_checkpoints_every_rank_and_resumes_bit_identically(
     NMF context with the implicit adjoint: each rank logs a failure event at every step, so
     ``tables/failures.jsonl`` (written by rank 0 alone) must hold both ranks' events, as many
     as ``results.json`` counts, and equal the uninterrupted run's rows after the resume."""
-    kept = [a for a in ARGS if not a.startswith(("data.train_size=", "context="))]
-    args = [*kept, "data.train_size=64", "dtype=float64", "adjoint=implicit", "context.rank=4",
-            "context.steps=3", "context.eval_steps=3"]  # fmt: skip
+    kept = [a for a in ARGS if not a.startswith("context=")]
+    args = [*kept, "dtype=float64", "adjoint=implicit", "context.rank=4", "context.steps=3",
+            "context.eval_steps=3"]  # fmt: skip
     reference = tmp_path / "reference"
     _torchrun(reference, args)
     job = tmp_path / "job"
@@ -212,7 +212,7 @@ def test_sigterm_to_torchrun_checkpoints_every_rank_and_resumes_bit_identically(
     rows = failure_rows(job)
     assert {row["rank"] for row in rows} == {0, 1}
     assert rows == failure_rows(reference)
-    assert len(rows) == results["failures"]["total"] == 2 * 16  # one event per step and rank
+    assert len(rows) == results["failures"]["total"] == 2 * 8  # one event per step and rank
 
 
 @needs_torchrun
