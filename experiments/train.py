@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -20,11 +21,13 @@ from omegaconf import DictConfig
 
 from experiments.config.groups import TrainConfig, check_train_config, register_configs
 from experiments.config.typed import as_container, typed_config
+from experiments.engine.failure_log import logged_failure_counts
 from experiments.engine.joblock import JobLockedError
 from experiments.engine.preemption import PreemptedError
 from experiments.engine.results import write_results
 from experiments.engine.resume import ResumeConflictError
 from experiments.engine.run import run_training
+from experiments.engine.sinks import no_sinks
 from experiments.engine.targets import check_targets, guard_hydra_callbacks
 
 register_configs()
@@ -55,10 +58,19 @@ def main(cfg: DictConfig) -> float:
                 "status": "failed",
                 "error": f"{type(err).__name__}: {err}",
                 "config": as_container(config),
+                **_logged_failures(config, output_dir),
             },
         )
         raise
     return float(results["metrics"]["val/loss"])
+
+
+def _logged_failures(config: TrainConfig, output_dir: str) -> dict[str, Any]:
+    """``{"failures": counts}`` of the events the job logged before it failed
+    (``logged_failure_counts``); empty when its logger writes no files (nothing to count)."""
+    if config.logger._target_ == f"{no_sinks.__module__}.{no_sinks.__qualname__}":
+        return {}
+    return {"failures": logged_failure_counts(output_dir)}
 
 
 def _check_tasks_per_node(tasks: int) -> None:

@@ -50,6 +50,13 @@ def _lookup(config: Mapping[str, Any], key: str) -> Any:
     return node
 
 
+def resolve_write_path(value: str | Path, job_dir: str | Path) -> Path:
+    """Where a config's written path ``value`` points: ``~`` expanded, a relative path taken
+    from the job directory (not the working directory), symbolic links followed. The check
+    and the job that writes the file both use it, so the file checked is the file written."""
+    return (Path(job_dir) / Path(str(value)).expanduser()).resolve()
+
+
 def check_write_paths(
     config: Mapping[str, Any], job_dir: str | Path, keys: Sequence[str] = WRITE_PATH_KEYS
 ) -> None:
@@ -68,7 +75,7 @@ def check_write_paths(
         value = _lookup(config, key)
         if value is None:
             continue
-        path = (Path(job_dir) / Path(str(value)).expanduser()).resolve()
+        path = resolve_write_path(value, job_dir)
         if not any(path == root or root in path.parents for root in roots):
             raise UnsafePathError(
                 f"config {key}={value!r} resolves to {path}, outside the job's directories "

@@ -195,12 +195,12 @@ class JobCheckpoints:
             if not self.resume:
                 self.store.clear()
             else:
-                latest = _latest_or_none(self.store)
+                latest = latest_or_none(self.store)
                 path = None if latest is None else str(latest[0])
         path = self.dist.broadcast(path)
         if path is None:
             if self.dist.is_main:
-                self._truncate_logs()
+                truncate_logs(self.output_dir)
             return None
         payload = read_checkpoint(path)
         self._check_compatible(Path(path), payload)
@@ -230,16 +230,6 @@ class JobCheckpoints:
             state.step,
         )
         return state
-
-    def _truncate_logs(self) -> None:
-        stale = _sink_files(self.output_dir)
-        if stale:
-            logger.warning(
-                "starting from scratch in %s: removing the metric files of an earlier attempt (%s)",
-                self.output_dir,
-                ", ".join(str(p.relative_to(self.output_dir)) for p in stale),
-            )
-            rewind_logs(self.output_dir, {})
 
     def _check_compatible(self, path: Path, payload: Mapping[str, Any]) -> None:
         differences = config_differences(payload["config"], self.config)
@@ -295,10 +285,10 @@ def finished_results(
     holds its counts and totals)."""
     done = None
     if cfg.reliability.resume and dist.is_main and (output_dir / RESULTS_FILE).exists():
-        results = _results_or_none(output_dir / RESULTS_FILE)
+        results = results_or_none(output_dir / RESULTS_FILE)
         store = CheckpointStore(output_dir / CHECKPOINT_DIR, keep=cfg.reliability.keep)
         ok = results is not None and results.get("status") == "ok"
-        latest = _latest_or_none(store) if ok else None
+        latest = latest_or_none(store) if ok else None
         if (
             latest is not None
             and latest[1]["train_state"]["epoch"] > cfg.epochs
@@ -308,7 +298,7 @@ def finished_results(
     return dist.broadcast(done)
 
 
-def _results_or_none(path: Path) -> dict[str, Any] | None:
+def results_or_none(path: Path) -> dict[str, Any] | None:
     """The job's ``results.json``, or None when it is garbled (then moved aside as
     ``results.json.corrupt`` with an error naming it)."""
     try:
@@ -326,7 +316,7 @@ def _results_or_none(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _latest_or_none(store: CheckpointStore) -> tuple[Path, dict[str, Any]] | None:
+def latest_or_none(store: CheckpointStore) -> tuple[Path, dict[str, Any]] | None:
     """``store.latest()``, or None when every checkpoint is bad (``latest`` has moved each
     aside as ``.corrupt``; the error names them): the job starts from scratch."""
     try:
@@ -338,6 +328,20 @@ def _latest_or_none(store: CheckpointStore) -> tuple[Path, dict[str, Any]] | Non
             store.directory,
         )
         return None
+
+
+def truncate_logs(directory: Path) -> None:
+    """Remove the metric files of an earlier attempt (``metrics.jsonl`` / ``metrics.csv`` /
+    ``tables/*``) before a job starts from scratch in ``directory``, with a warning naming
+    them, so that no row is logged twice."""
+    stale = _sink_files(directory)
+    if stale:
+        logger.warning(
+            "starting from scratch in %s: removing the metric files of an earlier attempt (%s)",
+            directory,
+            ", ".join(str(p.relative_to(directory)) for p in stale),
+        )
+        rewind_logs(directory, {})
 
 
 def _summed(totals: list[Mapping[str, Any]]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from experiments.engine.build import (
 from experiments.engine.checkpoint import write_checkpoint
 from experiments.engine.determinism import configure_determinism
 from experiments.engine.distributed import DistributedContext, state_digest
+from experiments.engine.failure_log import RankFailureLog
 from experiments.engine.joblock import JobLock, JobLockedError
 from experiments.engine.loop import Task, TrainState, fit
 from experiments.engine.preemption import PreemptedError, PreemptionGuard, parse_signals
@@ -168,8 +169,9 @@ def _train(
     sinks = build_sinks(cfg.logger, output_dir, config) if dist.is_main else []
     clock = _Clock()
     run_events = RunEvents(unwrap(model))
+    failure_log = RankFailureLog(sinks, dist)  # every rank's events, written by rank 0
     monitor = FailureMonitor(
-        sinks, warn_first=reliability.warn_first, warn_every=reliability.warn_every
+        [failure_log], warn_first=reliability.warn_first, warn_every=reliability.warn_every
     )
     checkpoints = JobCheckpoints(
         output_dir,
@@ -211,6 +213,12 @@ def _train(
         dist=dist,
     )
     state = state or TrainState()
+
+    def logged_step(inputs: torch.Tensor, target: torch.Tensor, step: int) -> torch.Tensor | None:
+        loss = step_fn(inputs, target, step)
+        failure_log.flush()  # every rank, before this step's checkpoint counts the rows
+        return loss
+
     clock.start(float(checkpoints.restored_totals.get("train_time_s", 0.0)))
     try:
         metrics = fit(
@@ -226,7 +234,7 @@ def _train(
             show_progress=cfg.progress and dist.is_main,
             log_every=cfg.log_every,
             state=state,
-            step_fn=step_fn,
+            step_fn=logged_step,
             checkpoint=checkpoints.save,
             checkpoint_every=reliability.checkpoint_every,
             dist=dist,
@@ -234,7 +242,8 @@ def _train(
             max_consecutive_skips=reliability.max_consecutive_skips,
             max_skips=reliability.max_skips,
         )
-    except PreemptedError as stopped:
+    except PreemptedError as stopped:  # every rank stops at the same step
+        failures = _failure_counts(monitor, dist, state.skipped)
         if dist.is_main:
             write_results(
                 output_dir,
@@ -244,6 +253,7 @@ def _train(
                     "signal": signal.Signals(stopped.signum).name,
                     "step": stopped.step,
                     "config": config,
+                    "failures": failures,
                 },
             )
         logger.warning("%s; checkpoint written, run the same command to resume", stopped)
@@ -255,14 +265,12 @@ def _train(
             callback.close()
         for sink in sinks:
             sink.close()
-    failures = FailureMonitor()
-    failures.merge(dist.gather(monitor.state_dict()))
     results = {
         "status": "ok",
         "config": config,
         "metrics": metrics,
         "best": state.best,
-        "failures": {**failures.summary(), "skipped_batches": state.skipped},
+        "failures": _failure_counts(monitor, dist, state.skipped),
         "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "train_time_s": clock.elapsed(),
         "world_size": dist.world_size,
@@ -283,6 +291,16 @@ def _train(
         )
         write_results(output_dir, results)
     return results
+
+
+def _failure_counts(
+    monitor: FailureMonitor, dist: DistributedContext, skipped: int
+) -> dict[str, Any]:
+    """Every rank's failure counts summed (``FailureMonitor.summary``) with the batches the
+    policy skipped (collective)."""
+    total = FailureMonitor()
+    total.merge(dist.gather(monitor.state_dict()))
+    return {**total.summary(), "skipped_batches": skipped}
 
 
 class _Clock:

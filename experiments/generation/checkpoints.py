@@ -2,6 +2,11 @@
 ``experiments.engine.resume``: a ``CheckpointStore`` (atomic, checksummed, newest good file),
 ``comparable_config`` / ``config_differences`` (a directory of another run is refused), the RNG
 states, failure counts and metric-file rows (cut back on resume, so no row appears twice).
+
+Damage is handled as in a training job: a bad checkpoint is named in an error line, moved aside
+as ``.corrupt`` and the previous one used; when every checkpoint is bad the job starts from
+scratch in the same run; a job starting from scratch removes an earlier attempt's metric files;
+a garbled ``results.json`` is moved aside as ``results.json.corrupt`` and the job resumes.
 """
 
 from __future__ import annotations
@@ -12,14 +17,17 @@ from typing import Any
 
 from experiments.config.typed import as_container
 from experiments.engine.checkpoint import CheckpointStore
-from experiments.engine.results import RESULTS_FILE, read_results
+from experiments.engine.results import RESULTS_FILE
 from experiments.engine.resume import (
     CHECKPOINT_DIR,
     ResumeConflictError,
     comparable_config,
     config_differences,
+    latest_or_none,
     log_rows,
+    results_or_none,
     rewind_logs,
+    truncate_logs,
 )
 from experiments.generation.config import GenerateConfig
 from experiments.generation.trainer import GanTraining
@@ -63,11 +71,13 @@ class GanCheckpoints:
         self.store.save(self.training.step, payload)
 
     def finished_results(self) -> dict[str, Any] | None:
-        """The job's results when it already finished with this config, else None."""
+        """The job's results when it already finished with this config, else None (a garbled
+        ``results.json`` is moved aside, ``experiments.engine.resume.results_or_none``)."""
         if not self.resume or not (self.output_dir / RESULTS_FILE).exists():
             return None
-        results = read_results(self.output_dir)
-        latest = self.store.latest() if results.get("status") == "ok" else None
+        results = results_or_none(self.output_dir / RESULTS_FILE)
+        ok = results is not None and results.get("status") == "ok"
+        latest = latest_or_none(self.store) if ok else None
         if (
             latest is not None
             and latest[1]["training"]["step"] >= self.cfg.steps
@@ -78,13 +88,15 @@ class GanCheckpoints:
 
     def restore(self) -> dict[str, Any] | None:
         """Load the newest good checkpoint (networks, optimisers, EMA, RNGs, failure counts;
-        metric files cut back) and return its ``extra``; None when starting from scratch
-        (``reliability.resume=false`` deletes old checkpoints)."""
+        metric files cut back) and return its ``extra``; None when starting from scratch: no
+        checkpoint, ``reliability.resume=false`` (deletes old checkpoints) or every checkpoint
+        bad (each moved aside as ``.corrupt``, named in an error line); an earlier attempt's
+        metric files are then removed (``truncate_logs``)."""
         if not self.resume:
             self.store.clear()
-            return None
-        latest = self.store.latest()
+        latest = latest_or_none(self.store) if self.resume else None
         if latest is None:
+            truncate_logs(self.output_dir)
             return None
         path, payload = latest
         differences = config_differences(payload["config"], self.config)

@@ -51,7 +51,9 @@ class GenMetricsConf:
     ``eval_every`` steps (0: only at the end); k of the k-NN precision / recall; KID subsets;
     the digit classifier's training epochs and the held-out accuracy it must reach (the run
     stops with an error below it); ``classifier_cache``: where the trained classifier is kept
-    (default: ``classifier.pt`` beside the job directory, shared by a sweep's jobs)."""
+    (default: ``classifier.pt`` beside the job directory, shared by a sweep's jobs; a relative
+    path is taken from the job directory, and it must stay under the run or
+    ``$IMPLICIT_HAM_CACHE_DIR``, ``experiments.engine.paths``)."""
 
     samples: int = 2000
     curve_samples: int = 500

@@ -22,6 +22,7 @@ from experiments.data.twin_digits import TwinDigitsDataset
 from experiments.engine.build import build_context, build_sinks
 from experiments.engine.checkpoint import write_checkpoint
 from experiments.engine.determinism import configure_determinism
+from experiments.engine.paths import resolve_write_path
 from experiments.engine.results import write_results
 from experiments.engine.run import seed_everything
 from experiments.generation.checkpoints import GanCheckpoints
@@ -69,7 +70,11 @@ def run_generation(cfg: GenerateConfig, output_dir: str | Path) -> dict[str, Any
     configure_determinism(reliability.deterministic, device)
     seed_everything(cfg.seed)
 
-    cache = metrics_cfg.classifier_cache or output_dir.parent / CLASSIFIER_FILE
+    cache = (
+        output_dir.parent / CLASSIFIER_FILE
+        if not metrics_cfg.classifier_cache
+        else resolve_write_path(metrics_cfg.classifier_cache, output_dir)  # as checked
+    )
     classifier, accuracy = load_or_train_classifier(
         cache, metrics_cfg.classifier_epochs, canvas.val_fraction, canvas.seed
     )

@@ -109,11 +109,13 @@ def failure_rows(job: Path) -> list[dict[str, Any]]:
 
 def assert_failures_agree(job: Path) -> None:
     """``tables/failures.jsonl`` and the ``failures`` of ``results.json`` agree: as many rows
-    as the total, the same count per kind, and no event logged twice (step, kind, layer)."""
+    as the total, the same count per kind and per action, and no event logged twice (step,
+    kind, layer, and the rank under torchrun)."""
     results = json.loads((job / "results.json").read_text())
     rows = failure_rows(job)
     counted = results["failures"]
     assert counted["total"] == len(rows), (counted, len(rows))
     assert dict(Counter(row["kind"] for row in rows)) == counted["by_kind"], counted
-    events = Counter((row["step"], row["kind"], row["layer"]) for row in rows)
+    assert dict(Counter(row["action"] for row in rows)) == counted["by_action"], counted
+    events = Counter((row["step"], row["kind"], row["layer"], row.get("rank")) for row in rows)
     assert not [e for e, n in events.items() if n > 1], "failure events logged twice"

@@ -1,7 +1,9 @@
 """A shared artefact is built once: two real processes ask for the generation metrics'
-classifier cache at the same time; one builds it (its training replaced by an untrained network
-and a second's sleep, so that the other certainly arrives meanwhile: the lock is under test,
-not the training) while the other waits on the build lock, then loads it."""
+classifier cache (``load_or_train_classifier``, what every ``experiments.generate`` job calls).
+The first one's training (replaced by an untrained network: the lock is under test, not the
+training) does not finish until the test releases it, and the test releases it only once the
+second process has logged that it waits on the build lock: so the second one provably waited,
+then loaded what the first one built (one build for the two jobs)."""
 
 from __future__ import annotations
 
@@ -9,42 +11,62 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
+TIMEOUT_S = 120
 SCRIPT = textwrap.dedent(
     """
-    import logging, sys, time
+    import logging, os, sys, time
     logging.basicConfig(level=logging.INFO)
     import experiments.generation.classifier as c
-    cache, marker = sys.argv[1], sys.argv[2]
+    cache, marker, release = sys.argv[1], sys.argv[2], sys.argv[3]
     def counted(*args, **kwargs):
         with open(marker, "a") as fh:
-            fh.write("trained\\n")
-        time.sleep(1.0)
+            fh.write(f"trained by {os.getpid()}\\n")
+        while not os.path.exists(release):
+            time.sleep(0.01)
         return c.HalfDigitClassifier(), 0.5
     c.train_classifier = counted
-    open(marker + ".ready", "a").close()
     _, accuracy = c.load_or_train_classifier(cache, 1, 0.2, 0)
     print(f"accuracy={accuracy!r}")
     """
 )
 
 
+def _poll(proc: subprocess.Popen[str], ready: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while not ready():
+        assert proc.poll() is None, f"the process ended before {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
 def test_two_jobs_build_the_classifier_cache_once(tmp_path: Path) -> None:
-    cache, marker = tmp_path / "classifier.pt", tmp_path / "trained"
+    cache, marker, release = tmp_path / "classifier.pt", tmp_path / "trained", tmp_path / "go"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [
-        subprocess.Popen([sys.executable, "-c", SCRIPT, str(cache), str(marker)], cwd=ROOT,
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for _ in range(2)
-    ]  # fmt: skip
-    outputs = [proc.communicate(timeout=300) for proc in procs]
-    for proc, (_, err) in zip(procs, outputs, strict=True):
-        assert proc.returncode == 0, err[-2000:]
-    assert marker.read_text() == "trained\n"  # one build for the two jobs
-    accuracies = [out.strip().splitlines()[-1] for out, _ in outputs]
-    assert accuracies == ["accuracy=0.5", "accuracy=0.5"]  # the one built, loaded by the other
+    logs = [tmp_path / "first.log", tmp_path / "second.log"]
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for log in logs:
+            with log.open("w") as fh:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-c", SCRIPT, str(cache), str(marker), str(release)],
+                    cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, text=True))  # fmt: skip
+            if len(procs) == 1:  # the second starts once the first holds the lock, building
+                _poll(procs[0], marker.exists, "the first process started building")
+        _poll(procs[1], lambda: "is being built by pid" in logs[1].read_text(), "the wait")
+        assert not cache.exists()  # still being built while the second waits
+        release.touch()
+        for proc in procs:
+            assert proc.wait(timeout=TIMEOUT_S) == 0, [log.read_text()[-2000:] for log in logs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert marker.read_text() == f"trained by {procs[0].pid}\n"  # one build for the two jobs
+    outputs = [log.read_text() for log in logs]
+    assert [out.strip().splitlines()[-1] for out in outputs] == ["accuracy=0.5"] * 2
+    assert f"is being built by pid {procs[0].pid}; waiting for it" in outputs[1]
     assert cache.exists()
-    waited = [err for _, err in outputs if "is being built by pid" in err]
-    assert len(waited) <= 1  # the other process either waited or started after the build

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.train_jobs import assert_failures_agree
+from helpers.train_jobs import assert_failures_agree, failure_rows
 
 from experiments.engine.checkpoint import read_checkpoint
 
@@ -175,12 +175,17 @@ def test_sigterm_to_torchrun_checkpoints_every_rank_and_resumes_bit_identically(
     tmp_path: Path,
 ) -> None:
     """A preemption under torchrun: SIGTERM to the agent (what a scheduler sends the launcher)
-    after the checkpoint of step 3 of 16. The agent forwards it to both workers, which agree on
+    after the checkpoint of step 3 of 8. The agent forwards it to both workers, which agree on
     the step to stop at (an all-reduce of the signal), checkpoint, write status "preempted" and
     exit; the same command run again resumes and ends bit-identical to an uninterrupted run,
-    logging no row twice."""
-    args = [*[a for a in ARGS if not a.startswith("data.train_size=")], "data.train_size=64",
-            "dtype=float64"]  # fmt: skip
+    logging no row twice.
+
+    NMF context with the implicit adjoint: each rank logs a failure event at every step, so
+    ``tables/failures.jsonl`` (written by rank 0 alone) must hold both ranks' events, as many
+    as ``results.json`` counts, and equal the uninterrupted run's rows after the resume."""
+    kept = [a for a in ARGS if not a.startswith("context=")]
+    args = [*kept, "dtype=float64", "adjoint=implicit", "context.rank=4", "context.steps=3",
+            "context.eval_steps=3"]  # fmt: skip
     reference = tmp_path / "reference"
     _torchrun(reference, args)
     job = tmp_path / "job"
@@ -193,6 +198,7 @@ def test_sigterm_to_torchrun_checkpoints_every_rank_and_resumes_bit_identically(
     assert first.returncode != 0
     stopped = json.loads((job / "results.json").read_text())
     assert stopped["status"] == "preempted" and stopped["signal"] == "SIGTERM", stopped
+    assert stopped["failures"]["total"] == len(failure_rows(job)) > 0, stopped["failures"]
     _run(command)  # the signal file exists: this run is not signalled
     results = json.loads((job / "results.json").read_text())
     expected = json.loads((reference / "results.json").read_text())
@@ -203,6 +209,10 @@ def test_sigterm_to_torchrun_checkpoints_every_rank_and_resumes_bit_identically(
               if "epoch" in r]  # fmt: skip
     assert epochs == [1, 2]
     assert_failures_agree(job)
+    rows = failure_rows(job)
+    assert {row["rank"] for row in rows} == {0, 1}
+    assert rows == failure_rows(reference)
+    assert len(rows) == results["failures"]["total"] == 2 * 8  # one event per step and rank
 
 
 @needs_torchrun

@@ -177,3 +177,21 @@ def test_damaged_job_is_named_and_ends_like_an_intact_run(
         assert not (job / "pwned").exists(), "the crafted checkpoint ran its payload"
         assert (job / "checkpoints" / "step-000000012.pt.corrupt").exists()
         assert "resuming from" in log and "step-000000006.pt" in log
+
+
+def test_resume_with_another_thread_count_is_refused_by_the_command(
+    reference: Path, tmp_path: Path
+) -> None:
+    """``threads`` is recorded (results and checkpoints) and compared on resume: the command
+    run again with ``threads=2`` on a job interrupted under ``threads=1`` exits with
+    ``ResumeConflictError`` naming both counts and leaves the job's files alone."""
+    assert json.loads((reference / "results.json").read_text())["threads"] == 1
+    job = copy_job(reference, tmp_path / "job")
+    (job / "results.json").unlink()  # interrupted before its results
+    rows = (job / "metrics.jsonl").read_text()
+    proc = run_train(job, [a for a in ARGS if a != "threads=1"], "threads=2", timeout=TIMEOUT_S)
+    assert proc.returncode != 0
+    assert "ResumeConflictError" in proc.stderr, proc.stderr[-3000:]
+    assert "written with 1 CPU thread(s)" in proc.stderr and "this run has 2" in proc.stderr
+    assert "reliability.threads_change=warn" in proc.stderr
+    assert not (job / "results.json").exists() and (job / "metrics.jsonl").read_text() == rows

@@ -1,12 +1,11 @@
 """``run_training`` in this process on a tiny job: a finished job is skipped before its data and
-model are built (and fast), ``results.json`` carries the thread count and the library's warning
-events (issue 24 item 6), and a resume with another thread count is refused or warned about
-with both numbers."""
+model are built (none of the engine's builders is called), ``results.json`` carries the thread
+count and the library's warning events (issue 24 item 6), and a resume with another thread
+count is refused or warned about with both numbers."""
 
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 import pytest
@@ -50,21 +49,22 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_finished_job_is_skipped_before_data_and_model_are_built(
     finished: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """What skipping costs is counted, not timed (a loaded machine makes any wall-clock bound
+    flaky): none of the engine's builders (data, loaders, context, model, optimiser, sinks)
+    is called; the results and newest checkpoint are read, nothing else."""
     built: list[str] = []
+    builders = ("build_datasets", "build_loaders", "build_context", "build_model",
+                "build_optimizer", "build_sinks")  # fmt: skip
+    for name in builders:
 
-    def counting(*args: object, **kwargs: object) -> None:
-        built.append("data")
-        raise AssertionError("the data builder must not run for a finished job")
+        def counting(*args: object, _name: str = name, **kwargs: object) -> None:
+            built.append(_name)
+            raise AssertionError(f"{_name} must not run for a finished job")
 
-    monkeypatch.setattr(engine_run, "build_datasets", counting)
-    monkeypatch.setattr(engine_run, "build_model", counting)
-    config = _config()
-    start = time.perf_counter()
-    results = run_training(config, finished)
-    elapsed = time.perf_counter() - start
+        monkeypatch.setattr(engine_run, name, counting)
+    results = run_training(_config(), finished)
     assert built == []
     assert results == read_results(finished)
-    assert elapsed < 1.0, f"skipping took {elapsed:.2f} s"
 
 
 def test_results_carry_threads_and_the_runs_warning_events(finished: Path) -> None:

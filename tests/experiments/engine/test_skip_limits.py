@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.train_jobs import assert_failures_agree, failure_rows
 from torch import Tensor, nn
 
 from experiments.engine.loop import SkipLimitError, Task, TrainState, fit
@@ -67,6 +68,8 @@ def test_no_limit_by_zero() -> None:
 
 @pytest.mark.slow
 def test_diverging_run_under_skip_batch_fails_with_the_reason(tmp_path: Path) -> None:
+    """A real run ends ``failed`` with the reason, and its ``results.json`` (written by the
+    command after the error) counts the failure events the run logged."""
     args = [
         "epochs=2", "data.train_size=48", "data.val_size=16", "data.image_size=32",
         "data.num_classes=3", "context.rank=4", "context.steps=3", "context.eval_steps=3",
@@ -81,5 +84,9 @@ def test_diverging_run_under_skip_batch_fails_with_the_reason(tmp_path: Path) ->
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["status"] == "failed"
     assert "SkipLimitError: 2 batches in a row" in results["error"]
-    rows = (tmp_path / "tables" / "failures.jsonl").read_text().splitlines()
-    assert [json.loads(r)["action"] for r in rows][-2:] == ["skipped", "skipped"]
+    rows = failure_rows(tmp_path)
+    assert [row["action"] for row in rows][-2:] == ["skipped", "skipped"]
+    # the failed run's results count the events it logged, as a finished run's do
+    assert_failures_agree(tmp_path)
+    skipped = {row["step"] for row in rows if row["action"] == "skipped"}
+    assert results["failures"]["skipped_batches"] == len(skipped) >= 2

@@ -6,8 +6,10 @@ and counted (skip_batch) or stops the run (raise); bad config values fail at sta
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +21,7 @@ from hydra import compose, initialize_config_dir
 
 from experiments.config.typed import typed_config
 from experiments.engine.checkpoint import read_checkpoint, write_checkpoint
+from experiments.engine.paths import check_write_paths
 from experiments.generation import classifier, trainer
 from experiments.generation.classifier import CLASSIFIER_VERSION
 from experiments.generation.config import (
@@ -208,3 +211,87 @@ def test_bad_config_fails_at_start_up_before_writing(tmp_path: Path) -> None:
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "batch_size=1" in proc.stderr
     assert not (tmp_path / "job" / "results.json").exists()
+
+
+def _same_run(job: Path, reference: Path) -> None:
+    ours = json.loads((job / "results.json").read_text())
+    theirs = json.loads((reference / "results.json").read_text())
+    assert ours["status"] == "ok"
+    for key in ("metrics", "failures", "steps", "gates", "reference"):
+        assert _untimed(ours[key]) == _untimed(theirs[key]), key
+    assert _rows(job) == _rows(reference)  # no row logged twice
+
+
+@pytest.mark.parametrize("damage", ["every_checkpoint_bad", "garbled_results"])
+def test_a_damaged_job_is_named_moved_aside_and_ends_like_an_intact_run(
+    cache: Path,
+    reference: Path,
+    tmp_path: Path,
+    damage: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As in a training job: every checkpoint of a copy of the finished job truncated (no
+    results.json), each is named and moved aside and the job starts from scratch in the same
+    run; or a garbled results.json, moved aside, the results rebuilt from the last checkpoint."""
+    job = tmp_path / "job"
+    shutil.copytree(reference, job)
+    checkpoints = sorted((job / "checkpoints").glob("step-*.pt"))
+    assert len(checkpoints) == 2
+    if damage == "every_checkpoint_bad":
+        (job / "results.json").unlink()
+        for path in checkpoints:
+            path.write_bytes(path.read_bytes()[:100])
+    else:
+        (job / "results.json").write_text('{"status": "ok", "metr')
+    with caplog.at_level(logging.WARNING):
+        run_generation(_config(cache), job)
+    _same_run(job, reference)
+    if damage == "every_checkpoint_bad":
+        for path in checkpoints:
+            assert path.with_name(path.name + ".corrupt").exists()
+            assert str(path) in caplog.text
+        assert "every checkpoint in" in caplog.text and "starting from scratch" in caplog.text
+    else:
+        assert (job / "results.json.corrupt").exists()
+        assert f"{job / 'results.json'} is damaged" in caplog.text
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_over_without_duplicate_rows(
+    cache: Path, reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = GanTraining.train_step
+
+    def killed_after_step_1(self: GanTraining, real: torch.Tensor) -> dict[str, float]:
+        if self.step == 1:
+            raise KeyboardInterrupt("simulated kill")
+        return original(self, real)
+
+    monkeypatch.setattr(GanTraining, "train_step", killed_after_step_1)
+    with pytest.raises(KeyboardInterrupt):
+        run_generation(_config(cache), tmp_path)
+    assert _rows(tmp_path) and not list((tmp_path / "checkpoints").glob("step-*.pt"))
+    monkeypatch.setattr(GanTraining, "train_step", original)
+    run_generation(_config(cache), tmp_path)
+    _same_run(tmp_path, reference)
+
+
+def test_a_relative_classifier_cache_is_the_path_that_was_checked(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``metrics.classifier_cache=classifier.pt`` is checked as ``<job>/classifier.pt``
+    (``check_write_paths``); the job must use that file, not ``classifier.pt`` in the working
+    directory (which the check never saw: it could lie anywhere)."""
+    job, elsewhere = tmp_path / "job", tmp_path / "cwd"
+    job.mkdir()
+    elsewhere.mkdir()
+    shutil.copyfile(cache, job / "classifier.pt")
+    check_write_paths({"metrics": {"classifier_cache": "classifier.pt"}}, job)
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the checked cache exists: no classifier may be trained")
+
+    monkeypatch.setattr(classifier, "train_classifier", never)
+    monkeypatch.chdir(elsewhere)
+    config = _config(cache, "metrics.classifier_cache=classifier.pt")
+    assert run_generation(config, job)["status"] == "ok"
+    assert not list(elsewhere.iterdir())
