@@ -150,9 +150,9 @@ def implicit_gradient(problem: DEQProblem, z: Tensor, steps: int = 300) -> Tenso
 
 
 def accuracy_points(budget: int) -> dict[str, Tensor]:
-    """The points ours (``Anderson``, plain and ``polish=True``) and torchdeq's
-    ``anderson_solver`` (m = 5, lam = 1e-4, as ours) return after ``budget`` evaluations of
-    f without a tolerance, on the conv DEQ (evaluations counted)."""
+    """The points ours (``Anderson``, plain and ``polish=True``; ``FixedPointIteration`` for
+    context) and torchdeq's ``anderson_solver`` (m = 5, lam = 1e-4, as ours) return after
+    ``budget`` evaluations of f without a tolerance, on the conv DEQ (evaluations counted)."""
     problem = conv_problem()
     z0 = torch.zeros_like(problem.x)
     points: dict[str, Tensor] = {}
@@ -162,6 +162,13 @@ def accuracy_points(budget: int) -> dict[str, Tensor]:
         with torch.no_grad():
             points[label] = cast(Tensor, ih.fixed_point(problem.f, z0, solver=solver).value)
         assert problem.calls[0] == budget, (label, problem.calls[0])
+    # context: plain iteration at the same budget (returns f of its last evaluated iterate,
+    # as torchdeq's Anderson does); on a strongly contractive map mixing gains little
+    problem.calls[0] = 0
+    with torch.no_grad():
+        plain = ih.FixedPointIteration(max_steps=budget)
+        points["fixed point"] = cast(Tensor, ih.fixed_point(problem.f, z0, solver=plain).value)
+    assert problem.calls[0] == budget, ("fixed point", problem.calls[0])
 
     def flat(z: Tensor) -> Tensor:
         return problem.f(z.view_as(z0)).reshape(z.shape)
