@@ -84,12 +84,16 @@ def vjp(spec: StateSpec, out: State, at: State, g: Tensor, create_graph: bool) -
     grads = torch.autograd.grad(
         out,
         at,
-        spec.unflatten(g.to(spec.dtype)),
+        spec.unflatten(g if g.dtype == spec.dtype else g.to(spec.dtype)),
         retain_graph=True,
         create_graph=create_graph,
         allow_unused=True,
     )
-    return spec.flatten(spec.zeros_like_missing(grads, at)).reshape(-1).to(g.dtype)
+    if len(grads) == 1 and grads[0] is not None:  # one state tensor: no zeros, no concatenation
+        flat = grads[0].reshape(-1)
+    else:
+        flat = spec.flatten(spec.zeros_like_missing(grads, at)).reshape(-1)
+    return flat if flat.dtype == g.dtype else flat.to(g.dtype)
 
 
 def graph_operator(
