@@ -115,7 +115,10 @@ class StateSpec:
         return parts
 
     def flatten(self, z: State) -> Tensor:
-        """(B, N): each sample's state tensors concatenated."""
+        """(B, N): each sample's state tensors concatenated (one tensor: a reshape of it, a view
+        where its layout allows, not a copy)."""
+        if len(z) == 1:
+            return z[0].reshape(self.batch, -1)
         return torch.cat([t.reshape(self.batch, -1) for t in z], dim=1)
 
     def unflatten(self, flat: Tensor) -> State:

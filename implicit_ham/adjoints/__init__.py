@@ -22,7 +22,7 @@ from implicit_ham.adjoints.modes import (
     make_adjoint,
     register_adjoint,
 )
-from implicit_ham.adjoints.per_sample import PerSampleDense
+from implicit_ham.adjoints.per_sample import PerSampleCG, PerSampleDense
 from implicit_ham.adjoints.second_order import SecondOrder
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "Implicit",
     "Neumann",
     "OneStep",
+    "PerSampleCG",
     "PerSampleDense",
     "Phantom",
     "SecondOrder",

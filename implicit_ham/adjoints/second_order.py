@@ -81,19 +81,19 @@ def as_bound(f: Callable[[State], State]) -> BoundStep:
 def vjp(spec: StateSpec, out: State, at: State, g: Tensor, create_graph: bool) -> Tensor:
     """(M,) -> (M,): ``(d out / d at)^T g`` flattened, in g's dtype (the graph runs in the
     state's dtype); zeros where ``out`` does not depend on a part of ``at``."""
-    single = len(at) == 1  # one state tensor: reshapes, no split / concatenation copies
-    vector = g.to(spec.dtype)
     grads = torch.autograd.grad(
         out,
         at,
-        (vector.reshape(spec.shapes[0]),) if single else spec.unflatten(vector),
+        spec.unflatten(g if g.dtype == spec.dtype else g.to(spec.dtype)),
         retain_graph=True,
         create_graph=create_graph,
         allow_unused=True,
     )
-    if single and grads[0] is not None:
-        return grads[0].reshape(-1).to(g.dtype)
-    return spec.flatten(spec.zeros_like_missing(grads, at)).reshape(-1).to(g.dtype)
+    if len(grads) == 1 and grads[0] is not None:  # one state tensor: no zeros, no concatenation
+        flat = grads[0].reshape(-1)
+    else:
+        flat = spec.flatten(spec.zeros_like_missing(grads, at)).reshape(-1)
+    return flat if flat.dtype == g.dtype else flat.to(g.dtype)
 
 
 def graph_operator(

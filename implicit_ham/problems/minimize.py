@@ -27,6 +27,7 @@ from implicit_ham._core.stats import SolverStats
 from implicit_ham._core.transforms import active_transforms
 from implicit_ham.adjoints.conditions import Condition, differentiate, guarded_inputs
 from implicit_ham.adjoints.modes import ADJOINTS, Adjoint, Implicit
+from implicit_ham.adjoints.per_sample import PerSampleCG
 from implicit_ham.linalg.krylov import CG
 from implicit_ham.problems.fixed_point import Solution
 from implicit_ham.problems.pytree_state import Tree, TreeState
@@ -66,12 +67,17 @@ def minimize(
         batch_coupled: False (default): the B samples are independent problems; ``LBFGS`` /
             ``NewtonCG`` give each its own line search, curvature memory and stopping test
             (with a scalar loss the rows share one step size: return the (B,) losses for
-            fully independent searches). The loss must not couple the samples then (their
-            gradients would mix); True: the whole state is one problem (one search).
+            fully independent searches); ``GradientDescent`` stops each sample once its
+            gradient is within tol (frozen afterwards; it does so for True too); the default
+            backward solves each sample's Hessian block (``PerSampleCG``). The loss must not
+            couple the samples then (their gradients would mix); True: the whole state is one
+            problem (one search, CG on the whole Hessian).
         solver: a ``Minimizer`` or a name from ``MINIMIZERS``; default ``LBFGS()``
             (``GradientDescent()`` under a constraint).
         adjoint: default ``Implicit(linear_solver=CG())``: differentiate ``grad_z loss = 0``
-            (Hessian-vector products; CG needs a positive-definite Hessian). Its
+            (Hessian-vector products; CG needs a positive-definite Hessian); for B > 1
+            independent problems (``batch_coupled=False``) ``PerSampleCG(B)``: CG on each
+            sample's Hessian block, each stopping on its own residual. Its
             ``fixed_point_tol`` bounds ``||grad_z loss(z*)||`` (absolute, worst sample). Under
             a constraint the default is ``Implicit()`` (GMRES: the projected map's ``I - J``
             is not symmetric) and ``fixed_point_tol`` bounds the map's relative residual.
@@ -104,10 +110,13 @@ def _solve(
         raise TypeError(f"{where}: the loss must be callable, got {type(loss).__name__}")
     constraint = None if constraint is None else CONSTRAINTS.resolve(constraint, Constraint)
     solver = _resolve_solver(solver, residuals is not None, constraint, where)
-    if adjoint is None:  # CG for the symmetric Hessian; the projected map's I - J is not
-        adjoint = Implicit(linear_solver=CG()) if constraint is None else Implicit()
-    adjoint = ADJOINTS.resolve(adjoint, Adjoint)
+    default = adjoint is None
+    adjoint = ADJOINTS.resolve(Implicit() if adjoint is None else adjoint, Adjoint)
     spec, z0_t, args = guarded_inputs(z0, args, f"{where} (adjoint={adjoint.name})")
+    if default and constraint is None:  # CG for the symmetric Hessian, per sample if independent
+        per_sample = not batch_coupled and spec.batch > 1
+        adjoint = Implicit(linear_solver=PerSampleCG(spec.batch) if per_sample else CG())
+    # under a constraint the default is GMRES: the projected map's I - J is not symmetric
 
     def objective_at(inputs: tuple[Any, ...]) -> Objective:
         return Objective(

@@ -90,18 +90,15 @@ class LineSearchMinimizer(Minimizer):
         value, grad = probe.evaluate(x)
         row_norms = torch.linalg.vector_norm(grad, dim=1)
         first = _sample_norms(grad, row_norms, spec.batch)
-        _check_finite(self.name, first, 0)
         # "auto" scales with each problem's gradient: each sample's, or a coupled row's
         tol = resolve_tolerance(self.tol, _per_sample(probe, row_norms, spec.batch))
         norms, rows = first, [first]
-        stalled = torch.zeros(spec.batch, dtype=torch.bool, device=x.device)
-        best = row_norms  # per row: a coupled row stalls as a whole
-        floor = math.sqrt(torch.finfo(x.dtype).eps) * best.clamp_min(1.0)
-        best_step = torch.zeros_like(best, dtype=torch.long)
+        stalled: Tensor | None = None  # set once a stall test has run
+        progress = _Progress(row_norms)  # per row: a coupled row stalls as a whole
         memory = self._memory(probe)
         active = _active_rows(probe, norms, tol, stalled)
+        count = _open_rows(self.name, active, first, 0)
         for step in range(1, self.max_steps + 1):
-            count = int(active.sum())  # the step's decision, one host read
             if count == 0:
                 break
             direction = memory.direction(x, grad)
@@ -116,16 +113,16 @@ class LineSearchMinimizer(Minimizer):
             x, value, grad = result.x, result.value, result.grad
             row_norms = torch.linalg.vector_norm(grad, dim=1)
             norms = _sample_norms(grad, row_norms, spec.batch)
-            _check_finite(self.name, norms, step)
-            improved = row_norms <= 0.5 * best
-            best = torch.where(improved, row_norms, best)
-            best_step = torch.where(improved, step, best_step)
+            progress.record(row_norms)
             if step >= STALL_STEPS or not result.full_step:  # else no row can be stuck yet
-                no_progress = (best_step <= step - STALL_STEPS) & (row_norms <= floor)
-                stuck = active & (~result.accepted | no_progress)
-                stalled = stalled | _per_sample(probe, stuck, spec.batch)
+                stuck = active & (~result.accepted | progress.no_progress(step))
+                stuck = _per_sample(probe, stuck, spec.batch)
+                stalled = stuck if stalled is None else stalled | stuck
             rows.append(norms)
             active = _active_rows(probe, norms, tol, stalled)
+            count = _open_rows(self.name, active, norms, step)
+        if stalled is None:
+            stalled = torch.zeros(spec.batch, dtype=torch.bool, device=x.device)
         trace = torch.stack(rows[1:]) if len(rows) > 1 else first.new_zeros(0, spec.batch)
         converged = None if tol is None else norms <= tol
         rel = norms / (first + torch.finfo(first.dtype).tiny)
@@ -325,11 +322,57 @@ def _per_sample(probe: Probe, per_row: Tensor, batch: int) -> Tensor:
 
 
 def _active_rows(
-    probe: Probe, norms: Tensor, tol: Tensor | None, stalled: Tensor
+    probe: Probe, norms: Tensor, tol: Tensor | None, stalled: Tensor | None
 ) -> Tensor:
-    """(rows,) bool: the rows still being solved (not within tol and not stalled)."""
-    open_ = ~stalled if tol is None else ~stalled & (norms > tol)
+    """(rows,) bool: the rows still being solved (not within tol and not stalled; ``stalled``
+    None: no stall test has run yet)."""
+    if tol is None:
+        open_ = torch.ones_like(norms, dtype=torch.bool) if stalled is None else ~stalled
+    else:
+        open_ = norms > tol if stalled is None else ~stalled & (norms > tol)
     return open_.any().reshape(1) if probe.rows == 1 else open_
+
+
+def _open_rows(solver: str, active: Tensor, norms: Tensor, step: int) -> int:
+    """The number of active rows, read with the finiteness test of ``norms`` (B,) in one host
+    read: their sum is finite when every norm is (when it is not, the exact test decides: the
+    sum of finite norms may overflow)."""
+    if not host_checks():
+        return int(active.sum())
+    count, total = torch.stack((active.sum(dtype=norms.dtype), norms.sum())).tolist()
+    if not math.isfinite(total):
+        _check_finite(solver, norms, step)
+    return int(count)
+
+
+class _Progress:
+    """Per row, the best gradient norm so far (improved only by halving it) and the step it
+    was reached: the stall test (see the module docstring). Brought up to date only when a
+    stall test runs (none before ``STALL_STEPS`` steps unless a line search halved), so a
+    short solve spends no work on it."""
+
+    def __init__(self, first: Tensor) -> None:
+        self.best = first
+        self.best_step = torch.zeros_like(first, dtype=torch.long)
+        self.floor = math.sqrt(torch.finfo(first.dtype).eps) * first.clamp_min(1.0)
+        self.pending: list[Tensor] = []  # row norms of the steps not yet folded in
+        self.step = 0  # the last step folded in
+
+    def record(self, row_norms: Tensor) -> None:
+        """The rows' gradient norms after one more step."""
+        self.pending.append(row_norms)
+
+    def no_progress(self, step: int) -> Tensor:
+        """(rows,) bool: no halving of the best norm for ``STALL_STEPS`` steps and the norm
+        below ``sqrt(eps) · max(1, ||grad(z0)||)`` (the rounding regime), as of ``step``."""
+        latest = self.pending[-1]
+        for row_norms in self.pending:
+            self.step += 1
+            improved = row_norms <= 0.5 * self.best
+            self.best = torch.where(improved, row_norms, self.best)
+            self.best_step = torch.where(improved, self.step, self.best_step)
+        self.pending.clear()
+        return (self.best_step <= step - STALL_STEPS) & (latest <= self.floor)
 
 
 def _check_finite(solver: str, norms: Tensor, step: int) -> None:
