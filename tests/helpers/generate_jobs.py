@@ -55,8 +55,9 @@ def run_generate(job: Path, *extra: str, timeout: float = 120) -> subprocess.Com
 
 def start_generate(job: Path, *extra: str) -> subprocess.Popen[str]:
     """Start the job without waiting; stdout and stderr merged into ``proc.stdout``."""
-    return subprocess.Popen(generate_command(job, *extra), cwd=ROOT, env=train_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    command = generate_command(job, *extra)
+    return subprocess.Popen(command, cwd=ROOT, env=train_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
 
 def step_rows(job: Path) -> int:
