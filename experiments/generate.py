@@ -6,7 +6,10 @@ Arms: ``+arm=none|self_attention|nmf_one_step|nmf_unroll`` (the ``arm`` presets 
 far-twin study instead (``experiments.generation.study``: local networks whose only global
 path is the context block). ``python -m experiments.generate -m +experiment=generation`` still
 sweeps the twin-digit arms. Running a command again skips finished jobs and resumes the others
-from their newest checkpoints. The logic lives in
+from their newest checkpoints (also after a preemption: SIGUSR1 / SIGTERM / SIGINT make a job
+checkpoint, write ``results.json`` with ``status: "preempted"`` and exit with status 128 +
+signal number); a second command in a running job's directory is refused
+(``JobLockedError``). The logic lives in
 ``experiments.generation.run``; this file only wires Hydra and turns the composed config into
 the typed ``GenerateConfig`` it runs.
 """
@@ -18,16 +21,15 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from experiments.config.typed import as_container, typed_config
+from experiments.engine.command import check_tasks_per_node, run_job
 from experiments.engine.paths import check_write_paths
-from experiments.engine.results import write_results
-from experiments.engine.resume import ResumeConflictError
 from experiments.engine.targets import check_targets, guard_hydra_callbacks
 from experiments.generation.config import (
     GenerateConfig,
     check_generate_config,
     register_generate_configs,
 )
-from experiments.generation.run import run_generation
+from experiments.generation.run import logged_gan_failure_counts, run_generation
 
 register_generate_configs()
 guard_hydra_callbacks()  # before Hydra instantiates hydra.callbacks
@@ -39,22 +41,17 @@ def main(cfg: DictConfig) -> float:
     config = typed_config(cfg, GenerateConfig)  # unset mandatory values fail here
     check_generate_config(config)  # before the job writes anything
     check_targets(as_container(config))  # no _target_ outside the allowlist runs
-    output_dir = HydraConfig.get().runtime.output_dir
+    hydra_cfg = HydraConfig.get()
+    check_tasks_per_node(int(hydra_cfg.launcher.get("tasks_per_node", 1) or 1))
+    output_dir = hydra_cfg.runtime.output_dir
     check_write_paths(as_container(config), output_dir)  # e.g. metrics.classifier_cache
-    try:
-        results = run_generation(config, output_dir)
-    except ResumeConflictError:
-        raise  # the directory belongs to another run: leave its results.json as it is
-    except Exception as err:
-        write_results(
-            output_dir,
-            {
-                "status": "failed",
-                "error": f"{type(err).__name__}: {err}",
-                "config": as_container(config),
-            },
-        )
-        raise
+    results = run_job(
+        lambda: run_generation(config, output_dir),
+        output_dir,
+        as_container(config),
+        logger_target=config.logger._target_,
+        failure_counts=logged_gan_failure_counts,
+    )
     return float(results["metrics"]["fid"])
 
 

@@ -74,25 +74,39 @@ class RankFailureLog(Sink):
 
 def logged_failure_counts(job_dir: str | Path) -> dict[str, Any]:
     """The failure counts of the job's ``tables/failures.jsonl`` as it stands, in the shape of
-    the ``failures`` of a finished run's ``results.json`` (``FailureMonitor.summary`` plus
-    ``skipped_batches``: the steps with an event whose action is "skipped", which is how a
+    the ``failures`` of a finished training run's ``results.json`` (``FailureMonitor.summary``
+    plus ``skipped_batches``: the steps with an event whose action is "skipped", which is how a
     batch gets skipped). For the ``results.json`` of a failed run, written after the error,
     when the monitors can no longer be asked: what was logged is what is counted, so the two
-    agree. No file: no events. A line that is not JSON (a write cut short) is left out with a
-    warning naming the file."""
+    agree."""
+    rows = logged_failure_rows(job_dir)
+    skipped = {row.get("step") for row in rows if row["action"] == "skipped"}
+    return {**failure_summary(rows), "skipped_batches": len(skipped)}
+
+
+def logged_failure_rows(job_dir: str | Path) -> list[dict[str, Any]]:
+    """The events of the job's ``tables/failures.jsonl`` (each with ``kind``, ``layer`` and
+    ``action`` as strings); no file: none. A line that is not an event (a write cut short) is
+    left out with a warning naming the file."""
     path = Path(job_dir) / "tables" / "failures.jsonl"
-    monitor, skipped, bad = FailureMonitor(), set(), 0
+    rows, bad = [], 0
     lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
     for line in filter(str.strip, lines):
         try:
             row = json.loads(line)
-            key = (str(row["kind"]), str(row["layer"]), str(row["action"]))
+            event = {key: str(row[key]) for key in ("kind", "layer", "action")}
         except (json.JSONDecodeError, KeyError, TypeError):
             bad += 1
             continue
-        monitor.counts[key] += 1
-        if key[2] == "skipped":
-            skipped.add(row.get("step"))
+        rows.append({**row, **event})
     if bad:
         logger.warning("%s: %d line(s) are not failure events; not counted", path, bad)
-    return {**monitor.summary(), "skipped_batches": len(skipped)}
+    return rows
+
+
+def failure_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``FailureMonitor.summary`` of logged events (``logged_failure_rows``)."""
+    monitor = FailureMonitor()
+    for row in rows:
+        monitor.counts[(row["kind"], row["layer"], row["action"])] += 1
+    return monitor.summary()

@@ -9,6 +9,11 @@ checkpoint and raises ``PreemptedError``. The job then writes ``results.json`` w
 143 for SIGTERM, 138 for SIGUSR1, 130 for SIGINT), and the same command run again resumes from
 that checkpoint bit-identically. A second signal while the first is being handled exits at
 once (same status, no checkpoint), so a stuck run can still be stopped.
+
+``preemptible`` is what a command's job runs under (``experiments.engine.run.run_training``,
+``experiments.generation.run.run_generation``): the guard over the configured signals (plus
+submitit's own under submitit) and, when ``PreemptedError`` leaves it, the requeue under
+submitit; ``preempted_results`` is the ``results.json`` such a job writes before raising.
 """
 
 from __future__ import annotations
@@ -17,8 +22,11 @@ import logging
 import os
 import signal
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
+
+from experiments.engine.submitit_requeue import preemption_signals, requeue
 
 logger = logging.getLogger(__name__)
 
@@ -97,3 +105,35 @@ class PreemptionGuard:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         self._previous.clear()
+
+
+@contextmanager
+def preemptible(signal_names: Sequence[str]) -> Iterator[PreemptionGuard]:
+    """Run a job body under a ``PreemptionGuard`` of ``signal_names``
+    (``reliability.preempt_signals``; under submitit its preemption signal is added). The body
+    asks ``guard.signum`` at its step boundaries and raises ``PreemptedError`` after its
+    checkpoint; under submitit that error then requeues the job through its ``checkpoint()``
+    hook and exits (``experiments.engine.submitit_requeue.requeue``), elsewhere it propagates
+    (the command exits with its ``exit_code``)."""
+    with PreemptionGuard(preemption_signals(parse_signals(signal_names))) as guard:
+        try:
+            yield guard
+        except PreemptedError as stopped:
+            requeue(stopped.signum)  # under submitit: requeued, exits here
+            raise
+
+
+def preempted_results(
+    stopped: PreemptedError, config: dict[str, Any], failures: dict[str, Any]
+) -> dict[str, Any]:
+    """The ``results.json`` of a job stopped by ``stopped`` after its checkpoint: ``status:
+    "preempted"``, the ``signal``'s name, the ``step`` it stopped after, the ``config`` and the
+    failure counts so far (running the command again resumes)."""
+    return {
+        "status": "preempted",
+        "error": str(stopped),
+        "signal": signal.Signals(stopped.signum).name,
+        "step": stopped.step,
+        "config": config,
+        "failures": failures,
+    }

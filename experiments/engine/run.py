@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import random
-import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,12 +32,16 @@ from experiments.engine.distributed import DistributedContext, state_digest
 from experiments.engine.failure_log import RankFailureLog
 from experiments.engine.joblock import JobLock, JobLockedError
 from experiments.engine.loop import Task, TrainState, fit
-from experiments.engine.preemption import PreemptedError, PreemptionGuard, parse_signals
+from experiments.engine.preemption import (
+    PreemptedError,
+    PreemptionGuard,
+    preempted_results,
+    preemptible,
+)
 from experiments.engine.results import write_results
 from experiments.engine.resume import JobCheckpoints, finished_results
 from experiments.engine.run_events import RunEvents, events_summary
 from experiments.engine.schedule import poly_lr_hooks
-from experiments.engine.submitit_requeue import preemption_signals, requeue
 from experiments.engine.targets import check_targets
 from implicit_ham._core.sinks import Sink
 from implicit_ham._core.validation import check_choice
@@ -103,17 +106,12 @@ def run_training(cfg: TrainConfig, output_dir: str | Path) -> dict[str, Any]:
     check_targets(as_container(cfg))  # before anything is instantiated
     check_policy(cfg.reliability.on_failure)
     check_choice("config", "dtype", cfg.dtype, tuple(DTYPES))
-    signals = preemption_signals(parse_signals(cfg.reliability.preempt_signals))
-    with PreemptionGuard(signals) as guard:
+    with preemptible(cfg.reliability.preempt_signals) as guard:
         dist = DistributedContext.from_env(cfg.device, cfg.reliability.dist_timeout_s)
         with dist.diagnose_hangs():
             job_dir = Path(dist.broadcast(str(output_dir)))
             with _job_lock(job_dir, dist):
-                try:
-                    results = _train(cfg, job_dir, dist, guard)
-                except PreemptedError as stopped:
-                    requeue(stopped.signum)  # under submitit: requeued, exits here
-                    raise
+                results = _train(cfg, job_dir, dist, guard)
             dist.close()
     return results
 
@@ -245,17 +243,7 @@ def _train(
     except PreemptedError as stopped:  # every rank stops at the same step
         failures = _failure_counts(monitor, dist, state.skipped)
         if dist.is_main:
-            write_results(
-                output_dir,
-                {
-                    "status": "preempted",
-                    "error": str(stopped),
-                    "signal": signal.Signals(stopped.signum).name,
-                    "step": stopped.step,
-                    "config": config,
-                    "failures": failures,
-                },
-            )
+            write_results(output_dir, preempted_results(stopped, config, failures))
         logger.warning("%s; checkpoint written, run the same command to resume", stopped)
         raise
     finally:

@@ -35,6 +35,12 @@ class GanDivergedError(FloatingPointError):
     updates in a row were skipped."""
 
 
+def network_of(layer: str) -> str:
+    """The network ("D" or "G") of a failure event's ``layer`` ("D", "(D loss)",
+    "(G parameters)", ...)."""
+    return layer.strip("(").split()[0]
+
+
 class GuardedUpdate:
     """Runs ``loss_fn() -> loss``, backward and ``optimizer.step()`` for one network.
 

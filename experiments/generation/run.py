@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +24,23 @@ from experiments.data.twin_digits import TwinDigitsDataset
 from experiments.engine.build import build_context, build_sinks
 from experiments.engine.checkpoint import write_checkpoint
 from experiments.engine.determinism import configure_determinism
+from experiments.engine.failure_log import failure_summary, logged_failure_rows
+from experiments.engine.joblock import JobLock
 from experiments.engine.paths import resolve_write_path
+from experiments.engine.preemption import (
+    PreemptedError,
+    PreemptionGuard,
+    preempted_results,
+    preemptible,
+)
 from experiments.engine.results import write_results
 from experiments.engine.run import seed_everything
+from experiments.engine.targets import check_targets
 from experiments.generation.checkpoints import GanCheckpoints
 from experiments.generation.classifier import load_or_train_classifier
 from experiments.generation.config import GenerateConfig, check_generate_config
 from experiments.generation.evaluate import features_of, sample_canvases, save_grid, score
+from experiments.generation.guard import network_of
 from experiments.generation.trainer import GanTraining, StepBatches, canvases_of
 from experiments.models.digit_classifier import CanvasFeatures
 from experiments.models.gan import Discriminator, Generator, parameter_count
@@ -61,8 +73,13 @@ def run_generation(cfg: GenerateConfig, output_dir: str | Path) -> dict[str, Any
         output_dir: the job's directory.
     """
     check_generate_config(cfg)
+    check_targets(as_container(cfg))  # before anything is instantiated
     output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    with preemptible(cfg.reliability.preempt_signals) as guard, JobLock(output_dir):
+        return _run(cfg, output_dir, guard)
+
+
+def _run(cfg: GenerateConfig, output_dir: Path, guard: PreemptionGuard) -> dict[str, Any]:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = torch.device(cfg.device)
@@ -116,7 +133,12 @@ def run_generation(cfg: GenerateConfig, output_dir: str | Path) -> dict[str, Any
     }
     try:
         _train(cfg, training, checkpoints, sinks, extra, train_set, real_features, extractor,
-               scoring, device)  # fmt: skip
+               scoring, device, preempt=lambda: guard.signum)  # fmt: skip
+    except PreemptedError as stopped:
+        failures = _failure_counts(monitor, training)
+        write_results(output_dir, preempted_results(stopped, config, failures))
+        logger.warning("%s; checkpoint written, run the same command to resume", stopped)
+        raise
     finally:
         for sink in sinks:
             sink.close()
@@ -135,7 +157,7 @@ def run_generation(cfg: GenerateConfig, output_dir: str | Path) -> dict[str, Any
         "metrics": final.as_dict(),
         "reference": {**reference.as_dict(), "note": "real training canvases vs the real set"},
         "classifier_accuracy": accuracy,
-        "failures": {**monitor.summary(), "skipped_updates": training.skipped},
+        "failures": _failure_counts(monitor, training),
         "parameters": {
             "G": parameter_count(generator),
             "D": parameter_count(discriminator),
@@ -167,7 +189,12 @@ def _train(
     extractor: CanvasFeatures,
     scoring: dict[str, int],
     device: torch.device,
+    *,
+    preempt: Callable[[], int | None],
 ) -> None:
+    """Train up to ``cfg.steps``, logging, evaluating and checkpointing on the way; a
+    preemption signal (``preempt()`` set, asked after every step but the last) checkpoints the
+    step and raises ``PreemptedError``."""
     steps, log_every = cfg.steps, cfg.log_every
     every = cfg.reliability.checkpoint_every
     eval_every = cfg.metrics.eval_every
@@ -190,5 +217,22 @@ def _train(
             extra["eval_time_s"] += time.perf_counter() - start
             for sink in sinks:
                 sink.log(metrics.as_dict("eval/"), step)
-        if (every and step % every == 0) or step == steps:
+        signum = preempt() if step < steps else None  # after the last step: finish
+        if signum is not None or (every and step % every == 0) or step == steps:
             checkpoints.save(extra)
+        if signum is not None:
+            raise PreemptedError(signum, step)
+
+
+def _failure_counts(monitor: FailureMonitor, training: GanTraining) -> dict[str, Any]:
+    """The ``failures`` of ``results.json``: the monitor's counts and the dropped updates."""
+    return {**monitor.summary(), "skipped_updates": training.skipped}
+
+
+def logged_gan_failure_counts(job_dir: str | Path) -> dict[str, Any]:
+    """The ``failures`` of a failed job's ``results.json``, counted from its
+    ``tables/failures.jsonl`` (``experiments.engine.failure_log``): the events' counts and the
+    dropped updates per network (an event whose action is "skipped" drops one update)."""
+    rows = logged_failure_rows(job_dir)
+    dropped = Counter(network_of(row["layer"]) for row in rows if row["action"] == "skipped")
+    return {**failure_summary(rows), "skipped_updates": {"D": dropped["D"], "G": dropped["G"]}}
