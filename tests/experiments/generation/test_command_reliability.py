@@ -24,6 +24,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import time
 from collections import Counter
 from pathlib import Path
@@ -115,7 +116,7 @@ def test_a_second_command_in_a_running_jobs_directory_is_refused(
         first.kill()
         first.wait(timeout=60)
     assert second.returncode != 0 and "JobLockedError" in second.stderr, second.stderr[-3000:]
-    assert f"is in use by another run: host {os.uname().nodename}, pid {first.pid}, started" in (
+    assert f"is in use by another run: host {socket.gethostname()}, pid {first.pid}, started" in (
         second.stderr
     ), second.stderr[-3000:]
     assert (job / "metrics.jsonl").read_text().startswith(rows)  # the second logged nothing
