@@ -129,9 +129,18 @@ def peer_table(runs: Sequence[list[dict[str, Any]]]) -> Table:
 
 
 def write_peer_page(folders: Sequence[str | Path], out: str | Path = PEER_PAGE) -> Path:
-    """Rewrite the peer page from the JSON rows of the run ``folders`` (see the module doc)."""
+    """Rewrite the peer page from the JSON rows of the run ``folders`` (see the module doc).
+    A page that exists keeps its hand-written head (title, how to rebuild it: everything above
+    the generated intro's first line); a new page gets ``PEER_INTRO``'s title."""
     loaded = [load_run(folder) for folder in folders]
-    lines = [PEER_INTRO, "## Results", "", peer_table([rows for rows, _ in loaded]).markdown()]
+    title, generated = PEER_INTRO.split("\n\n", 1)
+    path = Path(out)
+    head = f"{title}\n\n"
+    first_line = generated.split("\n", 1)[0]
+    if path.exists() and first_line in (text := path.read_text()):
+        head = text.split(first_line, 1)[0]
+    intro = head + generated
+    lines = [intro, "## Results", "", peer_table([rows for rows, _ in loaded]).markdown()]
     lines += ["", "## Set-up of each run", ""]
     for number, (_, metas) in enumerate(loaded, start=1):
         for meta in metas:
@@ -141,7 +150,6 @@ def write_peer_page(folders: Sequence[str | Path], out: str | Path = PEER_PAGE) 
                 f"clock={meta.get('clock', '?')}, {meta.get('rounds', '?')} rounds; host "
                 f"{meta.get('load', '?')} at the start (2 shared cores)"
             )
-    path = Path(out)
     path.write_text("\n".join(lines) + "\n")
     return path
 
