@@ -44,6 +44,7 @@ from torch import Tensor, nn
 
 import implicit_ham as ih
 from experiments.benchmarks.measure import interleaved_medians
+from experiments.benchmarks.peers_rows import run_meta
 
 COLUMNS = ("target", "case", "peer", "ours_ms", "peer_ms", "ratio", "goal", "met", "notes")
 GOAL = 1.1
@@ -210,7 +211,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     rows = measure(args.repeats, args.warmup)
     if args.json is not None:
-        args.json.write_text(json.dumps(rows, indent=1))
+        command = " ".join(
+            ["python -m experiments.benchmarks.peers_torchopt", *(argv or sys.argv[1:])]
+        )
+        meta = run_meta(command, args.threads, "wall", args.repeats)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(
+            json.dumps({"section": "torchopt", "meta": meta, "rows": rows}, indent=1)
+        )
     return 0
 
 
