@@ -18,16 +18,23 @@ from experiments.engine.checkpoint import read_checkpoint, write_checkpoint
 from experiments.generation.classifier import CLASSIFIER_VERSION
 from experiments.models.digit_classifier import HalfDigitClassifier
 
-# 20 steps of 4 canvases, ~20 ms each on one thread; a checkpoint every 7 steps and at the end
-TINY_GENERATE = [
-    "+arm=nmf_one_step", "context.rank=2", "context.steps=2", "context.eval_steps=2",
-    "steps=20", "batch_size=4", "log_every=1", "gan.z_dim=8", "gan.g_width=8", "gan.d_width=8",
-    "canvas.train_size=16", "canvas.val_size=12", "metrics.samples=10",
-    "metrics.curve_samples=6", "metrics.eval_every=10", "metrics.knn_k=2",
-    "metrics.kid_subsets=2", "metrics.kid_subset_size=4", "metrics.classifier_epochs=1",
-    "metrics.min_classifier_accuracy=0.0", "metrics.grid=3", "reliability.checkpoint_every=7",
-]  # fmt: skip
+
+def tiny_generate(steps: int, eval_every: int, checkpoint_every: int) -> list[str]:
+    """Overrides of a tiny GAN job (4 canvases a step, ~20 ms a step on one thread)."""
+    return [
+        "+arm=nmf_one_step", "context.rank=2", "context.steps=2", "context.eval_steps=2",
+        f"steps={steps}", "batch_size=4", "log_every=1", "gan.z_dim=8", "gan.g_width=8",
+        "gan.d_width=8", "canvas.train_size=16", "canvas.val_size=12", "metrics.samples=10",
+        "metrics.curve_samples=6", f"metrics.eval_every={eval_every}", "metrics.knn_k=2",
+        "metrics.kid_subsets=2", "metrics.kid_subset_size=4", "metrics.classifier_epochs=1",
+        "metrics.min_classifier_accuracy=0.0", "metrics.grid=3",
+        f"reliability.checkpoint_every={checkpoint_every}",
+    ]  # fmt: skip
+
+
+# the command tests' job: 20 steps, a checkpoint every 7 steps and at the end
 TINY_STEPS = 20
+TINY_GENERATE = tiny_generate(TINY_STEPS, eval_every=10, checkpoint_every=7)
 
 
 def write_untrained_classifier(path: Path) -> Path:

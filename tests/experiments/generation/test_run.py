@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers.generate_jobs import tiny_generate
 from hydra import compose, initialize_config_dir
 
 from experiments.config.typed import typed_config
@@ -35,14 +36,7 @@ from experiments.generation.trainer import GanTraining
 from experiments.models.digit_classifier import HalfDigitClassifier
 
 ROOT = Path(__file__).resolve().parents[3]
-TINY = [
-    "+arm=nmf_one_step", "context.rank=2", "context.steps=2", "context.eval_steps=2",
-    "steps=4", "batch_size=4", "log_every=1", "gan.z_dim=8", "gan.g_width=8", "gan.d_width=8",
-    "canvas.train_size=16", "canvas.val_size=12", "metrics.samples=10",
-    "metrics.curve_samples=6", "metrics.eval_every=2", "metrics.knn_k=2",
-    "metrics.kid_subsets=2", "metrics.kid_subset_size=4", "metrics.classifier_epochs=1",
-    "metrics.min_classifier_accuracy=0.0", "metrics.grid=3", "reliability.checkpoint_every=2",
-]  # fmt: skip
+TINY = tiny_generate(4, eval_every=2, checkpoint_every=2)
 
 
 def _config(cache: Path, *extra: str) -> GenerateConfig:
