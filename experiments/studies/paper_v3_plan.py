@@ -74,7 +74,7 @@ class Plan:
     inv_ts: tuple[float, ...] = (1.0, 10.0, 100.0)
     main_k: int = 6
     ks: tuple[int, ...] = (1, 3, 6, 12)
-    main_epochs: int = 8
+    main_epochs: int = 32
     short_epochs: int = 4
     pretrain_steps: int = 400
     pretrain_images: int = 1024
