@@ -2,7 +2,7 @@
 
 ``write_from_csv(csv, out_dir)`` (``python -m experiments.report --from-csv CSV --out docs``)
 reads the CSV and its sessions sidecar, computes ``study_paper_v3.PaperV3``, draws the
-gradient-fidelity figure and replaces the block between ``BEGIN`` and ``END`` in
+gradient-fidelity and val-curve figures and replaces the block between ``BEGIN`` and ``END`` in
 ``out_dir/results.md`` (the section) and in ``out_dir/<figures>/findings.md`` (the closing
 verdicts), leaving the rest of both files (the legend_seg parts, written by ``--study``) as
 they are; a file without the block gets it appended (created when absent).
@@ -16,8 +16,8 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from experiments.reports.render import environment
-from experiments.reports.study_paper_v3 import PaperV3, paper_v3
-from experiments.studies.paper_v3_plan import Plan
+from experiments.reports.study_paper_v3 import FLAT_TAIL, PaperV3, paper_v3
+from experiments.studies.paper_v3_plan import ONE_STEP, THROUGH_BASES, Plan
 from experiments.studies.paper_v3_table import read_rows, read_sessions
 
 BEGIN = (
@@ -25,6 +25,8 @@ BEGIN = (
 )
 END = "<!-- paper_v3:end -->"
 FIGURE = "paper_v3_fidelity.png"
+VAL_FIGURE = "paper_v3_val_curves.png"
+BASES = ("none", "sdpa")  # the arms drawn in every ham's panel
 _BLOCK = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.DOTALL)
 
 
@@ -48,9 +50,46 @@ def plot_fidelity(doc: PaperV3, path: Path) -> Path | None:
     return path
 
 
-def render_section(doc: PaperV3, figure: str | None) -> str:
-    """The section's markdown (between the markers)."""
-    return environment().get_template("study/paper_v3.md.j2").module.section(doc, figure)  # type: ignore[attr-defined]
+def plot_val_curves(doc: PaperV3, path: Path) -> Path | None:
+    """The mean val mIoU curve of every main arm over training steps, one panel per ham (the
+    no-context and SDPA arms dotted in each; colour: inv_t, line: gradient), the last
+    ``FLAT_TAIL`` of training shaded; None (no file) without curves."""
+    if not doc.val_curves:
+        return None
+    hams = [c for c in dict.fromkeys(a.context for a in doc.val_curves) if c not in BASES]
+    panels = hams or ["arms"]
+    inv_ts = sorted({a.inv_t for a in doc.val_curves if a.inv_t is not None})
+    colours: dict[float | None, str] = {t: f"C{i}" for i, t in enumerate(inv_ts)}
+    colours[None] = "C3"  # a ham without the temperature axis (NMF)
+    lines = {ONE_STEP: "--", THROUGH_BASES: "-."}
+    fig = Figure(figsize=(4.2 * len(panels), 4.2))
+    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    last = max(s for a in doc.val_curves for s, _ in a.curve)
+    for ax, ham in zip(axes, panels, strict=True):
+        for arm in doc.val_curves:
+            if arm.context not in (ham, *BASES) and hams:
+                continue
+            base = arm.context in BASES
+            colour = "0.6" if arm.context == "none" else "k" if base else colours.get(arm.inv_t)
+            style = ":" if base else lines.get(arm.gradient, "-")
+            steps, values = zip(*arm.curve, strict=True) if arm.curve else ((), ())
+            ax.plot(steps, values, style, color=colour, label=arm.label, lw=1.2)
+        ax.axvspan(last * (1 - FLAT_TAIL), last, color="0.92", zorder=0)
+        ax.set_title(ham.upper())
+        ax.set_xlabel("training step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=5)
+    axes[0].set_ylabel("val mIoU (mean over replicates)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    return path
+
+
+def render_section(doc: PaperV3, figures: dict[str, str | None]) -> str:
+    """The section's markdown (between the markers); ``figures``: "fidelity" and "val" links
+    (None: not drawn)."""
+    return environment().get_template("study/paper_v3.md.j2").module.section(doc, figures)  # type: ignore[attr-defined]
 
 
 def render_closing(doc: PaperV3) -> str:
@@ -86,8 +125,12 @@ def blocks(
     """(the page's block, findings.md's block), each between the markers, from ``csv``; draws
     the fidelity figure into ``out_dir/<figures>``."""
     doc = build(csv, plan)
-    figure = plot_fidelity(doc, Path(out_dir) / figures / FIGURE)
-    section = render_section(doc, None if figure is None else f"{figures}/{FIGURE}")
+    links: dict[str, str | None] = {}
+    plots = (("fidelity", FIGURE, plot_fidelity), ("val", VAL_FIGURE, plot_val_curves))
+    for key, name, plot in plots:
+        drawn = plot(doc, Path(out_dir) / figures / name)
+        links[key] = None if drawn is None else f"{figures}/{name}"
+    section = render_section(doc, links)
     closing = render_closing(doc)
     return marked(section + "\n### Closing note (paper regime)\n\n" + closing), marked(closing)
 

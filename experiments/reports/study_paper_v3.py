@@ -12,6 +12,7 @@ agree on which job is which. ``templates/study/paper_v3.md.j2`` writes it.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -165,6 +166,8 @@ class PaperV3:
     k_inv_ts: str
     fidelity: Table
     fidelity_curve: tuple[tuple[str, tuple[tuple[int, float], ...]], ...]
+    val_curves: tuple[ArmCurve, ...]
+    val_jitter: float | None  # median |epoch-to-epoch change| of a run's val mIoU, last 25 %
     wall_minutes: float | None
     sessions: int
     job_minutes: float
@@ -258,15 +261,69 @@ def _edge_arms(plan: Plan, rows: Mapping[str, Mapping[str, Any]]) -> tuple[str, 
     )
 
 
-def _flat_gain(row: Mapping[str, Any]) -> float | None:
-    """Val mIoU gained over the last ``FLAT_TAIL`` of training (final − at that point)."""
-    curve = decode_curve(row.get("val_curve"))
+def tail_gain(curve: Sequence[tuple[int, float]]) -> float | None:
+    """Val mIoU gained over the last ``FLAT_TAIL`` of a curve [(step, value)]: the final value
+    minus the last value at or before ``(1 - FLAT_TAIL)`` of the final step (None: too short)."""
     if len(curve) < 2:
         return None
-    last_step = curve[-1][0]
-    cut = last_step * (1 - FLAT_TAIL)
+    cut = curve[-1][0] * (1 - FLAT_TAIL)
     before = [v for s, v in curve if s <= cut]
     return curve[-1][1] - before[-1] if before else None
+
+
+def tail_jitter(curve: Sequence[tuple[int, float]]) -> list[float]:
+    """The absolute epoch-to-epoch changes of a curve in its last ``FLAT_TAIL``."""
+    cut = curve[-1][0] * (1 - FLAT_TAIL) if curve else 0
+    tail = [v for s, v in curve if s >= cut]
+    return [abs(b - a) for a, b in itertools.pairwise(tail)]
+
+
+def mean_curve(curves: Sequence[Sequence[tuple[int, float]]]) -> list[tuple[int, float]]:
+    """The pointwise mean of an arm's val curves over the steps every curve has."""
+    common = set.intersection(*(set(s for s, _ in c) for c in curves)) if curves else set()
+    values = [dict(c) for c in curves]
+    return [(s, statistics.fmean(v[s] for v in values)) for s in sorted(common)]
+
+
+@dataclass(frozen=True)
+class ArmCurve:
+    """A main arm's mean val curve over its replicates [(step, val mIoU)]."""
+
+    label: str
+    context: str
+    gradient: str
+    inv_t: float | None
+    curve: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True)
+class Flatness:
+    """The flattening check of one arm: the gain of its mean val curve (over replicates) in the
+    last ``FLAT_TAIL`` of training, and each run's own gain."""
+
+    mean_gain: float
+    run_gains: tuple[float, ...]
+
+    @property
+    def flat(self) -> bool:
+        """The arm's mean curve gained less than ``MARGIN`` over the last ``FLAT_TAIL``."""
+        return self.mean_gain < MARGIN
+
+    def row(self, label: str) -> tuple[str, ...]:
+        runs = sum(g < MARGIN for g in self.run_gains)
+        return (label, _fmt(self.mean_gain, True), _fmt(min(self.run_gains), True),
+                _fmt(max(self.run_gains), True), f"{runs} of {len(self.run_gains)}",
+                "yes" if self.flat else "no")  # fmt: skip
+
+
+def flatness(rows: Sequence[Mapping[str, Any]]) -> Flatness | None:
+    """The check over an arm's ok rows (None: no row has a curve long enough)."""
+    curves = [c for r in rows if len(c := decode_curve(r.get("val_curve"))) >= 2]
+    gains = [g for c in curves if (g := tail_gain(c)) is not None]
+    mean_gain = tail_gain(mean_curve(curves))
+    if not gains or mean_gain is None:
+        return None
+    return Flatness(mean_gain, tuple(gains))
 
 
 def _verdicts(
@@ -404,6 +461,8 @@ def paper_v3(
 
     none_scores = _by_replicate(rows, _arm_jobs(main, "none", NO_GRADIENT, None))
     main_rows, flat_rows, collapse_rows = [], [], []
+    val_curves: list[ArmCurve] = []
+    jitter: list[float] = []
     flat_count = flat_total = 0
     for context, gradient, inv_t in _main_arms(plan):
         arm = _arm_jobs(main, context, gradient, inv_t)
@@ -416,16 +475,23 @@ def paper_v3(
                           ", ".join(map(str, collapsed)) or "none"))  # fmt: skip
         if context != "none":
             collapse_rows.append((arm_label(context, gradient, inv_t), len(collapsed), len(scores)))
-        gains = [
-            g for j in arm if _ok(rows.get(j.key)) and (g := _flat_gain(rows[j.key])) is not None
-        ]
-        if gains:
-            flat = max(gains) < MARGIN
-            flat_count += flat
+        arm_rows = [rows[j.key] for j in arm if _ok(rows.get(j.key))]
+        check = flatness(arm_rows)
+        if check is not None:
+            run_curves = [decode_curve(r.get("val_curve")) for r in arm_rows]
+            jitter += [d for c in run_curves for d in tail_jitter(c)]
+            val_curves.append(
+                ArmCurve(
+                    arm_label(context, gradient, inv_t),
+                    context,
+                    gradient,
+                    inv_t,
+                    tuple(mean_curve([c for c in run_curves if c])),
+                )
+            )
+            flat_count += check.flat
             flat_total += 1
-            label = arm_label(context, gradient, inv_t)
-            mean_gain = _fmt(statistics.fmean(gains), True)
-            flat_rows.append((label, mean_gain, _fmt(max(gains), True), "yes" if flat else "no"))
+            flat_rows.append(check.row(arm_label(context, gradient, inv_t)))
 
     verdicts = _verdicts(plan, rows, main)
     verdict_table = Table.of(
@@ -460,7 +526,17 @@ def paper_v3(
         main=Table.of(
             ["arm", "lr", "test mIoU", "val mIoU", "n", "collapsed (replicates)"], main_rows
         ),
-        flat=Table.of(["arm", "mean gain, last 25 %", "max gain", "flat (max < δ)"], flat_rows),
+        flat=Table.of(
+            [
+                "arm",
+                "mean curve: gain, last 25 %",
+                "runs: smallest gain",
+                "runs: largest gain",
+                "runs with gain < δ",
+                "flat",
+            ],
+            flat_rows,
+        ),
         flat_count=flat_count,
         flat_total=flat_total,
         verdicts=tuple(verdicts),
@@ -470,6 +546,8 @@ def paper_v3(
         k_inv_ts=", ".join(k_inv),
         fidelity=fidelity,
         fidelity_curve=tuple(curves),
+        val_curves=tuple(val_curves),
+        val_jitter=statistics.median(jitter) if jitter else None,
         wall_minutes=sum(s["finished"] - s["started"] for s in mine) / 60 if mine else None,
         sessions=len(mine),
         job_minutes=job_s / 60,

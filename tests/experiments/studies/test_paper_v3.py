@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from scipy import stats
 
+from experiments.reports import study_paper_v3
 from experiments.reports.paper_v3_page import BEGIN, END, write_from_csv
 from experiments.studies import paper_v3
 from experiments.studies.paper_v3_plan import (
@@ -30,7 +31,7 @@ from experiments.studies.paper_v3_plan import (
     select_lr,
     tune_jobs,
 )
-from experiments.studies.paper_v3_table import append_session, read_rows, write_rows
+from experiments.studies.paper_v3_table import append_session, encode_curve, read_rows, write_rows
 
 PLAN = Plan(
     replicates=3, tune_replicates=(0, 1), k_replicates=(0, 1), lrs=(0.05, 0.1),
@@ -186,7 +187,7 @@ def test_report_from_csv_equals_a_recomputation(tmp_path: Path) -> None:
     assert f"family of all {len(family)} verdicts" in page
 
     # the main table's test mIoU of one arm
-    (vq_bptt,) = [r for r in _cells(page, "VQ, BPTT, inv_t 10") if len(r) == 6]
+    (vq_bptt,) = [r for r in _cells(page, "VQ, BPTT, inv_t 10") if len(r) == 6 and "±" in r[2]]
     values = [arm_score(j) for j in main if (j.context, j.gradient, j.inv_t) == ("vq", BPTT, 10.0)]
     assert vq_bptt[1] == "0.1"
     assert vq_bptt[2] == f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}"
@@ -214,3 +215,21 @@ def test_tiny_study_runs_end_to_end_and_resumes(tmp_path: Path) -> None:
     assert one_step and all(r["fidelity"] for r in one_step)
     assert all(math.isfinite(r["test_miou"]) for r in rows.values() if r["stage"] != "pretrain")
     assert paper_v3.run_study(plan, tmp_path / "out", csv, workers=1)["ran"] == 0
+
+
+def test_flatness_reads_the_mean_curve_and_reports_every_run() -> None:
+    # two runs gaining 0.04 and -0.01 over the last quarter (steps 75 -> 100): the mean curve
+    # goes 0.71 -> 0.725 there, a gain of 0.015 >= δ
+    run_a = [(25, 0.40), (50, 0.60), (75, 0.70), (100, 0.74)]
+    run_b = [(25, 0.50), (50, 0.62), (75, 0.72), (100, 0.71)]
+    rows = [{"val_curve": encode_curve(c)} for c in (run_a, run_b)]
+    check = study_paper_v3.flatness(rows)
+    assert check is not None
+    assert check.run_gains == pytest.approx((0.04, -0.01))
+    assert check.mean_gain == pytest.approx(0.015)
+    assert not check.flat
+    flat = study_paper_v3.flatness([{"val_curve": encode_curve([(50, 0.5), (100, 0.505)])}])
+    assert flat is not None and flat.flat and flat.row("arm")[4] == "1 of 1"
+    # a curve too short to have a value at 75 % of the run gives no check
+    assert study_paper_v3.flatness([{"val_curve": encode_curve([(100, 0.5)])}]) is None
+    assert study_paper_v3.tail_jitter(run_a) == pytest.approx([0.04])
