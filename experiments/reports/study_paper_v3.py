@@ -169,6 +169,8 @@ class PaperV3:
     val_curves: tuple[ArmCurve, ...]
     val_jitter: float | None  # median |epoch-to-epoch change| of a run's val mIoU, last 25 %
     wall_minutes: float | None
+    session_table: Table  # every invocation of the runner with this plan
+    stage_table: Table  # the plan's own jobs: job minutes per stage
     sessions: int
     job_minutes: float
     peak_mem_mb: float | None
@@ -511,8 +513,16 @@ def paper_v3(
     own = [r for r in rows.values() if r.get("plan") == plan.digest()]
     job_s = _job_seconds(own)
     peaks = [float(r["peak_mem_mb"]) for r in own if r.get("peak_mem_mb") is not None]
-    mine = [s for s in sessions if s.get("plan") == plan.digest()
-            and s.get("main_epochs") in (None, plan.main_epochs)]  # fmt: skip
+    mine = [s for s in sessions if s.get("plan") == plan.digest()]
+    session_table = Table.of(
+        ["invocation", "main arms' epochs", "jobs run", "workers", "wall min"],
+        [(i + 1, s.get("main_epochs") or "–", s["jobs_run"], s["workers"],
+          f"{(s['finished'] - s['started']) / 60:.1f}") for i, s in enumerate(mine)],
+    )  # fmt: skip
+    stage_rows = []
+    for stage in ("pretrain", "tune", "main", "k_axis"):
+        done = [rows[j.key] for j in known if j.stage == stage and _ok(rows.get(j.key))]
+        stage_rows.append((stage, len(done), f"{_job_seconds(done) / 60:.1f}"))
     return PaperV3(
         csv=csv,
         margin=MARGIN,
@@ -550,6 +560,8 @@ def paper_v3(
         val_jitter=statistics.median(jitter) if jitter else None,
         wall_minutes=sum(s["finished"] - s["started"] for s in mine) / 60 if mine else None,
         sessions=len(mine),
+        session_table=session_table,
+        stage_table=Table.of(["stage", "jobs (ok)", "job min"], stage_rows),
         job_minutes=job_s / 60,
         peak_mem_mb=max(peaks) if peaks else None,
         pretrain=pretrain,

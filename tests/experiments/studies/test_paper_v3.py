@@ -157,7 +157,11 @@ def test_report_from_csv_equals_a_recomputation(tmp_path: Path) -> None:
     )
     page = write_from_csv(csv, docs, plan=PLAN).read_text()
     assert "kept above" in page and "kept below" in page and "\nold\n" not in page
-    assert "Measured wall time of the sweep: 30.0 min" in page
+    assert "Measured wall time of the runner: 30.0 min" in page
+    assert "| 1 | – | " + str(len(rows)) + " | 2 | 30.0 |" in page  # the invocation's row
+    # the plan's job time per stage: every synthetic row took 10 s
+    n_main = len(main_jobs(PLAN, rows))
+    assert f"| main | {n_main} | {n_main * 10 / 60:.1f} |" in page
 
     # every verdict row against the synthetic scores, recomputed here with scipy
     main = main_jobs(PLAN, rows)
