@@ -16,9 +16,8 @@ from experiments.config.typed import typed_config
 from experiments.engine.run import run_training
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = [
-    "epochs=1", "data.train_size=16", "data.val_size=8", "batch_size=8", "diagnostics.enabled=false",
-]  # fmt: skip
+TINY = ["epochs=1", "data.train_size=16", "data.val_size=8", "batch_size=8",
+        "diagnostics.enabled=false"]  # fmt: skip
 
 
 def test_the_page_names_the_kind_the_demos_implicit_arm_logs(tmp_path: Path) -> None:
