@@ -78,7 +78,7 @@ class _Tracker:
         self, x0: Tensor, tol: float | None, stop_mode: str, keep_image: bool = False
     ) -> None:
         self.tol, self.use_rel = tol, stop_mode == "rel"
-        self.best = x0
+        self.best = self.initial = x0
         self.best_image: Tensor | None = x0 if keep_image else None  # f(best)
         self.extra: tuple[Tensor, Tensor] | None = None  # the polish evaluation's residuals
         batch = x0.shape[0]
@@ -103,37 +103,57 @@ class _Tracker:
         better = metric < best_metric
         if self.active is not None:
             better = better & self.active
+        if self.tol is None:
+            self._keep(better, False, x, fx, abs_res, rel_res)
+            self.finite = self.finite & torch.isfinite(metric).all()
+            return False
+        stop, every = self._decide(metric, float(self.tol), better)
+        self._keep(better, every, x, fx, abs_res, rel_res)
+        return stop
+
+    def _keep(
+        self, better: Tensor, every: bool, x: Tensor, fx: Tensor, abs_res: Tensor, rel_res: Tensor
+    ) -> None:
+        """Make the evaluation the best one of the samples it improved (``every``: all of
+        them, known on the host: kept by reference, without a pass over the states)."""
+        if every and x is not self.initial:  # the caller's x0 is never returned by reference
+            self.best, self.best_abs, self.best_rel = x, abs_res, rel_res
+            if self.best_image is not None:
+                self.best_image = fx
+            return
         self.best = torch.where(better[:, None], x, self.best)
         if self.best_image is not None:
             self.best_image = torch.where(better[:, None], fx, self.best_image)
         self.best_abs = torch.where(better, abs_res, self.best_abs)
         self.best_rel = torch.where(better, rel_res, self.best_rel)
-        if self.tol is None:
-            self.finite = self.finite & torch.isfinite(metric).all()
-            return False
-        return self._decide(metric, float(self.tol))
 
-    def _decide(self, metric: Tensor, tol: float) -> bool:
-        """The evaluation's one host synchronisation: stop, freeze samples, or go on."""
+    def _decide(self, metric: Tensor, tol: float, better: Tensor) -> tuple[bool, bool]:
+        """The evaluation's one host synchronisation: (stop, every sample improved). While no
+        sample is frozen it reads the smallest and largest residual and whether every sample
+        improved on its best (then the caller keeps the evaluation without a ``where``)."""
         count = len(self.abs)
+        every = False
         if self.active is None:
             bounds = torch.aminmax(metric)
-            low, high = torch.stack((bounds.min, bounds.max)).tolist()
+            low, high, improved = torch.stack(
+                (bounds.min, bounds.max, better.all().to(metric.dtype))
+            ).tolist()
+            every = improved == 1.0
             done = metric <= tol if low <= tol < high else None
         else:
             high = metric.masked_fill(~self.active, 0.0).max().item()
             done = self.active & (metric <= tol)
         if high != high or high == float("inf"):
             self.failed_at = count - 1
-            return True
+            return True, False
         if high <= tol:
-            return True
+            return True, every
         if done is not None:
             if self.stops is None:
                 self.stops = torch.zeros(metric.shape, dtype=torch.int64, device=metric.device)
             self.stops = self.stops.masked_fill(done, count)
             self.active = ~done if self.active is None else self.active & ~done
-        return False
+        return False, every
 
     def polish(self, f: FlatMap) -> None:
         """One more evaluation, at ``f(best)``: per sample, ``f(best)`` replaces ``best`` when
@@ -202,7 +222,7 @@ def anderson(
     lower measured residual is returned, so the returned residual stays exact.
     """
     batch, size = x0.shape
-    xs = x0.new_empty(batch, m, size)
+    xs = x0.new_empty(batch, m, size) if damping != 1.0 else None  # only damping mixes X
     fs = x0.new_empty(batch, m, size)
     gs = x0.new_empty(batch, m, size)
     small = working_dtype(x0.dtype)  # the m x m mixing system in float32 for half states
@@ -219,7 +239,8 @@ def anderson(
     for k in range(loop_evals):
         fx = f(x)
         slot = k % m
-        xs[:, slot] = x
+        if xs is not None:
+            xs[:, slot] = x
         fs[:, slot] = fx
         gx = torch.sub(fx, x, out=gs[:, slot])
         if tracker.add(x, fx, gx) or k == loop_evals - 1:
@@ -229,14 +250,16 @@ def anderson(
             x = tracker.hold(fx, x)
             gram[:, 0, 0] = torch.linalg.vector_norm(gx, dim=1).square().to(small)
             continue
-        row = torch.bmm(gs[:, :n], gx[:, :, None])[:, :, 0].to(small)  # (B, n): <g_i, g_new>
+        # (B, n): <g_i, g_new>, as a (1, N) x (N, n) product per sample (the (n, N) x (N, 1)
+        # form runs several times slower in batched BLAS)
+        row = torch.bmm(gx[:, None], gs[:, :n].mT)[:, 0].to(small)
         gram[:, slot, :n] = row
         gram[:, :n, slot] = row
         system[:, 1 : n + 1, 1 : n + 1] = gram[:, :n, :n] + ridge[:n, :n]
         solution, _ = torch.linalg.solve_ex(system[:, : n + 1, : n + 1], rhs[:, : n + 1])
         alpha = solution[:, 1 : n + 1, 0][:, None].to(x0.dtype)  # (B, 1, n)
         x_next = torch.bmm(alpha, fs[:, :n])[:, 0]
-        if damping != 1.0:
+        if xs is not None:
             x_next = damping * x_next + (1 - damping) * torch.bmm(alpha, xs[:, :n])[:, 0]
         x = tracker.hold(x_next, x)
     if polish and tracker.failed_at is None:
@@ -278,7 +301,7 @@ def broyden(
         x, gx = x_new, gx_new
         us_k, vts_k = us[:, : step - 1], vts[:, : step - 1]
         vt = _rmatvec(us_k, vts_k, delta_x)
-        denom = torch.bmm(vt[:, None], delta_g[:, :, None])[:, 0]
+        denom = torch.linalg.vecdot(vt, delta_g)[:, None]
         # a sample that has converged (delta_g ~ 0) gets no update rather than an inf / NaN one
         usable = denom.abs() > torch.finfo(denom.dtype).tiny
         u = (delta_x - _matvec(us_k, vts_k, delta_g)) / torch.where(usable, denom, 1.0)
@@ -292,13 +315,13 @@ def _matvec(us: Tensor, vts: Tensor, x: Tensor) -> Tensor:
     """``(-I + U V^T) x`` for x (B, N), with the rows of us / vts (B, k, N) the u_i / v_i."""
     if us.shape[1] == 0:
         return -x
-    coeffs = torch.bmm(vts, x[:, :, None])  # (B, k, 1): v_i . x
-    return torch.baddbmm(x[:, None], coeffs.mT, us, alpha=1, beta=-1)[:, 0]
+    coeffs = torch.bmm(x[:, None], vts.mT)  # (B, 1, k): v_i . x (row form: see ``anderson``)
+    return torch.baddbmm(x[:, None], coeffs, us, alpha=1, beta=-1)[:, 0]
 
 
 def _rmatvec(us: Tensor, vts: Tensor, x: Tensor) -> Tensor:
     """``x^T (-I + U V^T)`` for x (B, N)."""
     if us.shape[1] == 0:
         return -x
-    coeffs = torch.bmm(us, x[:, :, None])  # (B, k, 1): u_i . x
-    return torch.baddbmm(x[:, None], coeffs.mT, vts, alpha=1, beta=-1)[:, 0]
+    coeffs = torch.bmm(x[:, None], us.mT)  # (B, 1, k): u_i . x
+    return torch.baddbmm(x[:, None], coeffs, vts, alpha=1, beta=-1)[:, 0]
