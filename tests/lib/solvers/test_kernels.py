@@ -154,3 +154,28 @@ def test_fast_path_under_torch_func_inside_no_grad(kind):
     _, vj_ref = torch.autograd.functional.vjp(f, z, v)
     for got, want in zip((*jv, *vj), (*jv_ref, *vj_ref), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("solver", [ih.Anderson(max_steps=60, tol=1e-9),
+                                    ih.Broyden(max_steps=60, tol=1e-9)])  # fmt: skip
+def test_accelerated_solvers_keep_the_best_iterate_without_aliasing_z0(solver):
+    """The native solvers keep an evaluation that improved every sample by reference (no
+    ``where`` over the states); the caller's z0 is never returned that way, and the value
+    kept is the evaluated iterate with the lowest residual, as the stats say."""
+    gen = torch.Generator().manual_seed(0)
+    weight = 0.5 * torch.linalg.qr(torch.randn(6, 6, generator=gen, dtype=torch.float64))[0]
+    x = torch.randn(3, 6, generator=gen, dtype=torch.float64)
+
+    def f(z, x):
+        return torch.tanh(z @ weight.T + x)
+
+    with torch.no_grad():
+        sol = ih.fixed_point(f, torch.zeros(3, 6, dtype=torch.float64), x, solver=solver)
+        residual = (f(sol.value, x) - sol.value).norm(dim=1)
+        torch.testing.assert_close(residual, sol.stats.abs_residual, rtol=1e-12, atol=1e-300)
+        assert bool((residual <= 1e-9 * f(sol.value, x).norm(dim=1)).all())
+        # z0 already at the fixed point: the first evaluation is the best, and not z0 itself
+        z_star = sol.value.clone()
+        again = ih.fixed_point(f, z_star, x, solver=solver)
+    assert again.value.data_ptr() != z_star.data_ptr()
+    torch.testing.assert_close(again.value, z_star, rtol=0, atol=0)
