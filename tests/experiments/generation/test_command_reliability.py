@@ -12,6 +12,8 @@ subprocess runs, ``helpers.generate_jobs``), with the engine's pieces that
   the holder and writes nothing there; the first finishes exactly like the reference.
 * every checkpoint of a finished job's copy truncated (its ``results.json`` gone): each named
   and moved aside, the job starts from scratch in the same run and ends like the reference.
+* ``hydra.launcher.tasks_per_node=2`` without a distributed environment is refused before
+  anything runs.
 * a run that diverges (huge learning rates, ``skip_batch`` with a limit of 2 dropped updates
   in a row) fails, and its ``results.json`` carries the failure counts of
   ``tables/failures.jsonl``.
@@ -158,3 +160,14 @@ def test_a_failed_run_reports_the_failure_counts_it_logged(root: Path) -> None:
     }
     dropped = Counter(row["layer"].strip("(").split()[0] for row in rows)
     assert counted["skipped_updates"] == {"D": dropped["D"], "G": dropped["G"]}
+
+
+def test_tasks_per_node_without_distributed_environment_is_refused(root: Path) -> None:
+    """As for ``experiments.train``: several tasks per node without a distributed environment
+    would start independent copies writing one job directory; the command refuses before
+    anything is trained or logged."""
+    job = root / "tasks_per_node"
+    proc = run_generate(job, "+hydra.launcher.tasks_per_node=2", timeout=TIMEOUT_S)
+    assert proc.returncode != 0
+    assert "hydra.launcher.tasks_per_node=2 but no distributed environment" in proc.stderr
+    assert not (job / "metrics.jsonl").exists() and not (job / "results.json").exists()
