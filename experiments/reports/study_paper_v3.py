@@ -263,6 +263,9 @@ def _edge_arms(plan: Plan, rows: Mapping[str, Mapping[str, Any]]) -> tuple[str, 
     )
 
 
+Curve = tuple[tuple[int, float], ...]  # [(training step, value)]
+
+
 def tail_gain(curve: Sequence[tuple[int, float]]) -> float | None:
     """Val mIoU gained over the last ``FLAT_TAIL`` of a curve [(step, value)]: the final value
     minus the last value at or before ``(1 - FLAT_TAIL)`` of the final step (None: too short)."""
@@ -295,16 +298,19 @@ class ArmCurve:
     context: str
     gradient: str
     inv_t: float | None
-    curve: tuple[tuple[int, float], ...]
+    curve: Curve
 
 
 @dataclass(frozen=True)
 class Flatness:
-    """The flattening check of one arm: the gain of its mean val curve (over replicates) in the
-    last ``FLAT_TAIL`` of training, and each run's own gain."""
+    """The flattening check of one arm: its mean val curve over replicates, that curve's gain
+    in the last ``FLAT_TAIL`` of training, each run's own gain and the runs' epoch-to-epoch
+    changes in that tail."""
 
+    curve: Curve
     mean_gain: float
     run_gains: tuple[float, ...]
+    jitter: tuple[float, ...]
 
     @property
     def flat(self) -> bool:
@@ -322,10 +328,12 @@ def flatness(rows: Sequence[Mapping[str, Any]]) -> Flatness | None:
     """The check over an arm's ok rows (None: no row has a curve long enough)."""
     curves = [c for r in rows if len(c := decode_curve(r.get("val_curve"))) >= 2]
     gains = [g for c in curves if (g := tail_gain(c)) is not None]
-    mean_gain = tail_gain(mean_curve(curves))
+    mean = tuple(mean_curve(curves))
+    mean_gain = tail_gain(mean)
     if not gains or mean_gain is None:
         return None
-    return Flatness(mean_gain, tuple(gains))
+    jitter = tuple(d for c in curves for d in tail_jitter(c))
+    return Flatness(mean, mean_gain, tuple(gains), jitter)
 
 
 def _verdicts(
@@ -415,9 +423,6 @@ def _k_axis(
     return _k_table(plan, out), chosen
 
 
-Curve = tuple[tuple[int, float], ...]
-
-
 def _fidelity(
     plan: Plan, rows: Mapping[str, Mapping[str, Any]], main: Sequence[Job]
 ) -> tuple[Table, list[tuple[str, Curve]]]:
@@ -431,16 +436,16 @@ def _fidelity(
                 if not series:
                     continue
                 steps = sorted({s for curve in series for s, _ in curve})
-                mean_curve = tuple(
+                mean = tuple(
                     (s, statistics.fmean([v for curve in series for t, v in curve if t == s]))
                     for s in steps
                 )
                 label = arm_label(ham, g, inv_t)
-                curves.append((label, mean_curve))
+                curves.append((label, mean))
                 overall = [v for curve in series for _, v in curve]
-                middle = mean_curve[len(mean_curve) // 2][1]
-                table_rows.append((label, len(series), _fmt(mean_curve[0][1]), _fmt(middle),
-                                   _fmt(mean_curve[-1][1]), _fmt(statistics.fmean(overall)),
+                middle = mean[len(mean) // 2][1]
+                table_rows.append((label, len(series), _fmt(mean[0][1]), _fmt(middle),
+                                   _fmt(mean[-1][1]), _fmt(statistics.fmean(overall)),
                                    _fmt(min(overall))))  # fmt: skip
     header = ["arm", "runs", "first checkpoint", "middle", "last", "mean", "min"]
     return Table.of(header, table_rows), curves
@@ -480,20 +485,12 @@ def paper_v3(
         arm_rows = [rows[j.key] for j in arm if _ok(rows.get(j.key))]
         check = flatness(arm_rows)
         if check is not None:
-            run_curves = [decode_curve(r.get("val_curve")) for r in arm_rows]
-            jitter += [d for c in run_curves for d in tail_jitter(c)]
-            val_curves.append(
-                ArmCurve(
-                    arm_label(context, gradient, inv_t),
-                    context,
-                    gradient,
-                    inv_t,
-                    tuple(mean_curve([c for c in run_curves if c])),
-                )
-            )
+            jitter += check.jitter
+            label = arm_label(context, gradient, inv_t)
+            val_curves.append(ArmCurve(label, context, gradient, inv_t, check.curve))
             flat_count += check.flat
             flat_total += 1
-            flat_rows.append(check.row(arm_label(context, gradient, inv_t)))
+            flat_rows.append(check.row(label))
 
     verdicts = _verdicts(plan, rows, main)
     verdict_table = Table.of(

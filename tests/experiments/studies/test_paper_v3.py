@@ -231,6 +231,9 @@ def test_flatness_reads_the_mean_curve_and_reports_every_run() -> None:
     assert check is not None
     assert check.run_gains == pytest.approx((0.04, -0.01))
     assert check.mean_gain == pytest.approx(0.015)
+    assert [s for s, _ in check.curve] == [25, 50, 75, 100]
+    assert [v for _, v in check.curve] == pytest.approx([0.45, 0.61, 0.71, 0.725])
+    assert sorted(check.jitter) == pytest.approx([0.01, 0.04])  # each run's step 75 -> 100
     assert not check.flat
     flat = study_paper_v3.flatness([{"val_curve": encode_curve([(50, 0.5), (100, 0.505)])}])
     assert flat is not None and flat.flat and flat.row("arm")[4] == "1 of 1"
