@@ -13,6 +13,7 @@ from torch import Tensor
 import implicit_ham as ih
 from experiments.benchmarks import peers as bench_peers
 from experiments.benchmarks.official_hams import OFFICIAL
+from experiments.benchmarks.peers_deq import DEQ_TRAIN_PROBLEMS, deq_train_cases
 from experiments.benchmarks.peers_gmres import StackedGMRES
 from implicit_ham.linalg.operator import AdjointOperator
 
@@ -206,6 +207,19 @@ def test_bench_peers_writes_its_table_as_a_page(tmp_path) -> None:
     text = page.read_text()
     assert "python -m experiments.benchmarks.peers --only solvers" in text
     assert "| 2. Anderson forward |" in text
+
+
+@pytest.mark.parametrize("problem", sorted(DEQ_TRAIN_PROBLEMS))
+def test_deq_training_step_cases_compute_the_same_weight_gradient(problem: str) -> None:
+    """The training-step rows time the same computation on both sides: dL/dW of the library's
+    step equals torchdeq's (Anderson forward, fixed-point backward) to the solvers' tolerance
+    (relative difference of the whole tensor), and a second call gives the same gradient
+    (nothing accumulates across rounds)."""
+    ours, peer = deq_train_cases("fixed_point", 1e-5, 1e-6, problem)
+    first = ours().clone()
+    theirs = peer().clone()
+    assert float((first - theirs).norm() / theirs.norm()) < 1e-4
+    torch.testing.assert_close(ours(), first, rtol=0, atol=0)
 
 
 def test_official_formulation_matches_the_library_hams() -> None:
