@@ -7,6 +7,7 @@ from torch import Tensor
 
 from implicit_ham.decompositions.base import Decomposition, State
 from implicit_ham.decompositions.fused import multiplicative_update
+from implicit_ham.decompositions.products import bases_t_x
 from implicit_ham.decompositions.registry import register_decomposition
 
 
@@ -33,8 +34,9 @@ class NMF(Decomposition):
     ``(X^T D) * (C / (C D^T D + eps))``. The products are plain ``torch.bmm`` calls on the
     3-D operands (no ``matmul`` reshaping per product), and ``X^T D0``, formed once for
     ``C0 = softmax_r(X^T D0)``, is handed to the first C update (``init_shared``) instead of
-    being recomputed: 14 products of size d x n x r per 6-step forward instead of 15. The
-    input's finiteness and non-negativity are checked in one pass (``check_values``).
+    being recomputed: 14 products of size d x n x r per 6-step forward instead of 15. ``X^T D``
+    is taken in column blocks on the CPU for a wide X (``products.bases_t_x``). The input's
+    finiteness and non-negativity are checked in one pass (``check_values``).
     """
 
     default_inv_t = 1.0
@@ -50,7 +52,7 @@ class NMF(Decomposition):
     def init_shared(self, x: Tensor, bases: Tensor) -> tuple[State, Tensor]:
         """``(D0, softmax_r(inv_t X^T D0))`` and ``X^T D0`` (B*S, n, r), formed as the first C
         update forms it (``(D0^T X)^T``, (r, n) layout), for that update to reuse."""
-        product = torch.bmm(bases.mT, x)  # (B*S, r, n)
+        product = bases_t_x(bases, x)  # (B*S, r, n)
         logits = product if self.inv_t == 1.0 else self.inv_t * product
         return (bases, torch.softmax(logits, dim=1).mT), product.mT
 
@@ -80,6 +82,6 @@ class NMF(Decomposition):
         """
         numer = self.shared_product(bases, x)
         if numer is None:
-            numer = torch.bmm(bases.mT, x).mT
+            numer = bases_t_x(bases, x).mT
         denom = torch.bmm(torch.bmm(bases.mT, bases), coef.mT).mT
         return multiplicative_update(coef, numer, denom, self.eps)

@@ -1,0 +1,58 @@
+"""``D^T X``, the product every NMF coefficient update starts from, in column blocks on the CPU.
+
+For a wide X (B, d, n) whose columns do not fit the last-level cache, one ``bmm`` of
+(r, d) x (d, n) streams X once through a kernel blocked for the whole n; taking it in blocks of
+columns of about ``BLOCK_BYTES`` each (``d * block * itemsize``) is 10-15 % faster with MKL on
+one thread at the paper's sizes (d 512, r 64, n 128^2; see ``docs/benchmarks_peers.md``) and
+no faster, nor slower, at n = 64^2. Whether a product is blocked depends on X's device, shape
+and dtype only, never on the gradient mode; where autograd records it the blocks are joined
+with ``cat``, elsewhere written into one result: the same ``bmm`` calls on the same operands,
+so the forward value is bitwise the same under every backward mode (the tests check it, and
+that the blocked product equals the single ``bmm``). Off the CPU, or for an X of fewer than
+``MIN_BLOCKS`` blocks, it is one ``bmm``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.autograd import forward_ad
+
+from implicit_ham._core.transforms import active_transforms
+from implicit_ham.decompositions.fused import may_overwrite
+
+BLOCK_BYTES = 4 * 2**20
+MIN_BLOCKS = 4
+
+
+def column_block(x: Tensor) -> int | None:
+    """Columns per block of ``bases_t_x`` for X (B, d, n); None: one ``bmm``."""
+    if x.device.type != "cpu" or x.dim() != 3:
+        return None
+    block = max(BLOCK_BYTES // max(x.shape[1] * x.element_size(), 1), 1)
+    return block if x.shape[2] >= MIN_BLOCKS * block else None
+
+
+def _writes_in_place(bases: Tensor, x: Tensor) -> bool:
+    """Whether the blocks may be written into one preallocated result (``out=``): nothing
+    records the product (``may_overwrite``), no torch.func transform wraps it and neither
+    operand carries a forward-mode tangent (``out=`` accepts neither)."""
+    if not may_overwrite(bases, x) or active_transforms():
+        return False
+    return all(forward_ad.unpack_dual(t).tangent is None for t in (bases, x))
+
+
+def bases_t_x(bases: Tensor, x: Tensor) -> Tensor:
+    """``D^T X`` (B, r, n) for D (B, d, r) and X (B, d, n), column-blocked where that is faster
+    (``column_block``); differentiable (with autograd, forward mode and torch.func alike) on
+    every path."""
+    block = column_block(x)
+    if block is None:
+        return torch.bmm(bases.mT, x)
+    pieces = x.split(block, dim=-1)
+    if not _writes_in_place(bases, x):
+        return torch.cat([torch.bmm(bases.mT, piece) for piece in pieces], dim=-1)
+    out = x.new_empty((x.shape[0], bases.shape[2], x.shape[2]))
+    for start, piece in zip(range(0, x.shape[2], block), pieces, strict=True):
+        torch.bmm(bases.mT, piece, out=out[..., start : start + piece.shape[2]])
+    return out
