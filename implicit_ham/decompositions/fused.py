@@ -23,17 +23,19 @@ def may_overwrite(*tensors: Tensor) -> bool:
 
 
 def multiplicative_update(value: Tensor, numer: Tensor, denom: Tensor, eps: float) -> Tensor:
-    """``value * numer / (denom + eps)``, evaluated as ``numer * (value / (denom + eps))``.
+    """``value * numer / (denom + eps)``, evaluated as ``(numer * value) / (denom + eps)`` (the
+    official code's order).
 
     All three have one shape (e.g. C (B, n, r) or D (B, d, r)). ``numer`` and ``denom`` must be
     temporaries owned by the caller: when ``may_overwrite`` allows it, ``denom`` is overwritten
-    and the result is returned in ``numer``'s memory (one allocation instead of three; no
-    ``out=``, which forward-mode AD such as ``torch.func.jvp`` rejects); ``value`` is never
+    and the result is returned in ``numer``'s memory, with no allocation at all (three in-place
+    passes: at 128^2 a fresh n x r quotient per update cost ~5 % of the NMF forward); no
+    ``out=``, which forward-mode AD such as ``torch.func.jvp`` rejects. ``value`` is never
     modified (the solver still compares it with the new iterate).
     """
     if not may_overwrite(value, numer, denom):
-        return numer * (value / (denom + eps))
-    return numer.mul_(value / denom.add_(eps))
+        return numer * value / (denom + eps)
+    return numer.mul_(value).div_(denom.add_(eps))
 
 
 def normalize_over_n(coef: Tensor, eps: float) -> Tensor:

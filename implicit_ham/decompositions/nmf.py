@@ -31,7 +31,7 @@ class NMF(Decomposition):
     the only products of size d x n x r are ``X^T D``, ``X C`` and the readout; C is kept in
     an (r, n) memory layout (a transposed view, see ``_update_coef``); temporaries are updated
     in place when autograd does not need them (see ``fused``); the quotient is
-    ``(X^T D) * (C / (C D^T D + eps))``. The products are plain ``torch.bmm`` calls on the
+    ``((X^T D) * C) / (C D^T D + eps)``. The products are plain ``torch.bmm`` calls on the
     3-D operands (no ``matmul`` reshaping per product), and ``X^T D0``, formed once for
     ``C0 = softmax_r(X^T D0)``, is handed to the first C update (``init_shared``) instead of
     being recomputed: 14 products of size d x n x r per 6-step forward instead of 15. ``X^T D``
