@@ -4,12 +4,16 @@ For a wide X (B, d, n) whose columns do not fit the last-level cache, one ``bmm`
 (r, d) x (d, n) streams X once through a kernel blocked for the whole n; taking it in blocks of
 columns of about ``BLOCK_BYTES`` each (``d * block * itemsize``) is 10-15 % faster with MKL on
 one thread at the paper's sizes (d 512, r 64, n 128^2; see ``docs/benchmarks_peers.md``) and
-no faster, nor slower, at n = 64^2. Whether a product is blocked depends on X's device, shape
-and dtype only, never on the gradient mode; where autograd records it the blocks are joined
-with ``cat``, elsewhere written into one result: the same ``bmm`` calls on the same operands,
-so the forward value is bitwise the same under every backward mode (the tests check it, and
-that the blocked product equals the single ``bmm``). Off the CPU, or for an X of fewer than
-``MIN_BLOCKS`` blocks, it is one ``bmm``.
+no faster, nor slower, at n = 64^2.
+
+Only a product that autograd cannot record is blocked: neither operand requires grad (an
+inference forward, ``eval`` under ``no_grad``). A training forward (X requires grad) takes one
+``bmm`` for every product, in every backward mode, so its value never depends on the mode, and
+its backward keeps one (d, n) gradient instead of one per block joined by ``cat`` (which took
+~40 MiB more peak memory at 128^2). Under torch.func transforms and forward-mode AD the blocks
+are joined with ``cat``, elsewhere written into one result (``out=``): the same ``bmm`` calls on
+the same operands either way (the tests check that every path equals the single ``bmm``). Off
+the CPU, or for an X of fewer than ``MIN_BLOCKS`` blocks, it is one ``bmm``.
 """
 
 from __future__ import annotations
@@ -44,10 +48,10 @@ def _writes_in_place(bases: Tensor, x: Tensor) -> bool:
 
 def bases_t_x(bases: Tensor, x: Tensor) -> Tensor:
     """``D^T X`` (B, r, n) for D (B, d, r) and X (B, d, n), column-blocked where that is faster
-    (``column_block``); differentiable (with autograd, forward mode and torch.func alike) on
-    every path."""
+    (``column_block``) and no operand requires grad; differentiable on every path (forward
+    mode and torch.func included)."""
     block = column_block(x)
-    if block is None:
+    if block is None or x.requires_grad or bases.requires_grad:
         return torch.bmm(bases.mT, x)
     pieces = x.split(block, dim=-1)
     if not _writes_in_place(bases, x):

@@ -1,8 +1,9 @@
-"""The column-blocked ``D^T X`` of NMF's coefficient update (``decompositions.products``): every
-path gives bitwise one value, equal to one ``bmm``; its gradients (autograd, forward mode,
-torch.func) are those of the plain product; NMF's forward value stays bitwise the same under
-every backward mode when the blocks are in use. Blocking is forced on small float64 shapes by
-lowering ``BLOCK_BYTES``."""
+"""The column-blocked ``D^T X`` of NMF's coefficient update (``decompositions.products``): a
+product autograd can record is one ``bmm``; every blocked path (``out=``, ``cat`` under
+forward-mode AD and torch.func) gives bitwise one value, equal to the single ``bmm`` up to
+rounding, with the single product's derivatives; NMF's training forward is bitwise the same
+under every backward mode and its inference forward matches the unblocked one. Blocking is
+forced on small float64 shapes by lowering ``BLOCK_BYTES``."""
 
 from __future__ import annotations
 
@@ -27,9 +28,12 @@ def blocks_of_8(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def operands(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    return torch.rand(2, D, R, generator=gen, dtype=DT), torch.rand(
-        2, D, N, generator=gen, dtype=DT
-    )
+    bases = torch.rand(2, D, R, generator=gen, dtype=DT)
+    return bases, torch.rand(2, D, N, generator=gen, dtype=DT)
+
+
+def no_blocks(*_: object) -> bool:
+    raise AssertionError("a product that autograd can record was blocked")
 
 
 def test_block_choice_depends_on_device_shape_and_dtype_only(blocks_of_8) -> None:
@@ -39,19 +43,22 @@ def test_block_choice_depends_on_device_shape_and_dtype_only(blocks_of_8) -> Non
     assert column_block(torch.rand(2, D, 64)) == 16
     assert column_block(x[..., :31]) is None  # fewer than MIN_BLOCKS blocks: one bmm
     assert column_block(torch.empty(2, D, N, dtype=DT, device="meta")) is None  # off the CPU
-    with torch.no_grad():
-        assert column_block(x) == 8
 
 
-def test_every_path_gives_the_one_bmm_value_bit_for_bit(blocks_of_8) -> None:
+def test_a_product_autograd_can_record_is_one_bmm(blocks_of_8, monkeypatch) -> None:
     bases, x = operands()
-    expected = torch.bmm(bases.mT, x)
+    monkeypatch.setattr(products, "_writes_in_place", no_blocks)
+    for needs_grad in ((True, False), (False, True)):
+        b, xx = (t.clone().requires_grad_(g) for t, g in zip((bases, x), needs_grad, strict=True))
+        assert torch.equal(bases_t_x(b, xx).detach(), torch.bmm(bases.mT, x))
+        torch.func.grad(lambda t: bases_t_x(bases, t).sum())(x)  # tracked by torch.func.grad
+
+
+def test_every_blocked_path_gives_one_value_close_to_one_bmm(blocks_of_8) -> None:
+    bases, x = operands()
     with torch.no_grad():
         assert _writes_in_place(bases, x)
         in_place = bases_t_x(bases, x)
-    xg = x.clone().requires_grad_()
-    assert not _writes_in_place(bases, xg)
-    recorded = bases_t_x(bases, xg)
     primal, _ = torch.func.jvp(lambda t: bases_t_x(bases, t), (x,), (torch.ones_like(x),))
     batched = torch.func.vmap(bases_t_x)(bases.expand(3, -1, -1, -1), x.expand(3, -1, -1, -1))
     with forward_ad.dual_level():
@@ -59,20 +66,19 @@ def test_every_path_gives_the_one_bmm_value_bit_for_bit(blocks_of_8) -> None:
         with torch.no_grad():
             assert not _writes_in_place(bases, dual)
             dual_value = forward_ad.unpack_dual(bases_t_x(bases, dual)).primal
-    for got in (in_place, recorded.detach(), primal, *batched, dual_value):
+    for got in (primal, *batched, dual_value):
         assert torch.equal(got, in_place)
-    torch.testing.assert_close(in_place, expected, rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(in_place, torch.bmm(bases.mT, x), rtol=1e-14, atol=1e-14)
 
 
-def test_gradients_are_those_of_the_plain_product(blocks_of_8) -> None:
+def test_blocked_derivatives_are_those_of_the_plain_product(blocks_of_8) -> None:
     bases, x = operands(seed=1)
-    bases.requires_grad_()
-    x.requires_grad_()
-    assert torch.autograd.gradcheck(bases_t_x, (bases, x))
-    assert torch.autograd.gradgradcheck(bases_t_x, (bases, x))
     tangent = torch.rand_like(x)
-    _, jvp = torch.func.jvp(lambda t: bases_t_x(bases.detach(), t), (x.detach(),), (tangent,))
-    torch.testing.assert_close(jvp, torch.bmm(bases.detach().mT, tangent), rtol=1e-14, atol=0)
+    _, jvp = torch.func.jvp(lambda t: bases_t_x(bases, t), (x,), (tangent,))
+    torch.testing.assert_close(jvp, torch.bmm(bases.mT, tangent), rtol=1e-14, atol=0)
+    jac = torch.func.jacfwd(lambda t: bases_t_x(bases[:1], t))(x[:1])
+    expected = torch.func.jacfwd(lambda t: torch.bmm(bases[:1].mT, t))(x[:1])
+    torch.testing.assert_close(jac, expected, rtol=1e-14, atol=0)
 
 
 ADJOINTS = {
@@ -84,28 +90,38 @@ ADJOINTS = {
 }
 
 
-def nmf_run(adjoint: ih.plugins.Adjoint) -> tuple[torch.Tensor, torch.Tensor]:
+def nmf_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(2)
-    x = (torch.rand(2, D, N, 1, generator=gen, dtype=DT) + 0.1).requires_grad_()
+    x = torch.rand(2, D, N, 1, generator=gen, dtype=DT) + 0.1
     d0 = torch.rand(2, D, R, generator=gen, dtype=DT)
     weight = torch.randn(x.shape, generator=gen, dtype=DT)
-    layer = ih.make_decomposition("nmf", rank=R, steps=4, adjoint=adjoint)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ih.ConvergenceWarning)
-        y = layer(x, init=d0 / d0.norm(dim=1, keepdim=True))
-        (y * weight).sum().backward()
-    assert x.grad is not None
-    return y.detach(), x.grad
+    return x, d0 / d0.norm(dim=1, keepdim=True), weight
 
 
-def test_nmf_forward_value_is_the_same_under_every_backward_mode_with_blocks(
-    blocks_of_8, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    runs = {name: nmf_run(adjoint) for name, adjoint in ADJOINTS.items()}
-    for name, (value, _) in runs.items():
-        assert torch.equal(value, runs["unroll"][0]), name
-    monkeypatch.setattr(products, "BLOCK_BYTES", 2**40)  # one bmm everywhere
-    for name in ("unroll", "one_step"):
-        value, grad = nmf_run(ADJOINTS[name])
-        torch.testing.assert_close(runs[name][0], value, rtol=1e-13, atol=1e-14)
-        torch.testing.assert_close(runs[name][1], grad, rtol=1e-11, atol=1e-13)
+def test_nmf_training_forward_is_the_same_under_every_backward_mode(blocks_of_8, monkeypatch):
+    monkeypatch.setattr(products, "_writes_in_place", no_blocks)  # X requires grad: no blocks
+    x, d0, weight = nmf_inputs()
+    values = {}
+    for name, adjoint in ADJOINTS.items():
+        layer = ih.make_decomposition("nmf", rank=R, steps=4, adjoint=adjoint)
+        xg = x.clone().requires_grad_()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ih.ConvergenceWarning)
+            y = layer(xg, init=d0)
+            (y * weight).sum().backward()
+        values[name] = y.detach()
+    for name, value in values.items():
+        assert torch.equal(value, values["unroll"]), name
+
+
+def test_nmf_inference_forward_with_blocks_matches_the_single_products(monkeypatch) -> None:
+    x, d0, _ = nmf_inputs()
+    layer = ih.make_decomposition("nmf", rank=R, steps=4).eval()
+    with torch.no_grad():
+        single = layer(x, init=d0)
+        monkeypatch.setattr(products, "BLOCK_BYTES", 8 * D * 8)
+        calls = []
+        monkeypatch.setattr(products, "column_block", lambda t: calls.append(1) or 8)
+        blocked = layer(x, init=d0)
+    assert calls  # the blocked path ran
+    torch.testing.assert_close(blocked, single, rtol=1e-12, atol=1e-13)
