@@ -3,7 +3,8 @@
 ``paper_v3(rows, plan)`` turns the rows of ``docs/results/paper_v3.csv`` (written by
 ``experiments.studies.paper_v3``) into a ``PaperV3``: the setting and the "what differs from the
 paper" table (from the composed job configs), the tuning grid with the selected learning rates,
-the main arms on the test split, the flattening check of the val curves, the verdicts (paired
+the main arms on the test split, the training-length check (``paper_v3_length``) and the val
+curves' tail gains, the verdicts (paired
 95 % t-intervals over replicates, margin ``MARGIN``, Holm over the family), the collapse flags,
 the K axis, the gradient fidelity along training and the measured time. Selection is recomputed
 with the runner's own functions (``experiments.studies.paper_v3_plan``), so the page and the run
@@ -22,6 +23,7 @@ from typing import Any
 
 from experiments.data.digit_canvas import CANVAS
 from experiments.models.backbone import LocalBackbone
+from experiments.reports.paper_v3_length import length_check
 from experiments.reports.render import Table
 from experiments.reports.verdicts import (
     INFERIOR,
@@ -159,6 +161,9 @@ class PaperV3:
     flat: Table
     flat_count: int
     flat_total: int
+    length: Table
+    length_count: int  # arms whose longer runs end within δ of the main runs
+    length_total: int  # arms with at least one (main, longer) pair
     verdicts: tuple[Verdict, ...]
     verdict_table: Table
     collapse: Table
@@ -461,7 +466,9 @@ def paper_v3(
     tuned = settled(rows, tune_jobs(plan, rows))
     main = list(jobs_of_stage(plan, rows, "main")) if tuned else []
     k_jobs = list(jobs_of_stage(plan, rows, "k_axis")) if tuned else []
-    known = [*jobs_of_stage(plan, rows, "pretrain"), *tune_jobs(plan, rows), *main, *k_jobs]
+    longer = list(jobs_of_stage(plan, rows, "length")) if tuned else []
+    known = [*jobs_of_stage(plan, rows, "pretrain"), *tune_jobs(plan, rows), *main, *k_jobs,
+             *longer]  # fmt: skip
     expected = {j.key for j in known}
     ok = sum(_ok(rows.get(k)) for k in expected)
     failed = tuple(sorted(k for k in expected if k in rows and not _ok(rows[k])))
@@ -470,7 +477,8 @@ def paper_v3(
     main_rows, flat_rows, collapse_rows = [], [], []
     val_curves: list[ArmCurve] = []
     jitter: list[float] = []
-    flat_count = flat_total = 0
+    flat_count = flat_total = length_count = length_total = 0
+    length_rows = []
     for context, gradient, inv_t in _main_arms(plan):
         arm = _arm_jobs(main, context, gradient, inv_t)
         test = _values(rows, arm, "test_miou")
@@ -491,6 +499,13 @@ def paper_v3(
             flat_count += check.flat
             flat_total += 1
             flat_rows.append(check.row(label))
+        long_arm = _arm_jobs(longer, context, gradient, inv_t)
+        length = length_check(_by_replicate(rows, arm, "val_miou"),
+                              _by_replicate(rows, long_arm, "val_miou"), MARGIN)  # fmt: skip
+        if length is not None:
+            length_rows.append(length.row(arm_label(context, gradient, inv_t)))
+            length_count += length.converged
+            length_total += 1
 
     verdicts = _verdicts(plan, rows, main)
     verdict_table = Table.of(
@@ -517,7 +532,7 @@ def paper_v3(
           f"{(s['finished'] - s['started']) / 60:.1f}") for i, s in enumerate(mine)],
     )  # fmt: skip
     stage_rows = []
-    for stage in ("pretrain", "tune", "main", "k_axis"):
+    for stage in ("pretrain", "tune", "main", "k_axis", "length"):
         done = [rows[j.key] for j in known if j.stage == stage and _ok(rows.get(j.key))]
         stage_rows.append((stage, len(done), f"{_job_seconds(done) / 60:.1f}"))
     return PaperV3(
@@ -546,6 +561,9 @@ def paper_v3(
         ),
         flat_count=flat_count,
         flat_total=flat_total,
+        length=Table.of(_length_header(plan), length_rows),
+        length_count=length_count,
+        length_total=length_total,
         verdicts=tuple(verdicts),
         verdict_table=verdict_table,
         collapse=Table.of(["arm", "replicates below no context", "replicates"], collapse_rows),
@@ -567,6 +585,13 @@ def paper_v3(
         stale_rows=sum(k not in expected for k in rows),
         plan_job_minutes=_job_seconds([rows[k] for k in expected if k in rows]) / 60,
     )
+
+
+def _length_header(plan: Plan) -> list[str]:
+    longer = plan.length_factor * plan.main_epochs
+    return ["arm", "pairs", f"final val mIoU, {plan.main_epochs} epochs",
+            f"final val mIoU, {longer} epochs", "mean change", "change per replicate",
+            "long enough"]  # fmt: skip
 
 
 def _job_seconds(rows: Sequence[Mapping[str, Any]]) -> float:

@@ -13,6 +13,9 @@ reports it) has four stages, every job a (context, gradient, K, inv_t, lr, repli
 4. ``k_axis``: one-step and BPTT per ham at each K of ``ks`` on the ``k_replicates``, at the
    selected learning rate and the ham's selected inv_t, ``short_epochs`` (K = ``main_k`` on a
    tuning replicate is then the tuning job itself: one job, one row).
+5. ``length``: every main arm again on the ``length_replicates`` at ``length_factor`` times
+   ``main_epochs`` (the same lr; the poly schedule stretched to the longer run): whether the
+   main arms trained long enough (the report compares each pair's final val mIoU).
 
 Selection reads validation mIoU only (``select_lr``, ``select_inv_t``); the jobs of stages 3 and
 4 follow from the tuning rows, so a study resumed from its CSV rebuilds the same jobs. Each
@@ -22,6 +25,7 @@ and pretraining run.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -61,6 +65,8 @@ class Plan:
         inv_ts: VQ / CD's softmax inverse temperatures.
         main_k: K of tuning and of the main arms; ks: the K axis.
         main_epochs, short_epochs: epochs of the main arms and of the tuning grid / K axis.
+        length_replicates, length_factor: the training-length check's replicates and how many
+            times ``main_epochs`` its runs train.
         pretrain_steps, pretrain_images: the backbone's pretraining (``PretrainConf``).
         overrides: extra Hydra overrides of every training job (the tests' tiny sizes).
     """
@@ -76,18 +82,25 @@ class Plan:
     ks: tuple[int, ...] = (1, 3, 6, 12)
     main_epochs: int = 32
     short_epochs: int = 4
+    length_replicates: tuple[int, ...] = (0, 1)
+    length_factor: int = 2
     pretrain_steps: int = 400
     pretrain_images: int = 1024
     data_seed_base: int = 1000
     overrides: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        outside = [r for r in (*self.tune_replicates, *self.k_replicates)
-                   if not 0 <= r < self.replicates]  # fmt: skip
+        chosen = (*self.tune_replicates, *self.k_replicates, *self.length_replicates)
+        outside = [r for r in chosen if not 0 <= r < self.replicates]
         if outside or self.replicates < 1:
             raise ValueError(
-                f"Plan: replicates {outside} outside range({self.replicates}); tune_replicates "
-                "and k_replicates must be replicates of the study"
+                f"Plan: replicates {outside} outside range({self.replicates}); tune_replicates, "
+                "k_replicates and length_replicates must be replicates of the study"
+            )
+        if self.length_factor < 2:
+            raise ValueError(
+                f"Plan: length_factor={self.length_factor} must be >= 2 (the check trains the "
+                "main arms that many times longer)"
             )
         if self.main_k not in self.ks:
             raise ValueError(f"Plan: main_k={self.main_k} must be one of ks={self.ks}")
@@ -294,18 +307,25 @@ def k_axis_jobs(plan: Plan, rows: Rows) -> list[Job]:
     return jobs
 
 
+def length_jobs(plan: Plan, rows: Rows) -> list[Job]:
+    """The main arms on the ``length_replicates`` at ``length_factor * main_epochs``."""
+    epochs = plan.length_factor * plan.main_epochs
+    chosen = [job for job in main_jobs(plan, rows) if job.replicate in plan.length_replicates]
+    return [dataclasses.replace(job, stage="length", epochs=epochs) for job in chosen]
+
+
 def settled(rows: Rows, jobs: Iterable[Job]) -> bool:
     """Whether every job has a row (ok or failed)."""
     return all(job.key in rows for job in jobs)
 
 
 def all_jobs(plan: Plan, rows: Rows) -> list[Job]:
-    """The jobs known from ``rows``: pretraining and tuning always, the main arms and the K
-    axis once every tuning job has a row. A job listed twice (a K-axis job that is a tuning
-    job) appears once, under its first stage."""
+    """The jobs known from ``rows``: pretraining and tuning always, the main arms, the K axis
+    and the length check once every tuning job has a row. A job listed twice (a K-axis job
+    that is a tuning job) appears once, under its first stage."""
     jobs = [*pretrain_jobs(plan), *tune_jobs(plan, rows)]
     if settled(rows, tune_jobs(plan, rows)):
-        jobs += [*main_jobs(plan, rows), *k_axis_jobs(plan, rows)]
+        jobs += [*main_jobs(plan, rows), *k_axis_jobs(plan, rows), *length_jobs(plan, rows)]
     seen: set[str] = set()
     unique = []
     for job in jobs:
@@ -325,4 +345,6 @@ def jobs_of_stage(plan: Plan, rows: Rows, stage: str) -> Sequence[Job]:
         return main_jobs(plan, rows)
     if stage == "k_axis":
         return k_axis_jobs(plan, rows)
-    raise ValueError(f"unknown stage {stage!r}; stages: pretrain, tune, main, k_axis")
+    if stage == "length":
+        return length_jobs(plan, rows)
+    raise ValueError(f"unknown stage {stage!r}; stages: pretrain, tune, main, k_axis, length")

@@ -14,6 +14,7 @@ import pytest
 from scipy import stats
 
 from experiments.reports import study_paper_v3
+from experiments.reports.paper_v3_length import length_check
 from experiments.reports.paper_v3_page import BEGIN, END, write_from_csv
 from experiments.studies import paper_v3
 from experiments.studies.paper_v3_plan import (
@@ -26,6 +27,7 @@ from experiments.studies.paper_v3_plan import (
     arm_lrs,
     edge_selected,
     k_axis_jobs,
+    length_jobs,
     main_jobs,
     pretrain_jobs,
     select_lr,
@@ -63,6 +65,15 @@ def arm_score(job: Job) -> float:
     return 0.7 + 0.02 * job.replicate + ARM_OFFSET[job.gradient] + noise + 0.001 * job.K
 
 
+# the length check's change of final val mIoU per (gradient, replicate): BPTT's longer runs
+# gain 0.02 on replicate 0 and 0.01 on replicate 1 (mean 0.015 >= δ: not long enough)
+LENGTH_DELTA = {BPTT: {0: 0.02, 1: 0.01}}
+
+
+def length_delta(job: Job) -> float:
+    return LENGTH_DELTA.get(job.gradient, {}).get(job.replicate, 0.003 - 0.002 * job.replicate)
+
+
 def synthetic_rows() -> dict[str, dict[str, Any]]:
     rows: dict[str, dict[str, Any]] = {}
     for job in pretrain_jobs(PLAN):
@@ -76,6 +87,9 @@ def synthetic_rows() -> dict[str, dict[str, Any]]:
             fidelity = "32:0.4;64:0.5" if job.gradient in (ONE_STEP, THROUGH_BASES) else ""
             rows[job.key] = _row(job, val_miou=arm_score(job) - 0.01, test_miou=arm_score(job),
                                  val_curve="32:0.5;48:0.695;64:0.7", fidelity=fidelity)  # fmt: skip
+    for job in length_jobs(PLAN, rows):
+        val = arm_score(job) - 0.01 + length_delta(job)
+        rows[job.key] = _row(job, val_miou=val, test_miou=arm_score(job), val_curve="64:0.7")
     return rows
 
 
@@ -195,8 +209,20 @@ def test_report_from_csv_equals_a_recomputation(tmp_path: Path) -> None:
     values = [arm_score(j) for j in main if (j.context, j.gradient, j.inv_t) == ("vq", BPTT, 10.0)]
     assert vq_bptt[1] == "0.1"
     assert vq_bptt[2] == f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}"
-    # the flattening criterion: gain 0.7 - 0.695 = 0.005 < δ over the last 25 % of 64 steps
-    assert re.search(r"(\d+) of \1 main arms are flat", page)
+    # the val curves' tail: gain 0.7 - 0.695 = 0.005 < δ over the last 25 % of 64 steps
+    assert re.search(r"(\d+) of \1 mean curves gained less than δ", page)
+    # the length check: every arm but BPTT's (mean change 0.015) within δ; a row recomputed
+    arms = [r for r in _cells(page, "VQ, BPTT, inv_t 10") if len(r) == 7]
+    (row,) = arms
+    short = [arm_score(j) - 0.01 for j in main if (j.context, j.gradient, j.inv_t, j.replicate)
+             in {("vq", BPTT, 10.0, 0), ("vq", BPTT, 10.0, 1)}]  # fmt: skip
+    long = [value + delta for value, delta in zip(short, (0.02, 0.01), strict=True)]
+    assert row[1:] == ["2", f"{statistics.fmean(short):.3f}", f"{statistics.fmean(long):.3f}",
+                       "+0.015",
+                       "r0: +0.020, r1: +0.010", "no"]  # fmt: skip
+    n_arms = len({(j.context, j.gradient, j.inv_t) for j in main})
+    n_bptt = 1 + 2 + 2  # NMF, VQ and CD at two inv_t each
+    assert f"{n_arms - n_bptt} of {n_arms} main arms have" in " ".join(page.split())
     findings = (docs / "results" / "findings.md").read_text()
     assert BEGIN in findings and "VQ at inv_t 10" in findings
     # regenerating gives the same page
@@ -206,7 +232,8 @@ def test_report_from_csv_equals_a_recomputation(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_tiny_study_runs_end_to_end_and_resumes(tmp_path: Path) -> None:
     plan = Plan(
-        replicates=1, tune_replicates=(0,), k_replicates=(0,), lrs=(0.1,), inv_ts=(10.0,),
+        replicates=1, tune_replicates=(0,), k_replicates=(0,), length_replicates=(0,),
+        lrs=(0.1,), inv_ts=(10.0,),
         ks=(1, 6), main_epochs=2, short_epochs=1, pretrain_steps=2, pretrain_images=8,
         overrides=("data.train_size=4", "data.val_size=2", "data.test_size=2", "batch_size=2"),
     )  # fmt: skip
@@ -240,3 +267,34 @@ def test_flatness_reads_the_mean_curve_and_reports_every_run() -> None:
     # a curve too short to have a value at 75 % of the run gives no check
     assert study_paper_v3.flatness([{"val_curve": encode_curve([(100, 0.5)])}]) is None
     assert study_paper_v3.tail_jitter(run_a) == pytest.approx([0.04])
+
+
+def test_length_check_pairs_replicates_and_uses_the_mean_change() -> None:
+    # replicate 2 has no longer run, replicate 3 no main run: two pairs
+    short = {0: 0.70, 1: 0.80, 2: 0.75}
+    long = {0: 0.72, 1: 0.79, 3: 0.60}
+    check = length_check(short, long, margin=0.01)
+    assert check is not None
+    assert check.pairs == ((0, 0.70, 0.72), (1, 0.80, 0.79))
+    assert check.deltas == pytest.approx((0.02, -0.01))
+    assert check.mean_delta == pytest.approx(0.005) and check.converged
+    assert check.row("arm") == ("arm", "2", "0.750", "0.755", "+0.005", "r0: +0.020, r1: -0.010",
+                                "yes")  # fmt: skip
+    # a mean change of -0.02 (the longer runs end lower) is not within δ either
+    assert not length_check({0: 0.7}, {0: 0.68}, margin=0.01).converged  # type: ignore[union-attr]
+    assert length_check({0: 0.7}, {1: 0.7}, margin=0.01) is None
+
+
+def test_length_jobs_rerun_the_main_arms_longer_on_the_length_replicates() -> None:
+    rows = synthetic_rows()
+    main = main_jobs(PLAN, rows)
+    longer = length_jobs(PLAN, rows)
+    assert {j.replicate for j in longer} == set(PLAN.length_replicates)
+    assert all(j.stage == "length" and j.epochs == 2 * PLAN.main_epochs for j in longer)
+    same = {dataclasses.replace(j, stage="main", epochs=PLAN.main_epochs) for j in longer}
+    assert same == {j for j in main if j.replicate in PLAN.length_replicates}
+    assert {j.key for j in longer} <= {j.key for j in all_jobs(PLAN, rows)}
+    with pytest.raises(ValueError, match="length_replicates"):
+        Plan(replicates=2, length_replicates=(2,))
+    with pytest.raises(ValueError, match="length_factor"):
+        Plan(length_factor=1)
