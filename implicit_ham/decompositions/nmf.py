@@ -34,8 +34,9 @@ class NMF(Decomposition):
     ``((X^T D) * C) / (C D^T D + eps)``. The products are plain ``torch.bmm`` calls on the
     3-D operands (no ``matmul`` reshaping per product), and ``X^T D0``, formed once for
     ``C0 = softmax_r(X^T D0)``, is handed to the first C update (``init_shared``) instead of
-    being recomputed: 14 products of size d x n x r per 6-step forward instead of 15. ``X^T D``
-    is taken in column blocks on the CPU for a wide X (``products.bases_t_x``). The input's
+    being recomputed: 14 products of size d x n x r per 6-step forward instead of 15. In an
+    inference forward (no operand requires grad) on the CPU, ``X^T D`` is taken in column blocks
+    for a wide X (``products.bases_t_x``). The input's
     finiteness and non-negativity are checked in one pass (``check_values``).
     """
 
