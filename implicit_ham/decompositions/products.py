@@ -2,9 +2,9 @@
 
 For a wide X (B, d, n) whose columns do not fit the last-level cache, one ``bmm`` of
 (r, d) x (d, n) streams X once through a kernel blocked for the whole n; taking it in blocks of
-columns of about ``BLOCK_BYTES`` each (``d * block * itemsize``) is 10-15 % faster with MKL on
-one thread at the paper's sizes (d 512, r 64, n 128^2; see ``docs/benchmarks_peers.md``) and
-no faster, nor slower, at n = 64^2.
+columns of about ``BLOCK_BYTES`` each (``d * block * itemsize``) was 12-17 % faster per product
+with MKL on one thread at the paper's sizes (d 512, r 64, n 128^2: 16.0 vs 18.5 ms, interleaved
+medians on a 32 MiB-L3 AMD EPYC) and neither faster nor slower at n = 64^2.
 
 Only a product that autograd cannot record is blocked: neither operand requires grad (an
 inference forward, ``eval`` under ``no_grad``). A training forward (X requires grad) takes one
