@@ -1,5 +1,6 @@
-"""The training-length check of study v3: does training a main arm ``length_factor`` times
-longer change its final val mIoU?
+"""The training-length section of study v3: does training a main arm ``length_factor`` times
+longer change its final val mIoU (``length_check``, the criterion), and how much does its val
+curve still gain within a run (``flatness``, context)?
 
 Under the poly schedule the learning rate anneals over the last part of every run, so a val
 curve still rises at the end of a run even when a longer run ends no higher: the gain over a
@@ -11,9 +12,15 @@ within ``margin`` of its main runs, on average over the length replicates.
 
 from __future__ import annotations
 
+import itertools
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from experiments.studies.paper_v3_table import decode_curve
+
+FLAT_TAIL = 0.25  # the share of training at the end over which a run's tail gain is measured
 
 
 @dataclass(frozen=True)
@@ -54,3 +61,67 @@ def length_check(
     both)."""
     pairs = tuple((r, short[r], long[r]) for r in sorted(short.keys() & long.keys()))
     return LengthCheck(pairs, margin) if pairs else None
+
+
+Curve = tuple[tuple[int, float], ...]  # [(training step, value)]
+
+
+def tail_gain(curve: Sequence[tuple[int, float]]) -> float | None:
+    """Val mIoU gained over the last ``FLAT_TAIL`` of a curve [(step, value)]: the final value
+    minus the last value at or before ``(1 - FLAT_TAIL)`` of the final step (None: too short)."""
+    if len(curve) < 2:
+        return None
+    cut = curve[-1][0] * (1 - FLAT_TAIL)
+    before = [v for s, v in curve if s <= cut]
+    return curve[-1][1] - before[-1] if before else None
+
+
+def tail_jitter(curve: Sequence[tuple[int, float]]) -> list[float]:
+    """The absolute epoch-to-epoch changes of a curve in its last ``FLAT_TAIL``."""
+    cut = curve[-1][0] * (1 - FLAT_TAIL) if curve else 0
+    tail = [v for s, v in curve if s >= cut]
+    return [abs(b - a) for a, b in itertools.pairwise(tail)]
+
+
+def mean_curve(curves: Sequence[Sequence[tuple[int, float]]]) -> list[tuple[int, float]]:
+    """The pointwise mean of an arm's val curves over the steps every curve has."""
+    common = set.intersection(*(set(s for s, _ in c) for c in curves)) if curves else set()
+    values = [dict(c) for c in curves]
+    return [(s, statistics.fmean(v[s] for v in values)) for s in sorted(common)]
+
+
+@dataclass(frozen=True)
+class Flatness:
+    """The flattening check of one arm: its mean val curve over replicates, that curve's gain
+    in the last ``FLAT_TAIL`` of training, each run's own gain and the runs' epoch-to-epoch
+    changes in that tail."""
+
+    curve: Curve
+    mean_gain: float
+    run_gains: tuple[float, ...]
+    jitter: tuple[float, ...]
+
+    margin: float
+
+    @property
+    def flat(self) -> bool:
+        """The arm's mean curve gained less than ``margin`` over the last ``FLAT_TAIL``."""
+        return self.mean_gain < self.margin
+
+    def row(self, label: str) -> tuple[str, ...]:
+        runs = sum(g < self.margin for g in self.run_gains)
+        return (label, f"{self.mean_gain:+.3f}", f"{min(self.run_gains):+.3f}",
+                f"{max(self.run_gains):+.3f}", f"{runs} of {len(self.run_gains)}",
+                "yes" if self.flat else "no")  # fmt: skip
+
+
+def flatness(rows: Sequence[Mapping[str, Any]], margin: float) -> Flatness | None:
+    """The check over an arm's ok rows (None: no row has a curve long enough)."""
+    curves = [c for r in rows if len(c := decode_curve(r.get("val_curve"))) >= 2]
+    gains = [g for c in curves if (g := tail_gain(c)) is not None]
+    mean = tuple(mean_curve(curves))
+    mean_gain = tail_gain(mean)
+    if not gains or mean_gain is None:
+        return None
+    jitter = tuple(d for c in curves for d in tail_jitter(c))
+    return Flatness(mean, mean_gain, tuple(gains), jitter, margin)

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from experiments.reports.paper_v3_length import FLAT_TAIL
 from experiments.reports.render import environment
-from experiments.reports.study_paper_v3 import FLAT_TAIL, PaperV3, paper_v3
+from experiments.reports.study_paper_v3 import PaperV3, paper_v3
 from experiments.studies.paper_v3_plan import ONE_STEP, THROUGH_BASES, Plan
 from experiments.studies.paper_v3_table import read_rows, read_sessions
 

@@ -13,7 +13,6 @@ agree on which job is which. ``templates/study/paper_v3.md.j2`` writes it.
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -23,7 +22,7 @@ from typing import Any
 
 from experiments.data.digit_canvas import CANVAS
 from experiments.models.backbone import LocalBackbone
-from experiments.reports.paper_v3_length import length_check
+from experiments.reports.paper_v3_length import Curve, flatness, length_check
 from experiments.reports.render import Table
 from experiments.reports.verdicts import (
     INFERIOR,
@@ -57,7 +56,6 @@ from experiments.studies.paper_v3_plan import (
 from experiments.studies.paper_v3_table import decode_curve
 
 MARGIN = 0.01  # δ in mIoU: the paper's own gaps are about one point
-FLAT_TAIL = 0.25  # the share of training at the end over which a flat val curve gains < MARGIN
 BACKBONE_STRIDE = 4
 GRADIENT_NAMES = {
     ONE_STEP: "one-step (paper: bases detached)",
@@ -268,33 +266,6 @@ def _edge_arms(plan: Plan, rows: Mapping[str, Mapping[str, Any]]) -> tuple[str, 
     )
 
 
-Curve = tuple[tuple[int, float], ...]  # [(training step, value)]
-
-
-def tail_gain(curve: Sequence[tuple[int, float]]) -> float | None:
-    """Val mIoU gained over the last ``FLAT_TAIL`` of a curve [(step, value)]: the final value
-    minus the last value at or before ``(1 - FLAT_TAIL)`` of the final step (None: too short)."""
-    if len(curve) < 2:
-        return None
-    cut = curve[-1][0] * (1 - FLAT_TAIL)
-    before = [v for s, v in curve if s <= cut]
-    return curve[-1][1] - before[-1] if before else None
-
-
-def tail_jitter(curve: Sequence[tuple[int, float]]) -> list[float]:
-    """The absolute epoch-to-epoch changes of a curve in its last ``FLAT_TAIL``."""
-    cut = curve[-1][0] * (1 - FLAT_TAIL) if curve else 0
-    tail = [v for s, v in curve if s >= cut]
-    return [abs(b - a) for a, b in itertools.pairwise(tail)]
-
-
-def mean_curve(curves: Sequence[Sequence[tuple[int, float]]]) -> list[tuple[int, float]]:
-    """The pointwise mean of an arm's val curves over the steps every curve has."""
-    common = set.intersection(*(set(s for s, _ in c) for c in curves)) if curves else set()
-    values = [dict(c) for c in curves]
-    return [(s, statistics.fmean(v[s] for v in values)) for s in sorted(common)]
-
-
 @dataclass(frozen=True)
 class ArmCurve:
     """A main arm's mean val curve over its replicates [(step, val mIoU)]."""
@@ -304,41 +275,6 @@ class ArmCurve:
     gradient: str
     inv_t: float | None
     curve: Curve
-
-
-@dataclass(frozen=True)
-class Flatness:
-    """The flattening check of one arm: its mean val curve over replicates, that curve's gain
-    in the last ``FLAT_TAIL`` of training, each run's own gain and the runs' epoch-to-epoch
-    changes in that tail."""
-
-    curve: Curve
-    mean_gain: float
-    run_gains: tuple[float, ...]
-    jitter: tuple[float, ...]
-
-    @property
-    def flat(self) -> bool:
-        """The arm's mean curve gained less than ``MARGIN`` over the last ``FLAT_TAIL``."""
-        return self.mean_gain < MARGIN
-
-    def row(self, label: str) -> tuple[str, ...]:
-        runs = sum(g < MARGIN for g in self.run_gains)
-        return (label, _fmt(self.mean_gain, True), _fmt(min(self.run_gains), True),
-                _fmt(max(self.run_gains), True), f"{runs} of {len(self.run_gains)}",
-                "yes" if self.flat else "no")  # fmt: skip
-
-
-def flatness(rows: Sequence[Mapping[str, Any]]) -> Flatness | None:
-    """The check over an arm's ok rows (None: no row has a curve long enough)."""
-    curves = [c for r in rows if len(c := decode_curve(r.get("val_curve"))) >= 2]
-    gains = [g for c in curves if (g := tail_gain(c)) is not None]
-    mean = tuple(mean_curve(curves))
-    mean_gain = tail_gain(mean)
-    if not gains or mean_gain is None:
-        return None
-    jitter = tuple(d for c in curves for d in tail_jitter(c))
-    return Flatness(mean, mean_gain, tuple(gains), jitter)
 
 
 def _verdicts(
@@ -491,7 +427,7 @@ def paper_v3(
         if context != "none":
             collapse_rows.append((arm_label(context, gradient, inv_t), len(collapsed), len(scores)))
         arm_rows = [rows[j.key] for j in arm if _ok(rows.get(j.key))]
-        check = flatness(arm_rows)
+        check = flatness(arm_rows, MARGIN)
         if check is not None:
             jitter += check.jitter
             label = arm_label(context, gradient, inv_t)

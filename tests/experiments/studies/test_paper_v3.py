@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 from scipy import stats
 
-from experiments.reports import study_paper_v3
-from experiments.reports.paper_v3_length import length_check
+from experiments.reports.paper_v3_length import flatness, length_check, tail_jitter
 from experiments.reports.paper_v3_page import BEGIN, END, write_from_csv
 from experiments.studies import paper_v3
 from experiments.studies.paper_v3_plan import (
@@ -254,7 +253,7 @@ def test_flatness_reads_the_mean_curve_and_reports_every_run() -> None:
     run_a = [(25, 0.40), (50, 0.60), (75, 0.70), (100, 0.74)]
     run_b = [(25, 0.50), (50, 0.62), (75, 0.72), (100, 0.71)]
     rows = [{"val_curve": encode_curve(c)} for c in (run_a, run_b)]
-    check = study_paper_v3.flatness(rows)
+    check = flatness(rows, 0.01)
     assert check is not None
     assert check.run_gains == pytest.approx((0.04, -0.01))
     assert check.mean_gain == pytest.approx(0.015)
@@ -262,11 +261,11 @@ def test_flatness_reads_the_mean_curve_and_reports_every_run() -> None:
     assert [v for _, v in check.curve] == pytest.approx([0.45, 0.61, 0.71, 0.725])
     assert sorted(check.jitter) == pytest.approx([0.01, 0.04])  # each run's step 75 -> 100
     assert not check.flat
-    flat = study_paper_v3.flatness([{"val_curve": encode_curve([(50, 0.5), (100, 0.505)])}])
+    flat = flatness([{"val_curve": encode_curve([(50, 0.5), (100, 0.505)])}], 0.01)
     assert flat is not None and flat.flat and flat.row("arm")[4] == "1 of 1"
     # a curve too short to have a value at 75 % of the run gives no check
-    assert study_paper_v3.flatness([{"val_curve": encode_curve([(100, 0.5)])}]) is None
-    assert study_paper_v3.tail_jitter(run_a) == pytest.approx([0.04])
+    assert flatness([{"val_curve": encode_curve([(100, 0.5)])}], 0.01) is None
+    assert tail_jitter(run_a) == pytest.approx([0.04])
 
 
 def test_length_check_pairs_replicates_and_uses_the_mean_change() -> None:

@@ -71,6 +71,20 @@ def test_every_blocked_path_gives_one_value_close_to_one_bmm(blocks_of_8) -> Non
     torch.testing.assert_close(in_place, torch.bmm(bases.mT, x), rtol=1e-14, atol=1e-14)
 
 
+def test_float32_blocks_of_a_wide_x_match_one_bmm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the default dtype and a batch of 4: 2048 columns of d = 64 in blocks of 256 (the
+    product's shape class at the paper's sizes, scaled down), against float64 and one bmm."""
+    monkeypatch.setattr(products, "BLOCK_BYTES", 256 * 64 * 4)
+    gen = torch.Generator().manual_seed(3)
+    bases, x = torch.rand(4, 64, 16, generator=gen), torch.rand(4, 64, 2048, generator=gen)
+    assert column_block(x) == 256
+    with torch.no_grad():
+        blocked = bases_t_x(bases, x)
+    exact = torch.bmm(bases.double().mT, x.double())
+    torch.testing.assert_close(blocked.double(), exact, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(blocked, torch.bmm(bases.mT, x), rtol=1e-6, atol=1e-6)
+
+
 def test_blocked_derivatives_are_those_of_the_plain_product(blocks_of_8) -> None:
     bases, x = operands(seed=1)
     tangent = torch.rand_like(x)
