@@ -188,12 +188,12 @@ class _LBFGSMemory(DirectionRule):
             self.gamma = 1.0 / torch.linalg.vector_norm(grad, dim=1, keepdim=True).clamp_min(tiny)
         q, alphas = grad, []
         for _, y, rho_s, _ in reversed(self.pairs):
-            alpha = (rho_s * q).sum(1, keepdim=True)
+            alpha = torch.linalg.vecdot(rho_s, q).unsqueeze(1)
             q = torch.addcmul(q, alpha, y, value=-1.0)
             alphas.append(alpha)
         q = q * self.gamma
         for (s, _, _, rho_y), alpha in zip(self.pairs, reversed(alphas), strict=True):
-            q = torch.addcmul(q, alpha - (rho_y * q).sum(1, keepdim=True), s)
+            q = torch.addcmul(q, alpha.sub_(torch.linalg.vecdot(rho_y, q).unsqueeze(1)), s)
         return q.neg_()
 
     def descend(
