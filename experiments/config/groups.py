@@ -106,6 +106,13 @@ class ModelConf:
     an ``experiments.pretrain`` artefact loaded into the backbone; ``freeze_backbone``: its
     parameters get no gradient and its BatchNorm statistics stay fixed; ``backbone_lr_scale``:
     the backbone's learning rate is the optimiser's times this factor (fine-tuning).
+
+    ``channels_last``: the network's 4-D weights and activations in the channels-last memory
+    format (``torch.channels_last``), which the CPU convolutions run about 1.3-1.5x faster in
+    (measured: ``experiments/engine/build.py``); the context module gets its input in that
+    format and answers in it (``implicit_ham`` keeps a channels-last input's format). The values
+    equal the default format's up to float rounding, not bitwise; None (the default) is off, so
+    earlier configs compare equal on resume.
     """
 
     width: int = 32
@@ -116,6 +123,7 @@ class ModelConf:
     pretrained: str | None = None
     freeze_backbone: bool | None = None
     backbone_lr_scale: float | None = None
+    channels_last: bool | None = None
 
 
 @dataclass

@@ -86,7 +86,17 @@ def context_channels(task: TaskInfo, model: ModelConf) -> int:
 
 def build_model(task: TaskInfo, context: nn.Module, model: ModelConf) -> nn.Module:
     """A segmenter (``model.arch``) or a classifier (by ``task.kind``) around ``context``,
-    which must take ``context_channels(task, model)`` channels."""
+    which must take ``context_channels(task, model)`` channels; in the channels-last memory
+    format when ``model.channels_last`` (one thread, the paper_v3 segmenter's training step at
+    batch 16, 64x64: 30 vs 44 ms with the identity as context)."""
+    network = _network(task, context, model)
+    if model.channels_last:
+        # Module.to takes memory_format at run time; its type stubs do not list it
+        network = network.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    return network
+
+
+def _network(task: TaskInfo, context: nn.Module, model: ModelConf) -> nn.Module:
     check_choice("model", "arch", model.arch, SEGMENTER_ARCHS)
     if task.kind != "segmentation":
         return ContextClassifier(task.in_channels, task.num_classes, context, width=model.width)
