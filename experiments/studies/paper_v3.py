@@ -262,6 +262,8 @@ def run_study(plan: Plan, out_dir: Path, csv_path: Path, workers: int = 2) -> di
             todo = [j for j in pending_jobs(plan, rows, out_dir)
                     if j.key not in settled and j.key not in in_flight]  # fmt: skip
             ready = [j for j in todo if _ready(j, out_dir, settled_pretrain)]
+            # pretraining first, then the longest jobs: no long job is left alone at the end
+            ready.sort(key=lambda j: (j.stage != "pretrain", -j.epochs))
             if not ready and not running:
                 break
             if pool is None:

@@ -36,7 +36,7 @@ from experiments.studies.paper_v3_table import append_session, encode_curve, rea
 
 PLAN = Plan(
     replicates=3, tune_replicates=(0, 1), k_replicates=(0, 1), lrs=(0.05, 0.1),
-    inv_ts=(1.0, 10.0), ks=(1, 6), main_epochs=2, short_epochs=1,
+    inv_ts=(1.0, 10.0), ks=(1, 6), main_epochs=2, short_epochs=1, length_replicates=(0, 1),
 )  # fmt: skip
 ARM_OFFSET = {ONE_STEP: -0.004, THROUGH_BASES: 0.002, BPTT: 0.0, "-": -0.2}
 REP_NOISE = {0: 0.003, 1: -0.002, 2: 0.001}
