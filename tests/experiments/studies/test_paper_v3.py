@@ -149,6 +149,31 @@ def test_resume_skips_ok_rows_and_rebuilds_only_the_needed_backbone(
     assert read_rows(csv)[failed.key]["status"] == "ok"
 
 
+def test_a_study_from_scratch_runs_pretraining_first_then_the_longest_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Job order of a run from an empty CSV (one worker): every pretraining, the tuning grid,
+    then, once tuning has settled, the length check (2 x main epochs), the main arms, the K
+    axis (short epochs): the longest jobs first, so none is left running alone at the end."""
+    rows = synthetic_rows()
+    order: list[Job] = []
+
+    def fake_run_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
+        order.append(job)
+        return {**rows[job.key], "status": "ok"}
+
+    monkeypatch.setattr(paper_v3, "run_job", fake_run_job)
+    counts = paper_v3.run_study(PLAN, tmp_path / "out", tmp_path / "v3.csv", workers=1)
+    assert counts["ran"] == len(rows) == len(order)
+    stages = [job.stage for job in order]
+    first_tune, last_tune = stages.index("tune"), len(stages) - stages[::-1].index("tune") - 1
+    assert set(stages[:first_tune]) == {"pretrain"} and len(stages[:first_tune]) == PLAN.replicates
+    assert set(stages[first_tune : last_tune + 1]) == {"tune"}
+    after = [job.epochs for job in order[last_tune + 1 :]]
+    assert after == sorted(after, reverse=True)
+    assert after[0] == PLAN.length_factor * PLAN.main_epochs and after[-1] == PLAN.short_epochs
+
+
 def _cells(page: str, first: str) -> list[list[str]]:
     return [
         [c.strip() for c in line.strip("|").split("|")]
