@@ -197,6 +197,17 @@ def test_report_from_csv_equals_a_recomputation(tmp_path: Path) -> None:
     assert "kept above" in page and "kept below" in page and "\nold\n" not in page
     assert "Measured wall time of the runner: 30.0 min" in page
     assert "| 1 | – | " + str(len(rows)) + " | 2 | 30.0 |" in page  # the invocation's row
+    # one invocation ran every job: the page states it as the measured run from scratch ...
+    scratch = "part of `make study` took 30.0 min on 2 cores, against a budget of 150 min"
+    assert scratch in page
+    # ... which a CSV written by two invocations is not
+    two = tmp_path / "two" / "v3.csv"
+    write_rows(two, rows)
+    for started in (0.0, 2000.0):
+        append_session(two, {"started": started, "finished": started + 60, "workers": 2,
+                             "jobs_run": len(rows), "plan": PLAN.digest()})  # fmt: skip
+    (tmp_path / "two" / "docs").mkdir()
+    assert scratch not in write_from_csv(two, tmp_path / "two" / "docs", plan=PLAN).read_text()
     # the plan's job time per stage: every synthetic row took 10 s
     n_main = len(main_jobs(PLAN, rows))
     assert f"| main | {n_main} | {n_main * 10 / 60:.1f} |" in page
