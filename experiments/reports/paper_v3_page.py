@@ -11,6 +11,7 @@ they are; a file without the block gets it appended (created when absent).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -120,11 +121,22 @@ def marked(content: str) -> str:
     return f"{BEGIN}\n{content.strip()}\n{END}"
 
 
+@dataclass(frozen=True)
+class V3Blocks:
+    """What the study report takes from the CSV: the page's block and findings.md's block
+    (each between the markers), and the wall minutes of a run from scratch when one
+    invocation wrote the whole CSV (``PaperV3.from_scratch_minutes``)."""
+
+    page: str
+    findings: str
+    from_scratch_minutes: float | None
+
+
 def blocks(
     csv: str | Path, out_dir: str | Path, figures: str = "results", plan: Plan | None = None
-) -> tuple[str, str]:
-    """(the page's block, findings.md's block), each between the markers, from ``csv``; draws
-    the fidelity figure into ``out_dir/<figures>``."""
+) -> V3Blocks:
+    """The blocks of ``csv``; draws the fidelity and val-curve figures into
+    ``out_dir/<figures>``."""
     doc = build(csv, plan)
     links: dict[str, str | None] = {}
     plots = (("fidelity", FIGURE, plot_fidelity), ("val", VAL_FIGURE, plot_val_curves))
@@ -133,7 +145,8 @@ def blocks(
         links[key] = None if drawn is None else f"{figures}/{name}"
     section = render_section(doc, links)
     closing = render_closing(doc)
-    return marked(section + "\n### Closing note (paper regime)\n\n" + closing), marked(closing)
+    page = marked(section + "\n### Closing note (paper regime)\n\n" + closing)
+    return V3Blocks(page, marked(closing), doc.from_scratch_minutes)
 
 
 def write_from_csv(
@@ -142,8 +155,8 @@ def write_from_csv(
     """Regenerate the study v3 block of ``out_dir/results.md`` and of
     ``out_dir/<figures>/findings.md`` from ``csv``; returns the page's path."""
     out_dir = Path(out_dir)
-    page_block, findings_block = blocks(csv, out_dir, figures, plan)
+    v3 = blocks(csv, out_dir, figures, plan)
     page = out_dir / "results.md"
-    splice(page, page_block)
-    splice(out_dir / figures / "findings.md", findings_block)
+    splice(page, v3.page)
+    splice(out_dir / figures / "findings.md", v3.findings)
     return page

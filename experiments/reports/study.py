@@ -12,12 +12,13 @@ beside the figures: the summary, the closing note and the study v3 verdicts, whi
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.reports.paper_v3_page import blocks
+from experiments.reports.paper_v3_page import V3Blocks, blocks
 from experiments.reports.render import render
 from experiments.reports.study_baselines import Baselines, baselines
 from experiments.reports.study_convergence import Convergence, convergence
@@ -34,6 +35,7 @@ from experiments.reports.study_data import (
     train_steps,
 )
 from experiments.reports.study_gradients import Gradients, gradients
+from experiments.reports.study_paper_v3 import BUDGET_MIN
 from experiments.reports.study_ridge import Ridge, ridge
 from experiments.reports.study_stress import StressTest, stress_test
 from experiments.reports.sweep import sweep_span_s
@@ -75,7 +77,8 @@ class SweepTime:
 class Scale:
     """The scale-and-compute section: settings, per-sweep times, the no-training studies'
     count and minutes, the total, the last ``make study`` invocation's minutes (None without
-    both stamps) and the missing parts."""
+    both stamps), the missing parts, and the paper-regime runner's minutes from scratch (None
+    unless one invocation wrote its whole CSV) with the budget of the whole ``make study``."""
 
     paper_task: str
     stress: StressSetup | None
@@ -85,6 +88,8 @@ class Scale:
     total_minutes: float
     invocation_minutes: float | None
     missing: tuple[str, ...]
+    paper_v3_minutes: float | None = None
+    budget_minutes: int = BUDGET_MIN
 
 
 @dataclass(frozen=True)
@@ -127,7 +132,7 @@ def write_study_report(
 
 
 def study_document(
-    runs: StudyRuns, figures: Figures, commands: str, paper_v3: tuple[str, str]
+    runs: StudyRuns, figures: Figures, commands: str, paper_v3: V3Blocks
 ) -> StudyDocument:
     """Compute every section of the document (writing the figures into ``figures``);
     ``paper_v3``: the study v3 blocks of the page and of findings.md (``paper_v3_page.blocks``)."""
@@ -135,9 +140,9 @@ def study_document(
         root=runs.root,
         date=datetime.date.today().isoformat(),
         commands=commands.strip(),
-        scale=scale(runs),
-        paper_v3=paper_v3[0],
-        paper_v3_findings=paper_v3[1],
+        scale=dataclasses.replace(scale(runs), paper_v3_minutes=paper_v3.from_scratch_minutes),
+        paper_v3=paper_v3.page,
+        paper_v3_findings=paper_v3.findings,
         stress=stress_test(runs, figures),
         gradients=gradients(runs, figures),
         baselines=baselines(runs),

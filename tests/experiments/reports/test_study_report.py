@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.reports.paper_v3_page import BEGIN, END
+import experiments.reports.study as study_report
+from experiments.reports.paper_v3_page import BEGIN, END, V3Blocks
 from experiments.reports.study import write_study_report
 from experiments.reports.sweep import find_job
 
@@ -93,6 +94,23 @@ def test_verdict_follows_the_numbers(study: Path, tmp_path: Path) -> None:
     diff = statistics.fmean(MIOU[("nmf", "one_step")]) - statistics.fmean(MIOU[("nmf", "unroll")])
     assert f"| nmf | 78.3 vs 77.4 | {_cell(MIOU[('nmf', 'one_step')])} | " in text
     assert f"{diff:+.3f} |" in text
+
+
+@pytest.mark.parametrize(("v3_minutes", "met"), [(30.0, "(met)"), (151.0, "(**not met**)")])
+def test_whole_study_time_adds_the_paper_regime_run_from_scratch(
+    study: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, v3_minutes: float, met: str
+) -> None:
+    """With a CSV written from scratch by one invocation, the scale section states the whole
+    ``make study``: the legend_seg total plus that run, against the 150-minute budget."""
+    block = V3Blocks(f"{BEGIN}\nv3\n{END}", f"{BEGIN}\nv3\n{END}", v3_minutes)
+    monkeypatch.setattr(study_report, "blocks", lambda *_, **__: block)
+    text = write_study_report(study, tmp_path / "docs", "").read_text()
+    legend = float(text.split("**Total: ")[1].split(" min")[0])
+    line = text.split("- **Whole `make study` from scratch: ")[1].split("\n")[0]
+    assert line.startswith(f"{legend + v3_minutes:.1f} min** = {legend:.1f} (the total above) + ")
+    assert line.endswith(f"against a budget of 150 min {met}.")
+    monkeypatch.setattr(study_report, "blocks", lambda *_, **__: V3Blocks("", "", None))
+    assert "Whole `make study`" not in write_study_report(study, tmp_path / "d2", "").read_text()
 
 
 def test_missing_parts_are_named(study: Path, tmp_path: Path) -> None:
