@@ -109,8 +109,8 @@ class ModelConf:
 
     ``channels_last``: the network's 4-D weights and activations in the channels-last memory
     format (``torch.channels_last``), which the CPU convolutions run faster in (the paper_v3
-    segmenter's training step: 1.46x with the identity as context; whole jobs 1.07-1.27x, the
-    ham's share unchanged; numbers in ``docs/experiments.md``); the context module gets its
+    segmenter's training step: 1.46x with the identity as context; whole 4-epoch jobs of the
+    paper preset 1.07-1.27x, the ham's share unchanged); the context module gets its
     input in that format and answers in it (``implicit_ham`` keeps a channels-last input's
     format). The values
     equal the default format's up to float rounding, not bitwise; None (the default) is off, so
