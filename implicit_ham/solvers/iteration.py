@@ -89,7 +89,8 @@ class FixedPointIteration(FixedPointSolver):
         self, f: StepFn, z0: State, spec: StateSpec, grad_steps: int = 0
     ) -> tuple[State, SolverStats]:
         step = damped(f, self.damping)
-        grad_steps = min(grad_steps, self.max_steps) if _records_gradient() else 0
+        recording = _records_gradient()
+        grad_steps = min(grad_steps, self.max_steps) if recording else 0
         rec = TraceRecorder(self.name, scale=self.damping)
         if self.tol is not None and under_vmap():
             raise NotImplementedError(
@@ -98,7 +99,7 @@ class FixedPointIteration(FixedPointSolver):
                 "number of steps) inside vmap."
             )
         if self.tol is None and not self.trace:
-            return self._untraced(step, z0, spec, grad_steps, rec)
+            return self._untraced(step, z0, spec, grad_steps, rec, recording)
         stops: _Stops | None = None
         if self.tol is None:
             z = self._fixed_budget(step, z0, grad_steps, rec)
@@ -116,9 +117,17 @@ class FixedPointIteration(FixedPointSolver):
         return z, stats
 
     def _untraced(
-        self, step: StepFn, z0: State, spec: StateSpec, grad_steps: int, rec: TraceRecorder
+        self,
+        step: StepFn,
+        z0: State,
+        spec: StateSpec,
+        grad_steps: int,
+        rec: TraceRecorder,
+        recording: bool,
     ) -> tuple[State, SolverStats]:
-        """K steps without a per-step trace: the last step's residual, one finiteness sync."""
+        """K steps without a per-step trace: the last step's residual, one finiteness sync.
+        ``recording``: ``_records_gradient()`` as ``solve`` read it (without it no step can
+        carry a graph or a tangent, so the state needs no detaching)."""
         # ``prev = z`` before each step (not ``prev, z = z, step(z)``): the iterate two steps
         # back is released before the step allocates the next one (two states alive, not three)
         prev = z = z0
@@ -127,7 +136,7 @@ class FixedPointIteration(FixedPointSolver):
                 for _ in range(self.max_steps - grad_steps):
                     prev = z
                     z = step(z)
-            if grad_steps or _forward_mode():
+            if recording:
                 z = detached(z)  # no_grad does not stop forward-mode tangents (jvp, jacfwd)
         for _ in range(grad_steps):
             prev = z
@@ -321,8 +330,3 @@ def _bounds(values: Tensor) -> tuple[float, float]:
         return bounds.min.item(), bounds.max.item()
     low, high = torch.stack((bounds.min, bounds.max)).tolist()
     return low, high
-
-
-def _forward_mode() -> bool:
-    """Whether tangents can ride on the states: forward-mode AD or a torch.func transform."""
-    return forward_ad._current_level >= 0 or bool(active_transforms())
