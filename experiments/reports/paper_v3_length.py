@@ -1,6 +1,7 @@
 """The training-length section of study v3: does training a main arm ``length_factor`` times
-longer change its final val mIoU (``length_check``, the criterion), and how much does its val
-curve still gain within a run (``flatness``, context)?
+longer change its final val mIoU (``length_check``, the criterion), does it move a verdict's
+comparison across ``±δ`` (``comparison_at_length``), and how much does its val curve still gain
+within a run (``flatness``, context)?
 
 Under the poly schedule the learning rate anneals over the last part of every run, so a val
 curve still rises at the end of a run even when a longer run ends no higher: the gain over a
@@ -125,3 +126,55 @@ def flatness(rows: Sequence[Mapping[str, Any]], margin: float) -> Flatness | Non
         return None
     jitter = tuple(d for c in curves for d in tail_jitter(c))
     return Flatness(mean, mean_gain, tuple(gains), jitter, margin)
+
+
+def side(difference: float, margin: float) -> str:
+    """Where a difference lies against ``±margin``: "worse" (below ``-margin``), "better"
+    (above ``margin``) or "within δ"."""
+    if difference < -margin:
+        return "worse"
+    return "better" if difference > margin else "within δ"
+
+
+@dataclass(frozen=True)
+class ComparisonAtLength:
+    """One verdict's comparison (arm − BPTT, test mIoU, paired by replicate) on the length
+    replicates, after the main training and after the longer one: does longer training move
+    it to the other side of ``±margin``? Descriptive (the length replicates only), not a
+    verdict."""
+
+    pairs: tuple[tuple[int, float, float], ...]  # (replicate, difference main, longer)
+    margin: float
+
+    @property
+    def main(self) -> float:
+        return statistics.fmean(d for _, d, _ in self.pairs)
+
+    @property
+    def longer(self) -> float:
+        return statistics.fmean(d for _, _, d in self.pairs)
+
+    @property
+    def same_side(self) -> bool:
+        return side(self.main, self.margin) == side(self.longer, self.margin)
+
+    def row(self, *labels: str) -> tuple[str, ...]:
+        """(labels..., pairs, mean difference and its side at each length, same side)."""
+        return (*labels, str(len(self.pairs)), f"{self.main:+.3f} ({side(self.main, self.margin)})",
+                f"{self.longer:+.3f} ({side(self.longer, self.margin)})",
+                "yes" if self.same_side else "no")  # fmt: skip
+
+
+def comparison_at_length(
+    arm: Mapping[int, float],
+    reference: Mapping[int, float],
+    arm_longer: Mapping[int, float],
+    reference_longer: Mapping[int, float],
+    margin: float,
+) -> ComparisonAtLength | None:
+    """The comparison from the four arms' scores per replicate (main and longer runs of the
+    arm and of its reference); None when no replicate has all four."""
+    both = arm.keys() & reference.keys() & arm_longer.keys() & reference_longer.keys()
+    pairs = tuple((r, arm[r] - reference[r], arm_longer[r] - reference_longer[r])
+                  for r in sorted(both))  # fmt: skip
+    return ComparisonAtLength(pairs, margin) if pairs else None

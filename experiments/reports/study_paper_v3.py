@@ -22,7 +22,13 @@ from typing import Any
 
 from experiments.data.digit_canvas import CANVAS
 from experiments.models.backbone import LocalBackbone
-from experiments.reports.paper_v3_length import Curve, flatness, length_check
+from experiments.reports.paper_v3_length import (
+    ComparisonAtLength,
+    Curve,
+    comparison_at_length,
+    flatness,
+    length_check,
+)
 from experiments.reports.render import Table
 from experiments.reports.verdicts import (
     INFERIOR,
@@ -163,6 +169,9 @@ class PaperV3:
     length: Table
     length_count: int  # arms whose longer runs end within δ of the main runs
     length_total: int  # arms with at least one (main, longer) pair
+    length_verdicts: Table  # each verdict's comparison after the main and the longer training
+    length_same: int  # comparisons on the same side of ±δ at both lengths
+    length_compared: int  # comparisons with at least one replicate at both lengths
     verdicts: tuple[Verdict, ...]
     verdict_table: Table
     collapse: Table
@@ -447,6 +456,7 @@ def paper_v3(
             length_total += 1
 
     verdicts = _verdicts(plan, rows, main)
+    length_verdicts = _verdicts_at_length(rows, main, longer, verdicts)
     verdict_table = Table.of(
         ["ham", "inv_t", "arm − BPTT", "test mIoU difference [95 % CI]", "verdict", "p", "Holm p",
          "after Holm"],
@@ -503,6 +513,20 @@ def paper_v3(
         length=Table.of(_length_header(plan), length_rows),
         length_count=length_count,
         length_total=length_total,
+        length_verdicts=Table.of(
+            [
+                "ham",
+                "inv_t",
+                "arm − BPTT",
+                "replicates",
+                f"test mIoU difference, {plan.main_epochs} epochs",
+                f"test mIoU difference, {plan.length_factor * plan.main_epochs} epochs",
+                "same side of ±δ",
+            ],
+            [c.row(*labels) for labels, c in length_verdicts],
+        ),
+        length_same=sum(c.same_side for _, c in length_verdicts),
+        length_compared=len(length_verdicts),
         verdicts=tuple(verdicts),
         verdict_table=verdict_table,
         collapse=Table.of(["arm", "replicates below no context", "replicates"], collapse_rows),
@@ -526,6 +550,27 @@ def paper_v3(
         from_scratch_minutes=_from_scratch(mine, len(expected), ok),
         budget_minutes=BUDGET_MIN,
     )
+
+
+def _verdicts_at_length(
+    rows: Mapping[str, Mapping[str, Any]],
+    main: Sequence[Job],
+    longer: Sequence[Job],
+    verdicts: Sequence[Verdict],
+) -> list[tuple[tuple[str, str, str], ComparisonAtLength]]:
+    """Each verdict's comparison (arm − BPTT, test mIoU) on the replicates that also ran
+    longer, after the main and after the longer training, with its row labels."""
+    out = []
+    for v in verdicts:
+        arm, reference, arm_longer, reference_longer = (
+            _by_replicate(rows, _arm_jobs(jobs, v.ham, gradient, v.inv_t))
+            for jobs in (main, longer)
+            for gradient in (v.arm, BPTT)
+        )
+        check = comparison_at_length(arm, reference, arm_longer, reference_longer, MARGIN)
+        if check is not None:
+            out.append(((v.ham.upper(), name_inv_t(v.inv_t), GRADIENT_NAMES[v.arm]), check))
+    return out
 
 
 def _from_scratch(sessions: Sequence[Mapping[str, Any]], expected: int, ok: int) -> float | None:

@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 from scipy import stats
 
-from experiments.reports.paper_v3_length import flatness, length_check, tail_jitter
+from experiments.reports.paper_v3_length import (
+    comparison_at_length,
+    flatness,
+    length_check,
+    side,
+    tail_jitter,
+)
 from experiments.reports.paper_v3_page import BEGIN, END, write_from_csv
 from experiments.studies import paper_v3
 from experiments.studies.paper_v3_plan import (
@@ -88,7 +94,8 @@ def synthetic_rows() -> dict[str, dict[str, Any]]:
                                  val_curve="32:0.5;48:0.695;64:0.7", fidelity=fidelity)  # fmt: skip
     for job in length_jobs(PLAN, rows):
         val = arm_score(job) - 0.01 + length_delta(job)
-        rows[job.key] = _row(job, val_miou=val, test_miou=arm_score(job), val_curve="64:0.7")
+        test = arm_score(job) + length_delta(job)
+        rows[job.key] = _row(job, val_miou=val, test_miou=test, val_curve="64:0.7")
     return rows
 
 
@@ -255,6 +262,27 @@ def test_report_from_csv_equals_a_recomputation(tmp_path: Path) -> None:
     assert row[1:] == ["2", f"{statistics.fmean(short):.3f}", f"{statistics.fmean(long):.3f}",
                        "+0.015",
                        "r0: +0.020, r1: +0.010", "no"]  # fmt: skip
+    # each verdict's comparison at both lengths, recomputed from the synthetic scores: the
+    # paper's one-step of VQ at inv_t 10 is within δ of BPTT after the main training and worse
+    # after the longer one (BPTT's longer runs gain more)
+    longer = length_jobs(PLAN, rows)
+
+    def mean_difference(jobs: list[Job], extra: bool) -> float:
+        def at(g: str, r: int) -> float:
+            (job,) = [j for j in jobs if (j.context, j.gradient, j.inv_t, j.replicate)
+                      == ("vq", g, 10.0, r)]  # fmt: skip
+            return arm_score(job) + (length_delta(job) if extra else 0.0)
+
+        return statistics.fmean(at(ONE_STEP, r) - at(BPTT, r) for r in PLAN.length_replicates)
+
+    short_d, long_d = mean_difference(main, False), mean_difference(longer, True)
+    assert side(short_d, 0.01) == "within δ" and side(long_d, 0.01) == "worse"
+    (compared,) = [r for r in _cells(page, "VQ") if len(r) == 7 and r[1] == "10"
+                   and r[2].startswith("one-step (paper")]  # fmt: skip
+    assert compared[3:] == ["2", f"{short_d:+.3f} (within δ)", f"{long_d:+.3f} (worse)", "no"]
+    # every synthetic one-step arm loses 0.017 (paper) / 0.013 (through the bases) against
+    # BPTT in the longer runs: no comparison keeps its side
+    assert "0 of 10 comparisons stay on the same side" in " ".join(page.split())
     n_arms = len({(j.context, j.gradient, j.inv_t) for j in main})
     n_bptt = 1 + 2 + 2  # NMF, VQ and CD at two inv_t each
     assert f"{n_arms - n_bptt} of {n_arms} main arms have" in " ".join(page.split())
@@ -318,6 +346,19 @@ def test_length_check_pairs_replicates_and_uses_the_mean_change() -> None:
     # a mean change of -0.02 (the longer runs end lower) is not within δ either
     assert not length_check({0: 0.7}, {0: 0.68}, margin=0.01).converged  # type: ignore[union-attr]
     assert length_check({0: 0.7}, {1: 0.7}, margin=0.01) is None
+
+
+def test_a_comparison_at_length_pairs_replicates_with_all_four_scores() -> None:
+    # replicate 1 lacks the reference's longer run: one pair
+    check = comparison_at_length({0: 0.70, 1: 0.72}, {0: 0.705, 1: 0.70}, {0: 0.70, 1: 0.73},
+                                 {0: 0.73}, margin=0.01)  # fmt: skip
+    assert check is not None and [r for r, _, _ in check.pairs] == [0]
+    assert (check.main, check.longer) == pytest.approx((-0.005, -0.03))
+    assert check.row("NMF") == ("NMF", "1", "-0.005 (within δ)", "-0.030 (worse)", "no")
+    assert not check.same_side
+    assert [side(d, 0.01) for d in (-0.02, -0.01, 0.0, 0.01, 0.02)] == [
+        "worse", "within δ", "within δ", "within δ", "better"]  # fmt: skip
+    assert comparison_at_length({0: 0.7}, {0: 0.7}, {1: 0.7}, {1: 0.7}, margin=0.01) is None
 
 
 def test_length_jobs_rerun_the_main_arms_longer_on_the_length_replicates() -> None:
