@@ -31,6 +31,7 @@ from implicit_ham.adjoints.per_sample import PerSampleCG
 from implicit_ham.linalg.krylov import CG
 from implicit_ham.problems.fixed_point import Solution
 from implicit_ham.problems.pytree_state import Tree, TreeState
+from implicit_ham.solvers.coupling import check_independent_loss
 from implicit_ham.solvers.least_squares import GaussNewton
 from implicit_ham.solvers.minimizers import (
     MINIMIZERS,
@@ -70,8 +71,10 @@ def minimize(
             fully independent searches); ``GradientDescent`` stops each sample once its
             gradient is within tol (frozen afterwards; it does so for True too); the default
             backward solves each sample's Hessian block (``PerSampleCG``). The loss must not
-            couple the samples then (their gradients would mix); True: the whole state is one
-            problem (one search, CG on the whole Hessian).
+            couple the samples then (their gradients would mix): a probe of the Hessian at z0
+            raises ValueError when sample 0 and the others are coupled (e.g. a single (n,)
+            vector passed without its batch dimension; ``solvers.coupling``); True: the whole
+            state is one problem (one search, CG on the whole Hessian).
         solver: a ``Minimizer`` or a name from ``MINIMIZERS``; default ``LBFGS()``
             (``GradientDescent()`` under a constraint).
         adjoint: default ``Implicit(linear_solver=CG())``: differentiate ``grad_z loss = 0``
@@ -128,6 +131,8 @@ def _solve(
         )
 
     objective = objective_at(args)
+    if residuals is None and not batch_coupled:  # least_squares probes its residuals itself
+        check_independent_loss(objective_at(_detached(args)), z0_t, where)
 
     def run(grad_steps: int) -> tuple[State, SolverStats]:
         # a solve without gradient (the at-point modes') evaluates the loss on detached
