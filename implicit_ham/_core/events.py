@@ -39,6 +39,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from implicit_ham._core.caller import user_stacklevel
+
 _SOURCE: ContextVar[str | None] = ContextVar("implicit_ham_event_source", default=None)
 NODE_LABEL = "implicit_ham_event_source"
 
@@ -96,12 +98,14 @@ class EventLedger:
         residual: float | None = None,
         source: str | None = None,
         where: str = "unnamed",
-        stacklevel: int = 2,
+        stacklevel: int | None = None,
     ) -> None:
         """Count one event of ``category`` from ``source`` (default: the label of the autograd
         node running it, else the innermost ``event_source`` scope, else ``where``, the
         reporting site such as the solver's name; see the module docstring) and emit per the
-        policy."""
+        policy. The warning points at ``stacklevel`` (as for ``warnings.warn``, counted from
+        the caller of this method); None (default): the first frame outside this package and
+        torch, i.e. the user's call (``user_stacklevel``)."""
         key = (category.__name__, source or _node_label() or _SOURCE.get() or where)
         tally = self._tallies.setdefault(key, _Tally())
         tally.count += 1
@@ -125,7 +129,8 @@ class EventLedger:
         else:
             return
         tally.since_report, tally.worst_since_report = 0, None
-        warnings.warn(text, category, stacklevel=stacklevel + 1)
+        level = user_stacklevel() if stacklevel is None else stacklevel + 1
+        warnings.warn(text, category, stacklevel=level)
 
     def counts(self) -> dict[str, dict[str, int]]:
         """``{source: {kind: events}}``."""

@@ -20,7 +20,6 @@ def warn_ill_conditioned(
     evidence: str,
     *,
     label: str = "I - J",
-    stacklevel: int = 2,
 ) -> bool:
     """Warn ``ConditioningWarning`` when ``kappa > threshold``; return whether it warned.
 
@@ -31,8 +30,6 @@ def warn_ill_conditioned(
         evidence: what the number came from, in parentheses after it (the linear solver's
             name, or the diagnostics' singular values and spectral radius).
         label: the system's name: "I - J" for a fixed point, e.g. "dg/dz" for a root.
-        stacklevel: as for ``warnings.warn``, counted from the caller of this function (2: the
-            line that called the caller).
     """
     if threshold is None or not kappa > threshold:
         return False
@@ -44,6 +41,5 @@ def warn_ill_conditioned(
         ConditioningWarning,
         residual=kappa,
         where=where,
-        stacklevel=stacklevel + 1,
     )
     return True

@@ -78,6 +78,5 @@ def apply_policy(check: FixedPointCheck, worst: float, problem: str, fix: str) -
         NotFixedPointWarning,
         residual=worst,
         where=f"{check.adjoint} backward",
-        stacklevel=4,
     )
     return not fallback

@@ -470,7 +470,6 @@ def finish_backward(
             ConvergenceWarning,
             residual=rel_res if finite else None,
             where=f"{adjoint} backward",
-            stacklevel=2,
         )
         return v.clone(), dataclasses.replace(stats, fallback=True)
     fix = (
@@ -485,7 +484,6 @@ def finish_backward(
         ConvergenceWarning,
         residual=rel_res,
         where=f"{adjoint} backward",
-        stacklevel=2,
     )
     return g, stats
 

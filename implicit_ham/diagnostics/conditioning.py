@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from implicit_ham._core.caller import user_stacklevel
 from implicit_ham._core.errors import NotFixedPointWarning
 from implicit_ham._core.ill_conditioning import warn_ill_conditioned
 from implicit_ham.diagnostics.jacobian import FixedPointJacobian
@@ -231,7 +232,7 @@ def check_conditioning(
             "numbers describe J there, not at a fixed point. Solve further (a solver with a "
             "tolerance and more steps) or pass the converged z_star.",
             NotFixedPointWarning,
-            stacklevel=2,
+            stacklevel=user_stacklevel(),
         )
     warn_if_ill_conditioned(report, threshold)
     return report

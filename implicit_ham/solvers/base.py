@@ -128,7 +128,6 @@ def warn_if_not_converged(stats: SolverStats, tol: float | None) -> None:
         ConvergenceWarning,
         residual=worst,
         where=stats.solver,
-        stacklevel=4,
     )
 
 
@@ -172,7 +171,6 @@ class ResidualTrace:
                 ConvergenceWarning,
                 residual=worst,
                 where=self.solver,
-                stacklevel=4,
             )
         return stats
 

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
+from implicit_ham._core.caller import user_stacklevel
 from implicit_ham._core.errors import BatchCouplingWarning, NonFiniteError
 from implicit_ham._core.state import (
     State,
@@ -272,7 +273,7 @@ def _warn_if_coupled(name: str, solved: State, replayed: State, counts: list[int
         "solve's; the gradient is that of the replayed steps, taken at a batch the solve never "
         "saw. For a batch-coupled f use tol=None (a fixed budget) or Unroll.",
         BatchCouplingWarning,
-        stacklevel=4,
+        stacklevel=user_stacklevel(),
     )
 
 

@@ -356,7 +356,6 @@ class SumOfSquaresSolver(Minimizer):
                 ConvergenceWarning,
                 residual=worst,
                 where=self.name,
-                stacklevel=5,
             )
         return stats
 

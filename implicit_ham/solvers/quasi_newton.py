@@ -149,7 +149,6 @@ class LineSearchMinimizer(Minimizer):
             ConvergenceWarning,
             residual=worst,
             where=self.name,
-            stacklevel=4,
         )
 
 
