@@ -24,9 +24,11 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+import implicit_ham as ih
 from experiments.engine.results import RESULTS_FILE, ResultsError, read_results
 from experiments.engine.resume import RUN_SETTINGS
 from experiments.reports.render import Table, render
+from implicit_ham.reliability import ACTION_MEANINGS, FAILURE_MEANINGS
 
 DEFAULT_METRICS = ("val/miou", "val/blob_acc", "val/pixel_acc", "val/accuracy", "train_time_s")
 IGNORED_OVERRIDES = ("seed",)
@@ -41,8 +43,8 @@ class Job:
     """One job of a sweep: its overrides, status, final metrics, per-epoch history, failure
     counts by kind (``results.json``'s ``failures.by_kind``), the library's warning events by
     kind (``events.by_kind``), resolved config (results.json's, else Hydra's
-    ``.hydra/config.yaml``) and the files of it that could not be read (``unreadable``: one
-    message per file, naming it)."""
+    ``.hydra/config.yaml``), the files of it that could not be read (``unreadable``: one
+    message per file, naming it) and what the failure policy did (``failures.by_action``)."""
 
     directory: Path
     overrides: dict[str, str]
@@ -54,6 +56,7 @@ class Job:
     config: dict[str, Any] = field(default_factory=dict)
     events: dict[str, int] = field(default_factory=dict)
     unreadable: list[str] = field(default_factory=list)
+    actions: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -181,13 +184,34 @@ def _counts(counts: Mapping[str, int]) -> str:
 
 def failure_counts(jobs: Sequence[Job]) -> Table:
     """Every job's failure events by kind (``results.json``'s ``failures.by_kind``, what the
-    failure policy handled) and the library's warning events by kind (``events.by_kind``)."""
+    failure policy handled), what the policy did with them (``failures.by_action``) and the
+    library's warning events by kind (``events.by_kind``)."""
     body = [
         [job.directory.name, label(job.overrides), job.status, _counts(job.failures),
-         _counts(job.events)]
+         _counts(job.actions), _counts(job.events)]
         for job in jobs
     ]  # fmt: skip
-    return Table.of(["job", "arm", "status", "failure events", "warning events"], body)
+    header = ["job", "arm", "status", "failure events", "policy action", "warning events"]
+    return Table.of(header, body)
+
+
+def event_meanings(jobs: Sequence[Job]) -> list[tuple[str, str]]:
+    """(name, meaning) of every failure kind, policy action and warning class the jobs
+    recorded, from the library's own definitions (``ih.reliability.FAILURE_MEANINGS``,
+    ``ACTION_MEANINGS`` and the warning classes' docstrings); a name the library does not
+    define is listed as such."""
+    kinds = sorted({k for job in jobs for k, n in job.failures.items() if n})
+    actions = sorted({k for job in jobs for k, n in job.actions.items() if n})
+    warned = sorted({k for job in jobs for k, n in job.events.items() if n})
+    meanings = [(k, FAILURE_MEANINGS.get(k, "not a failure kind of this library version"))
+                for k in kinds]  # fmt: skip
+    meanings += [(k, ACTION_MEANINGS.get(k, "not a policy action of this library version"))
+                 for k in actions]  # fmt: skip
+    for name in warned:
+        category = getattr(ih, name, None)
+        doc = category.__doc__ if isinstance(category, type) and category.__doc__ else None
+        meanings.append((name, " ".join(doc.split()) if doc else "not a warning of the library"))
+    return meanings
 
 
 def unreadable_files(jobs: Sequence[Job]) -> Table:
@@ -212,6 +236,7 @@ class SweepReport:
     counts: Table | None = None
     unreadable: Table | None = None
     wall_clock: str | None = None
+    meanings: tuple[tuple[str, str], ...] = ()
 
 
 def write_report(
@@ -238,7 +263,7 @@ def write_report(
     report = SweepReport(
         title or "Sweep report", sweep_dir, len(jobs), metrics_table(rows, metrics),
         failures(jobs), tuple(plots), arms_table(rows), failure_counts(jobs),
-        unreadable_files(jobs), wall_clock(sweep_dir),
+        unreadable_files(jobs), wall_clock(sweep_dir), tuple(event_meanings(jobs)),
     )  # fmt: skip
     path = out_dir / "report.md"
     path.write_text(render("sweep.md.j2", report=report))
@@ -300,6 +325,7 @@ def _read_job(directory: Path) -> Job:
         if isinstance(results.get(key), (int, float)):
             metrics[key] = results[key]
     failures = (results.get("failures") or {}).get("by_kind") or {}
+    actions = (results.get("failures") or {}).get("by_action") or {}
     events = (results.get("events") or {}).get("by_kind") or {}
     return Job(
         directory,
@@ -312,6 +338,7 @@ def _read_job(directory: Path) -> Job:
         results.get("config") or _read_config(directory / ".hydra" / "config.yaml"),
         {str(k): int(v) for k, v in events.items()},
         unreadable,
+        {str(k): int(v) for k, v in actions.items()},
     )
 
 

@@ -4,7 +4,9 @@ counted by kind and layer). Use them in any loop: plain PyTorch, Lightning, the 
 engine (see docs/reliability.md)."""
 
 from implicit_ham.reliability.failures import (
+    ACTION_MEANINGS,
     FAILURE_KINDS,
+    FAILURE_MEANINGS,
     FAILURE_POLICIES,
     FailureEvent,
     FailureMonitor,
@@ -12,7 +14,9 @@ from implicit_ham.reliability.failures import (
 from implicit_ham.reliability.guard import GuardedStep, StepHooks
 
 __all__ = [
+    "ACTION_MEANINGS",
     "FAILURE_KINDS",
+    "FAILURE_MEANINGS",
     "FAILURE_POLICIES",
     "FailureEvent",
     "FailureMonitor",

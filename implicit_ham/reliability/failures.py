@@ -1,25 +1,18 @@
 """Failure policy of implicit layers in training: what counts as a failure, and the monitor
 that counts, logs and (rate-limited) warns about every one.
 
-Failure kinds (``FAILURE_KINDS``):
-
-* ``forward_not_converged``: a forward solve with a tolerance stopped above it;
-* ``forward_nonfinite``: NaN/inf in a forward solve (``ih.NonFiniteError``);
-* ``backward_not_fixed_point``: an at-fixed-point backward mode (Implicit, Neumann) was asked to
-  differentiate at a point whose residual exceeds its ``fixed_point_tol`` (e.g. a Hamburger's
-  truncated K-step solve); the residual recorded is ``||f(z*) - z*|| / ||f(z*)||``;
-* ``backward_not_converged``: an implicit backward solve missed its tolerance;
-* ``backward_nonfinite``: a backward solve produced NaN/inf;
-* ``loss_nonfinite`` / ``grad_nonfinite``: the loss, or a parameter gradient, is NaN/inf;
-* ``input_nonfinite``: the batch's (floating-point) inputs hold NaN/inf (checked before the
-  forward pass, so no model sees them);
-* ``buffer_nonfinite``: a buffer (e.g. a BatchNorm running variance) became NaN/inf in the
-  forward pass.
+Failure kinds (``FAILURE_KINDS``; ``FAILURE_MEANINGS`` says what each means, for reports):
+forward solves that missed their tolerance or went non-finite, at-fixed-point backward passes
+(Implicit, Neumann) taken at a point that is not a fixed point (the residual recorded is
+``||f(z*) - z*|| / ||f(z*)||``), backward solves that missed their tolerance or went non-finite,
+and a non-finite loss, parameter gradient, input batch (checked before the forward pass, so no
+model sees it) or buffer (e.g. a BatchNorm running variance).
 
 Policies (``on_failure``): ``"warn"`` (count, warn, keep the solver's result; non-finite values
 raise), ``"raise"`` (raise at the first failure), ``"skip_batch"`` (drop the batch: no optimiser
 step), ``"fallback"`` (the batch gets the one-step gradient; a non-finite forward, loss or
-gradient, input or buffer cannot be fallen back and skips the batch).
+gradient, input or buffer cannot be fallen back and skips the batch). What each recorded action
+means: ``ACTION_MEANINGS``.
 """
 
 from __future__ import annotations
@@ -40,18 +33,30 @@ from implicit_ham.adjoints.modes import Adjoint, AtFixedPoint
 logger = logging.getLogger(__name__)
 
 FAILURE_POLICIES = ("warn", "raise", "skip_batch", "fallback")
-FAILURE_KINDS = (
-    "forward_not_converged",
-    "forward_nonfinite",
-    "backward_not_fixed_point",
-    "backward_not_converged",
-    "backward_nonfinite",
-    "loss_nonfinite",
-    "grad_nonfinite",
-    "input_nonfinite",
-    "buffer_nonfinite",
-)
-ACTIONS = ("continued", "raised", "skipped", "fallback")
+FAILURE_MEANINGS = {
+    "forward_not_converged": "a forward solve with a tolerance stopped above it",
+    "forward_nonfinite": "NaN / inf in a forward solve",
+    "backward_not_fixed_point": (
+        "an at-fixed-point backward mode (Implicit, Neumann) was asked to differentiate at a "
+        "point whose relative residual exceeds its fixed_point_tol (e.g. a Hamburger's "
+        "truncated K-step solve): the implicit function theorem's gradient does not hold there"
+    ),
+    "backward_not_converged": "an implicit backward solve missed its tolerance",
+    "backward_nonfinite": "a backward solve produced NaN / inf",
+    "loss_nonfinite": "the loss is NaN / inf",
+    "grad_nonfinite": "a parameter gradient is NaN / inf",
+    "input_nonfinite": "the batch's floating-point inputs hold NaN / inf",
+    "buffer_nonfinite": "a buffer (e.g. a BatchNorm running variance) became NaN / inf",
+}
+FAILURE_KINDS = tuple(FAILURE_MEANINGS)
+ACTION_MEANINGS = {
+    "continued": "the layer's result was kept and training went on (policy warn)",
+    "raised": "the run stopped with the error (policy raise)",
+    "skipped": "the batch was dropped: no optimiser step (policy skip_batch, or fallback for a "
+    "non-finite value)",
+    "fallback": "the batch got the one-step gradient instead (policy fallback)",
+}
+ACTIONS = tuple(ACTION_MEANINGS)
 
 
 def check_policy(policy: str) -> str:

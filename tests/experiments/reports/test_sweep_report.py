@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import implicit_ham as ih
 from experiments.reports.sweep import (
     arms_table,
     collect_jobs,
@@ -15,6 +16,7 @@ from experiments.reports.sweep import (
     metrics_table,
     write_report,
 )
+from implicit_ham.reliability import ACTION_MEANINGS, FAILURE_MEANINGS
 
 
 def _job(
@@ -145,13 +147,35 @@ def test_each_arm_is_described_by_the_config_values_that_differ(tmp_path: Path) 
 def test_every_jobs_failure_counts_by_kind_are_shown(tmp_path: Path) -> None:
     _results(tmp_path, 0, "nmf_implicit", {
         "metrics": {"val/blob_acc": 0.2},
-        "failures": {"total": 480, "by_kind": {"backward_not_fixed_point": 480}},
+        "failures": {"total": 480, "by_kind": {"backward_not_fixed_point": 480},
+                     "by_action": {"continued": 480}},
         "events": {"total": 7, "by_kind": {"NotFixedPointWarning": 5, "ConvergenceWarning": 2}},
     })  # fmt: skip
     _results(tmp_path, 1, "nmf_unroll", {"metrics": {"val/blob_acc": 0.9}})
     text = write_report(tmp_path, tmp_path / "out").read_text()
     assert (
-        "| 0 | arm=nmf_implicit | ok | backward_not_fixed_point: 480 | ConvergenceWarning: 2, "
-        "NotFixedPointWarning: 5 |" in text
+        "| 0 | arm=nmf_implicit | ok | backward_not_fixed_point: 480 | continued: 480 | "
+        "ConvergenceWarning: 2, NotFixedPointWarning: 5 |" in text
     )
-    assert "| 1 | arm=nmf_unroll | ok | none | none |" in text
+    assert "| 1 | arm=nmf_unroll | ok | none | none | none |" in text
+    # each recorded name is explained by the library's own definition
+    meanings = {
+        "backward_not_fixed_point": FAILURE_MEANINGS["backward_not_fixed_point"],
+        "continued": ACTION_MEANINGS["continued"],
+        "ConvergenceWarning": " ".join((ih.ConvergenceWarning.__doc__ or "").split()),
+        "NotFixedPointWarning": " ".join((ih.NotFixedPointWarning.__doc__ or "").split()),
+    }
+    for name, meaning in meanings.items():
+        assert meaning and f"- `{name}`: {meaning}" in text
+
+
+def test_a_name_the_library_does_not_define_is_flagged(tmp_path: Path) -> None:
+    _results(tmp_path, 0, "old_run", {
+        "metrics": {"val/blob_acc": 0.2},
+        "failures": {"total": 1, "by_kind": {"retired_kind": 1}, "by_action": {"paused": 1}},
+        "events": {"total": 1, "by_kind": {"RetiredWarning": 1}},
+    })  # fmt: skip
+    text = write_report(tmp_path, tmp_path / "out").read_text()
+    assert "- `retired_kind`: not a failure kind of this library version" in text
+    assert "- `paused`: not a policy action of this library version" in text
+    assert "- `RetiredWarning`: not a warning of the library" in text
