@@ -28,6 +28,7 @@ import implicit_ham as ih
 from experiments.engine.results import RESULTS_FILE, ResultsError, read_results
 from experiments.engine.resume import RUN_SETTINGS
 from experiments.reports.render import Table, render
+from implicit_ham.decompositions import DECOMPOSITIONS
 from implicit_ham.reliability import ACTION_MEANINGS, FAILURE_MEANINGS
 
 DEFAULT_METRICS = ("val/miou", "val/blob_acc", "val/pixel_acc", "val/accuracy", "train_time_s")
@@ -36,6 +37,7 @@ PLOTTED_METRICS = ("val/blob_acc", "val/miou", "val/accuracy")
 # Config keys that never describe an arm (run settings, bookkeeping).
 UNDESCRIBED = (*IGNORED_OVERRIDES, *RUN_SETTINGS, "reliability", "study", "checkpoint")
 KEY_FIELDS = ("context.name", "adjoint._target_", "solver._target_")
+HAM_ONLY = ("adjoint.", "solver.")  # config keys only a ham (a decomposition context) reads
 
 
 @dataclass
@@ -173,7 +175,12 @@ def arms_table(rows: Sequence[Row]) -> Table:
     ]  # fmt: skip
     body = []
     for row, config in zip(rows, configs, strict=True):
-        text = ", ".join(f"{k}={config[k]}" for k in shown if k in config)
+        context = config.get("context.name")
+        baseline = context is not None and context not in DECOMPOSITIONS.names()
+        used = [k for k in shown if k in config and not (baseline and k.startswith(HAM_ONLY))]
+        text = ", ".join(f"{k}={config[k]}" for k in used)
+        if baseline and len(used) < len([k for k in shown if k in config]):
+            text += f" (adjoint and solver unused: {context} is not a ham)"
         body.append([label(row.overrides), text if config else "(no readable config)"])
     return Table.of(["arm", "config (what differs between the arms)"], body)
 

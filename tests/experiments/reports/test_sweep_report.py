@@ -144,6 +144,18 @@ def test_each_arm_is_described_by_the_config_values_that_differ(tmp_path: Path) 
     assert not any("seed=" in r or "epochs=" in r or "progress" in r for r in rows[2:])
 
 
+def test_a_baseline_arm_is_not_described_by_the_ham_options_it_ignores(tmp_path: Path) -> None:
+    for num, (arm, context) in enumerate([("nmf", "nmf"), ("sdpa", "sdpa_attention")]):
+        config = {"seed": 0, "adjoint": {"_target_": "implicit_ham.OneStep"},
+                  "solver": {"_target_": "S"}, "context": {"name": context}}  # fmt: skip
+        _results(tmp_path, num, arm, {"metrics": {"val/blob_acc": 0.5}, "config": config})
+    rows = arms_table(group_jobs(collect_jobs(tmp_path))).markdown().splitlines()
+    assert "| arm=nmf | adjoint._target_=implicit_ham.OneStep, context.name=nmf, " \
+        "solver._target_=S |" in rows
+    assert "| arm=sdpa | context.name=sdpa_attention (adjoint and solver unused: " \
+        "sdpa_attention is not a ham) |" in rows
+
+
 def test_every_jobs_failure_counts_by_kind_are_shown(tmp_path: Path) -> None:
     _results(tmp_path, 0, "nmf_implicit", {
         "metrics": {"val/blob_acc": 0.2},
