@@ -1,6 +1,12 @@
-"""Exceptions and warnings raised by implicit layers."""
+"""Exceptions and warnings raised by implicit layers, and ``name_the_call``, which annotates
+an exception raised inside the user's function with what it was called with."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import Tensor
 
 
 class NonFiniteError(RuntimeError):
@@ -47,3 +53,24 @@ class ForwardSolveError(RuntimeError):
 class NotPositiveDefiniteError(BackwardSolveError):
     """A solver that needs a symmetric positive-definite system (CG) met a direction of
     non-positive curvature: the Hessian is indefinite or singular (not a strict minimum)."""
+
+
+def name_the_call(
+    error: BaseException, where: str, fn: str, z: Sequence[Any], inputs: Sequence[Any]
+) -> None:
+    """Add a note to an exception raised inside the user's ``fn`` (``f`` of ``fixed_point``,
+    the ``loss`` of ``minimize``): the shapes and dtypes it was called with. z has z0's shape,
+    so a mismatch with what ``fn`` expects is a wrong z0 more often than a wrong ``fn``. The
+    exception itself is unchanged (same type and message); no note before Python 3.11."""
+    if not hasattr(error, "add_note"):
+        return
+
+    def describe(t: Any) -> str:
+        return f"{tuple(t.shape)} {t.dtype}" if isinstance(t, Tensor) else type(t).__name__
+
+    state = ", ".join(describe(t) for t in z)
+    args = ", ".join(describe(a) for a in inputs) or "none"
+    error.add_note(
+        f"implicit_ham.{where}: raised inside {fn}(z, *args), called with z: {state} (z0's "
+        f"shape) and args: {args}; check that z0 has the shape {fn} expects"
+    )

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
+from implicit_ham._core.errors import name_the_call
 from implicit_ham._core.grad_guard import guard_gradient
 from implicit_ham._core.solve_scope import solve_scope
 from implicit_ham._core.state import BoundStep, State, StateSpec
@@ -139,7 +140,11 @@ def _checked_map(
         shape, dtype = spec.shapes[0], spec.dtype
 
         def lean(z: State, inputs: tuple[Any, ...]) -> State:
-            value = f(z[0], *inputs)
+            try:
+                value = f(z[0], *inputs)
+            except Exception as error:
+                name_the_call(error, "fixed_point", "f", z, inputs)
+                raise
             if type(value) is Tensor and value.shape == shape and value.dtype == dtype:
                 return (value,)
             return spec.check(value, where="fixed_point")
@@ -147,7 +152,12 @@ def _checked_map(
         return lean
 
     def call(z: State, inputs: tuple[Any, ...]) -> State:
-        out = spec.check(f(spec.restore(z), *inputs), where="fixed_point")
+        try:
+            value = f(spec.restore(z), *inputs)
+        except Exception as error:
+            name_the_call(error, "fixed_point", "f", z, inputs)
+            raise
+        out = spec.check(value, where="fixed_point")
         if recorder is not None:
             recorder.see(out)
         return out

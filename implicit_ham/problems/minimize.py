@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 from torch.utils import _pytree
 
+from implicit_ham._core.errors import name_the_call
 from implicit_ham._core.state import BoundStep, State, StateSpec
 from implicit_ham._core.stats import SolverStats
 from implicit_ham._core.transforms import active_transforms
@@ -202,7 +203,11 @@ def _scalar_loss(
     losses of the state's dtype."""
 
     def on_state(z: State) -> Tensor:
-        value = loss(spec.restore(z), *args)
+        try:
+            value = loss(spec.restore(z), *args)
+        except Exception as error:
+            name_the_call(error, where, "loss", z, args)
+            raise
         if not isinstance(value, Tensor) or (
             value.numel() != 1 and tuple(value.shape) != (spec.batch,)
         ):

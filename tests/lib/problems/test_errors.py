@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from torch import Tensor
@@ -199,3 +201,32 @@ def test_unroll_through_anderson_is_rejected() -> None:
             solver=ih.Anderson(),
             adjoint=ih.Unroll(),
         )
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes need Python 3.11")
+def test_an_error_inside_f_is_kept_and_names_the_shapes_f_was_called_with() -> None:
+    weight = torch.randn(16, 16)
+    x = torch.randn(8, 16)
+    with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied") as caught:
+        ih.fixed_point(lambda z, x: torch.tanh(z @ weight.T + x), torch.zeros(8, 15), x)
+    (note,) = caught.value.__notes__
+    assert "z: (8, 15) torch.float32 (z0's shape)" in note and "args: (8, 16) torch.float32" in note
+
+    # a tuple state: every tensor of it is named
+    def broken(z: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        raise ZeroDivisionError("in f")
+
+    with pytest.raises(ZeroDivisionError, match="in f") as caught:
+        ih.fixed_point(broken, (torch.zeros(2, 3), torch.zeros(2)))
+    assert "z: (2, 3) torch.float32, (2,) torch.float32" in caught.value.__notes__[0]
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes need Python 3.11")
+def test_an_error_inside_a_minimize_loss_names_the_shapes_it_was_called_with() -> None:
+    a = torch.randn(5, 3, dtype=DT)
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as caught:
+        ih.minimize(lambda z, y: (z @ a - y).square().sum(), torch.zeros(1, 3, dtype=DT),
+                    torch.zeros(5, dtype=DT))  # fmt: skip
+    (note,) = caught.value.__notes__
+    assert note.startswith("implicit_ham.minimize: raised inside loss(z, *args)")
+    assert "z: (1, 3) torch.float64 (z0's shape) and args: (5,) torch.float64" in note
