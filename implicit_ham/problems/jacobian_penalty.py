@@ -57,20 +57,25 @@ def jacobian_penalty(
     spec = StateSpec.of(z)
     point = tuple(t.detach().requires_grad_(True) for t in spec.as_tuple(z))
     out = spec.check(f(spec.restore(point), *args), where="jacobian_penalty")
-    if not any(t.requires_grad for t in out):
-        raise ValueError(
-            "jacobian_penalty: f(z) does not depend on z with gradient (its output has no graph "
-            "to z), so there is no Jacobian to penalise; pass the layer's map f, not its output"
-        )
+    unused = (
+        "jacobian_penalty: f(z) does not depend on z with gradient (its output has no graph "
+        "to z: f ignores z, or detaches it), so there is no Jacobian to penalise; pass the "
+        "layer's map f, not its output, and keep z in f's graph"
+    )
+    out_probes = [t for t in out if t.requires_grad]
+    if not out_probes:
+        raise ValueError(unused)
     numel = sum(t.numel() for t in point)
     total = point[0].new_zeros(())
     for _ in range(samples):
         probes = tuple(
             torch.randn(t.shape, dtype=t.dtype, device=t.device, generator=generator)
-            for t in point
+            for t in out_probes
         )
         vjps = torch.autograd.grad(
-            out, point, probes, create_graph=True, retain_graph=True, allow_unused=True
+            out_probes, point, probes, create_graph=True, retain_graph=True, allow_unused=True
         )
+        if all(g is None for g in vjps):  # a graph to f's parameters only, none to z
+            raise ValueError(unused)
         total = total + sum(g.square().sum() for g in vjps if g is not None)
     return total / (samples * numel)

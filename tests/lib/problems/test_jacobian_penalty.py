@@ -79,5 +79,11 @@ def test_bad_input_is_refused_with_the_argument_named() -> None:
         ih.jacobian_penalty(torch.tanh, z, samples=0)
     with pytest.raises(ValueError, match="does not depend on z"):
         ih.jacobian_penalty(lambda z: torch.ones(2, 3), z)
+    # a graph to f's parameters but none to z (z detached, or not used): refused, not a
+    # penalty of 0 that trains nothing
+    cell = torch.nn.Linear(3, 3)
+    for f in (lambda z, x: cell(z.detach()) + x, lambda z, x: cell(x)):
+        with pytest.raises(ValueError, match="does not depend on z"):
+            ih.jacobian_penalty(f, z, torch.ones(2, 3))
     with torch.no_grad(), pytest.raises(RuntimeError, match="gradient enabled"):
         ih.jacobian_penalty(torch.tanh, z)
