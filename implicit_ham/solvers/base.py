@@ -124,11 +124,28 @@ def warn_if_not_converged(stats: SolverStats, tol: float | None) -> None:
     worst = float(stats.rel_residual.max())
     events().warn(
         f"{stats.solver}: forward solve did not reach tol={tol:g} in {stats.steps} steps "
-        f"(worst relative residual {worst:.3e}); raise max_steps or use Anderson",
+        f"(worst relative residual {worst:.3e}); {_advice(stats)}",
         ConvergenceWarning,
         residual=worst,
         where=stats.solver,
     )
+
+
+def _advice(stats: SolverStats) -> str:
+    """What to try after a missed tolerance: from the residual trace when it did not shrink
+    (a map that is not contractive there), else more steps or another solver than this one."""
+    trace = stats.residuals
+    if trace.shape[0] >= 2:
+        first, last = float(trace[0].max()), float(trace[-1].max())
+        if not last < first:
+            return (
+                f"the residual did not shrink over the solve ({first:.3e} -> {last:.3e}): f may "
+                "not be contractive there; damp the iteration or constrain f's weights "
+                "(ih.nn.apply_norm)"
+            )
+    if "anderson" in stats.solver or "broyden" in stats.solver:
+        return "raise max_steps, or try the other accelerated solver (Anderson / Broyden)"
+    return "raise max_steps, or use an accelerated solver (Anderson, Broyden)"
 
 
 @dataclass
