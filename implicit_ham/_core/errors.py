@@ -59,9 +59,10 @@ def name_the_call(
     error: BaseException, where: str, fn: str, z: Sequence[Any], inputs: Sequence[Any]
 ) -> None:
     """Add a note to an exception raised inside the user's ``fn`` (``f`` of ``fixed_point``,
-    the ``loss`` of ``minimize``): the shapes and dtypes it was called with. z has z0's shape,
-    so a mismatch with what ``fn`` expects is a wrong z0 more often than a wrong ``fn``. The
-    exception itself is unchanged (same type and message); no note before Python 3.11."""
+    the ``loss`` of ``minimize``): the shapes and dtypes it was called with. z has z0's shape
+    and dtype, so a mismatch with what ``fn`` expects (a shape, or the dtype of its parameters)
+    is a wrong z0 more often than a wrong ``fn``. The exception itself is unchanged (same type
+    and message); no note before Python 3.11."""
     if not hasattr(error, "add_note"):
         return
 
@@ -72,5 +73,6 @@ def name_the_call(
     args = ", ".join(describe(a) for a in inputs) or "none"
     error.add_note(
         f"implicit_ham.{where}: raised inside {fn}(z, *args), called with z: {state} (z0's "
-        f"shape) and args: {args}; check that z0 has the shape {fn} expects"
+        f"shape and dtype) and args: {args}; check that they match what {fn} expects (its "
+        "parameters' dtype and device included)"
     )

@@ -210,7 +210,8 @@ def test_an_error_inside_f_is_kept_and_names_the_shapes_f_was_called_with() -> N
     with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied") as caught:
         ih.fixed_point(lambda z, x: torch.tanh(z @ weight.T + x), torch.zeros(8, 15), x)
     (note,) = caught.value.__notes__
-    assert "z: (8, 15) torch.float32 (z0's shape)" in note and "args: (8, 16) torch.float32" in note
+    assert "z: (8, 15) torch.float32 (z0's shape and dtype)" in note
+    assert "args: (8, 16) torch.float32" in note
 
     # a tuple state: every tensor of it is named
     def broken(z: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
@@ -229,4 +230,4 @@ def test_an_error_inside_a_minimize_loss_names_the_shapes_it_was_called_with() -
                     torch.zeros(5, dtype=DT))  # fmt: skip
     (note,) = caught.value.__notes__
     assert note.startswith("implicit_ham.minimize: raised inside loss(z, *args)")
-    assert "z: (1, 3) torch.float64 (z0's shape) and args: (5,) torch.float64" in note
+    assert "z: (1, 3) torch.float64 (z0's shape and dtype) and args: (5,) torch.float64" in note
