@@ -3,9 +3,10 @@
 Errors: ``NonFiniteError`` (a NaN / inf value or gradient), ``ForwardSolveError``,
 ``BackwardSolveError`` and its subclasses ``NotFixedPointError`` (an at-fixed-point gradient
 asked at a point that is not one) and ``NotPositiveDefiniteError`` (CG on an indefinite system),
-``SecondOrderError`` (a derivative a mode cannot give). Warnings: ``ConvergenceWarning`` and
-its subclass ``NotFixedPointWarning``, ``ConditioningWarning``, ``BatchCouplingWarning`` (per-sample
-stopping met an ``f`` that couples the samples).
+``SecondOrderError`` (a derivative a mode cannot give), ``SolverContractError`` (a plug-in
+solver that dropped the graph a through-iteration mode differentiates). Warnings:
+``ConvergenceWarning`` and its subclass ``NotFixedPointWarning``, ``ConditioningWarning``,
+``BatchCouplingWarning`` (per-sample stopping met an ``f`` that couples the samples).
 """
 
 from implicit_ham._core.errors import (
@@ -19,6 +20,7 @@ from implicit_ham._core.errors import (
     NotFixedPointWarning,
     NotPositiveDefiniteError,
     SecondOrderError,
+    SolverContractError,
 )
 
 __all__ = [
@@ -32,4 +34,5 @@ __all__ = [
     "NotFixedPointWarning",
     "NotPositiveDefiniteError",
     "SecondOrderError",
+    "SolverContractError",
 ]

@@ -50,6 +50,12 @@ class ForwardSolveError(RuntimeError):
     """A forward solve missed its tolerance under the training policy ``on_failure="raise"``."""
 
 
+class SolverContractError(RuntimeError):
+    """A forward solver broke the solver contract in a way that would make a result silently
+    wrong: under a through-iteration mode it returned a value without the graph of its last
+    ``grad_steps`` steps (a plug-in that runs everything without gradient)."""
+
+
 class NotPositiveDefiniteError(BackwardSolveError):
     """A solver that needs a symmetric positive-definite system (CG) met a direction of
     non-positive curvature: the Hessian is indefinite or singular (not a strict minimum)."""

@@ -21,11 +21,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 
+from implicit_ham._core.errors import SolverContractError
 from implicit_ham._core.registry import Registry
 from implicit_ham._core.state import State, StateSpec, StepFn, detached, with_gradient_of
 from implicit_ham._core.stats import BackwardStats, SolverStats
-from implicit_ham._core.transforms import host_checks
+from implicit_ham._core.transforms import active_transforms, host_checks
 from implicit_ham._core.validation import (
     check_choice,
     check_nonnegative,
@@ -73,8 +75,28 @@ class ThroughIterations(Adjoint):
     def run(
         self, f: StepFn, z0: State, spec: StateSpec, solver: FixedPointSolver
     ) -> tuple[State, SolverStats, list[BackwardStats]]:
-        z, stats = solver.solve(f, z0, spec, self.grad_steps(solver))
+        steps = self.grad_steps(solver)
+        z, stats = solver.solve(f, z0, spec, steps)
+        if steps > 0 and _plain_autograd() and not any(t.requires_grad for t in z):
+            self._check_graph_kept(solver, f, z, steps)
         return z, stats, []
+
+    def _check_graph_kept(self, solver: FixedPointSolver, f: StepFn, z: State, steps: int) -> None:
+        """SolverContractError when the solver returned a value without graph although ``f`` at that
+        value has one: it ran its last ``steps`` steps without gradient (a plug-in that ignores
+        ``grad_steps``), so this mode would silently give no gradient. One evaluation of f,
+        only when the value carries no graph (the built-in solvers keep it)."""
+        with torch.enable_grad():
+            probe = f(detached(z))
+        if any(t.requires_grad for t in probe):
+            raise SolverContractError(
+                f"{solver.name}: under {type(self).__name__} (grad_steps={steps}) the solver "
+                "returned a value without a graph, although f has one at that value: its last "
+                "grad_steps steps must run with gradient (they are what this mode "
+                "differentiates), so the gradient would be silently lost. Fix the solver's "
+                "solve (docs/plugins.md; ih.testing.check_solver reports it) or use an "
+                "at-fixed-point mode (Implicit, Neumann, Phantom)."
+            )
 
 
 @ADJOINTS.register("unroll")
@@ -298,3 +320,11 @@ class Neumann(AtFixedPoint):
             cond=None,
             on_divergence=self.on_divergence,
         )
+
+
+def _plain_autograd() -> bool:
+    """Eager reverse-mode autograd: grad mode on, no torch.func transform, no forward-mode
+    tangents, not compiling (where ``requires_grad`` says whether a value carries a graph)."""
+    if not torch.is_grad_enabled() or active_transforms() or torch.compiler.is_compiling():
+        return False
+    return forward_ad._current_level < 0
