@@ -8,6 +8,7 @@ and an unknown keyword argument raise an error that lists the valid choices.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -34,6 +35,7 @@ class Registry(Generic[T]):
                 )
             self._entries[name] = cls
             self._names.setdefault(cls, name)
+            _list_options_on_error(cls)
             return cls
 
         return decorator
@@ -105,6 +107,26 @@ class Registry(Generic[T]):
                 f"{', '.join(self.names())}), got {type(spec).__name__}"
             )
         return spec
+
+
+def _list_options_on_error(cls: type) -> None:
+    """Make ``cls(...)`` with an unknown keyword raise the TypeError of ``check_options`` (the
+    valid options listed), as ``make`` does, instead of Python's bare "unexpected keyword
+    argument": the class constructors are the public API too (``ih.Anderson(max_iter=30)``)."""
+    init = vars(cls).get("__init__")
+    if init is None or getattr(init, "_lists_options", False):
+        return
+
+    @functools.wraps(init)
+    def listing_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except TypeError:
+            check_options(type(self), kwargs, type(self).__name__)  # raises on unknown keys
+            raise
+
+    listing_init._lists_options = True  # type: ignore[attr-defined]
+    cls.__init__ = listing_init  # type: ignore[misc]
 
 
 def check_options(cls: type, kwargs: dict[str, Any], owner: str) -> None:

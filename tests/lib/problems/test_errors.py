@@ -63,6 +63,28 @@ def test_unknown_option_message_lists_the_valid_options() -> None:
         ih.plugins.make_adjoint("truncated", kk=2)
 
 
+@pytest.mark.parametrize(
+    ("build", "bad_key", "valid"),
+    [
+        (lambda: ih.Anderson(max_iter=30), "max_iter", "max_steps, tol, m,"),
+        (lambda: ih.Implicit(b_tol=1e-3), "b_tol", "linear_solver, max_steps, tol,"),
+        (lambda: ih.NMF(rank=8, stepz=3), "stepz", "rank, groups, steps,"),
+    ],
+)
+def test_a_constructor_given_an_unknown_key_lists_the_valid_options(build, bad_key, valid) -> None:
+    # the classes are the public API as much as make_* (torchdeq's max_iter / b_tol users)
+    with pytest.raises(TypeError, match=rf"unknown option\(s\) {bad_key} for .*valid options: "
+                                        rf"{valid}"):  # fmt: skip
+        build()
+
+
+def test_a_constructor_keeps_its_own_type_errors() -> None:
+    # a TypeError that is not about an unknown key passes through unchanged
+    with pytest.raises(TypeError, match="positional argument"):
+        ih.Truncated(1, 2)  # type: ignore[call-arg]
+    assert ih.Truncated(3).k == 3 and ih.Anderson(max_steps=30).max_steps == 30
+
+
 def test_an_object_that_is_neither_a_name_nor_an_instance_is_rejected() -> None:
     with pytest.raises(TypeError, match="expected a solver"):
         ih.fixed_point(halve, torch.ones(2, 3, dtype=DT), solver=ih.OneStep())
