@@ -15,7 +15,12 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from experiments.config.groups import TrainConfig, check_train_config, register_configs
+from experiments.config.groups import (
+    TrainConfig,
+    check_components,
+    check_train_config,
+    register_configs,
+)
 from experiments.config.typed import as_container, typed_config
 from experiments.engine.command import check_tasks_per_node, run_job
 from experiments.engine.failure_log import logged_failure_counts
@@ -32,6 +37,7 @@ def main(cfg: DictConfig) -> float:
     config = typed_config(cfg, TrainConfig)  # unset mandatory values fail here
     check_train_config(config)  # before the job writes anything
     check_targets(as_container(config))  # no _target_ outside the allowlist runs
+    check_components(config)  # the library's own checks of solver, adjoint, context
     hydra_cfg = HydraConfig.get()
     check_tasks_per_node(int(hydra_cfg.launcher.get("tasks_per_node", 1) or 1))
     output_dir = hydra_cfg.runtime.output_dir

@@ -18,10 +18,13 @@ object: ``cfg.context.name``, ``cfg.optim.lr``, ``cfg.diagnostics.every``.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
 from omegaconf import MISSING
 
 import implicit_ham
@@ -30,7 +33,7 @@ from experiments.config.typed import ContextConf, OptimConf, TargetConf
 from experiments.data import splits
 from experiments.engine import sinks
 from experiments.models.jacobian_penalty import JacobianPenalty
-from implicit_ham._core.registry import Registry
+from implicit_ham._core.registry import Registry, parameter_names
 from implicit_ham.adjoints.modes import ADJOINTS
 from implicit_ham.decompositions.registry import DECOMPOSITIONS
 from implicit_ham.linalg.operator import LINEAR_SOLVERS
@@ -258,6 +261,36 @@ def check_train_config(cfg: TrainConfig) -> None:
             raise ValueError(
                 f"{key}={value!r}: must be an integer >= 1; e.g. {key}=1 on the command line"
             )
+
+
+def check_components(cfg: TrainConfig) -> None:
+    """Build the run's solver, backward mode and (for a decomposition context) the
+    decomposition once, without data, so that a value the library refuses
+    (``context.steps=-1``, ``adjoint.k=0``) fails at start-up naming its config group, not
+    after the data is built. Call it after ``check_targets`` (it instantiates ``_target_``s)."""
+    built: dict[str, Any] = {}
+    for group in ("solver", "adjoint"):
+        try:
+            built[group] = instantiate(getattr(cfg, group))
+        except (TypeError, ValueError, InstantiationException) as error:
+            cause = error.__cause__ if isinstance(error, InstantiationException) else None
+            raise ValueError(_in_group(group, cause or error)) from error
+    name = cfg.context.name
+    if name not in DECOMPOSITIONS.names():
+        return
+    accepted = set(parameter_names(DECOMPOSITIONS.get(name))) - {"channels", "solver", "adjoint"}
+    options = {k: v for k, v in dataclasses.asdict(cfg.context).items() if k in accepted}
+    try:
+        DECOMPOSITIONS.make(name, **options, solver=built["solver"], adjoint=built["adjoint"])
+    except (TypeError, ValueError) as error:
+        raise ValueError(_in_group("context", error)) from error
+
+
+def _in_group(group: str, error: BaseException) -> str:
+    return (
+        f"{group}: {error} (a value of the {group}.* config options; fix it on the command "
+        f"line, e.g. {group}.<option>=<value>)"
+    )
 
 
 def config_groups() -> dict[str, dict[str, type]]:

@@ -18,6 +18,8 @@ typed config still match).
 from __future__ import annotations
 
 import dataclasses
+import difflib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -60,7 +62,9 @@ def typed_config(cfg: DictConfig, schema: type[Schema]) -> Schema:
         omegaconf.errors.MissingMandatoryValue: a value that must be set is not (e.g.
             ``data.root`` of ``data=cifar10``), before the job writes anything.
         TypeError: ``cfg`` was composed against another schema.
+        ValueError: a key that its node's schema does not define (``check_known_keys``).
     """
+    check_known_keys(cfg)
     value = OmegaConf.to_object(cfg)
     if not isinstance(value, schema):
         raise TypeError(
@@ -69,6 +73,46 @@ def typed_config(cfg: DictConfig, schema: type[Schema]) -> Schema:
             "(conf/config.yaml: train_schema, conf/generate.yaml: generate_schema)"
         )
     return value
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """ValueError naming every key of ``cfg`` that its node's schema (a dataclass) does not
+    define, with the closest valid keys. Hydra refuses a misspelt key (``context.stpes=3``) but
+    suggests ``+context.stpes=3``, which adds it: the run would then ignore it silently and train
+    with the default (``context.steps`` stays 6). Called by ``typed_config``, before the job
+    writes anything."""
+    unknown = list(_unknown_keys(cfg, ""))
+    if not unknown:
+        return
+    lines = []
+    for path, known in unknown:
+        close = difflib.get_close_matches(path.rsplit(".", 1)[-1], known, n=1)
+        prefix = path.rsplit(".", 1)[0] + "." if "." in path else ""
+        hint = f"did you mean {prefix}{close[0]}?" if close else f"valid: {', '.join(known)}"
+        lines.append(f"{path} ({hint})")
+    raise ValueError(
+        f"unknown config key(s): {'; '.join(lines)}. The run reads only its schema's keys, so a "
+        "key added with '+' would be silently ignored; set the existing key instead (e.g. "
+        "context.steps=3, not +context.stpes=3)."
+    )
+
+
+def _unknown_keys(node: DictConfig, path: str) -> Iterator[tuple[str, list[str]]]:
+    """(dotted path, the schema's keys) of each key of ``node`` and its sub-nodes that is not
+    a field of the node's dataclass schema (nodes without one are not checked)."""
+    schema = OmegaConf.get_type(node)
+    known = (
+        [f.name for f in dataclasses.fields(schema)]
+        if isinstance(schema, type) and dataclasses.is_dataclass(schema)
+        else None
+    )
+    for key in node:
+        name = str(key)
+        if known is not None and name not in known:
+            yield f"{path}{name}", known
+        child = node._get_node(name)
+        if isinstance(child, DictConfig):
+            yield from _unknown_keys(child, f"{path}{name}.")
 
 
 def as_container(cfg: DataclassInstance) -> dict[str, Any]:

@@ -15,7 +15,12 @@ import torch
 from hydra.utils import instantiate
 from torch import nn
 
-from experiments.config.groups import DiagnosticsConf, TrainConfig, check_train_config
+from experiments.config.groups import (
+    DiagnosticsConf,
+    TrainConfig,
+    check_components,
+    check_train_config,
+)
 from experiments.config.typed import as_container
 from experiments.engine.build import (
     build_context,
@@ -104,6 +109,7 @@ def run_training(cfg: TrainConfig, output_dir: str | Path) -> dict[str, Any]:
     """
     check_train_config(cfg)
     check_targets(as_container(cfg))  # before anything is instantiated
+    check_components(cfg)  # the library's checks of solver, adjoint, context: before the data
     check_policy(cfg.reliability.on_failure)
     check_choice("config", "dtype", cfg.dtype, tuple(DTYPES))
     with preemptible(cfg.reliability.preempt_signals) as guard:

@@ -182,7 +182,8 @@ def arms_table(rows: Sequence[Row]) -> Table:
         if baseline and len(used) < len([k for k in shown if k in config]):
             text += f" (adjoint and solver unused: {context} is not a ham)"
         body.append([label(row.overrides), text if config else "(no readable config)"])
-    return Table.of(["arm", "config (what differs between the arms)"], body)
+    header = "config (context, backward mode, solver; other values where the arms differ)"
+    return Table.of(["arm", header], body)
 
 
 def _counts(counts: Mapping[str, int]) -> str:

@@ -41,7 +41,10 @@ FAILURE_MEANINGS = {
         "point whose relative residual exceeds its fixed_point_tol (e.g. a Hamburger's "
         "truncated K-step solve): the implicit function theorem's gradient does not hold there"
     ),
-    "backward_not_converged": "an implicit backward solve missed its tolerance",
+    "backward_not_converged": (
+        "an implicit backward solve missed its tolerance at a fixed point (at a point that is "
+        "not one, the pass counts as backward_not_fixed_point only)"
+    ),
     "backward_nonfinite": "a backward solve produced NaN / inf",
     "loss_nonfinite": "the loss is NaN / inf",
     "grad_nonfinite": "a parameter gradient is NaN / inf",

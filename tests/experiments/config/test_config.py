@@ -15,7 +15,12 @@ from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 import implicit_ham as ih
-from experiments.config.groups import TrainConfig, config_groups, register_configs
+from experiments.config.groups import (
+    TrainConfig,
+    check_components,
+    config_groups,
+    register_configs,
+)
 from experiments.config.typed import typed_config
 from experiments.engine.build import build_context, build_datasets, build_sinks, context_channels
 from experiments.engine.run import run_training
@@ -121,7 +126,9 @@ def test_optimiser_config_is_a_partial_over_parameters() -> None:
                                     "optuna_search", "study_remedy", "study_ridge", "legend_probe",
                                     "paper_v3"])
 def test_experiment_presets_compose(preset: str) -> None:
-    assert _compose(f"+experiment={preset}").epochs > 0
+    config = _typed(f"+experiment={preset}")  # every key known to its schema
+    check_components(config)  # and every value accepted by the library
+    assert config.epochs > 0
 
 
 @pytest.mark.parametrize(
@@ -194,6 +201,40 @@ def test_unknown_group_option_lists_the_choices() -> None:
 def test_misspelt_key_fails_at_composition() -> None:
     with pytest.raises(ConfigCompositionException, match="tl"):
         _compose("adjoint=implicit", "adjoint.tl=3")
+
+
+def test_a_key_added_with_plus_is_refused_not_silently_ignored() -> None:
+    # Hydra refuses context.stpes=3 but suggests +context.stpes=3, which it then accepts: the
+    # run would train with the default steps while the user reads K = 3
+    with pytest.raises(ValueError, match=r"context\.stpes \(did you mean context\.steps\?\)"):
+        _typed("+context.stpes=3")
+    with pytest.raises(ValueError, match=r"optim\.lrr \(did you mean optim\.lr\?\)"):
+        _typed("+optim.lrr=0.1")
+    assert _typed("context.steps=3").context.steps == 3
+
+
+@pytest.mark.parametrize(
+    ("overrides", "group"),
+    [
+        (["context.steps=-1"], "context"),
+        (["context.eval_steps=-2"], "context"),
+        (["adjoint=truncated", "adjoint.k=0"], "adjoint"),
+        (["solver.max_steps=0"], "solver"),
+    ],
+)
+def test_a_value_the_library_refuses_fails_at_start_up_naming_its_group(
+    overrides: list[str], group: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = _typed(*overrides)
+    with pytest.raises(ValueError, match=rf"^{group}: .*the {group}\.\* config options"):
+        check_components(config)
+
+    def no_data(*args: object) -> None:
+        raise AssertionError("the data was built before the config was checked")
+
+    monkeypatch.setattr("experiments.engine.run.build_datasets", no_data)
+    with pytest.raises(ValueError, match=rf"^{group}: "):
+        run_training(config, tmp_path / "job")
 
 
 def test_key_of_another_option_fails_at_composition() -> None:
