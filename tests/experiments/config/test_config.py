@@ -146,6 +146,7 @@ def test_experiment_presets_compose(preset: str) -> None:
 def test_every_study_job_composes_at_the_study_scale(overrides: list[str]) -> None:
     """Each kind of job experiments/scripts/study.sh launches, as its sweep composes it."""
     cfg = _compose(*overrides)
+    check_components(typed_config(cfg, TrainConfig))  # known keys, values the library accepts
     assert (cfg.epochs, cfg.batch_size, cfg.data.train_size, cfg.threads) == (12, 16, 512, 1)
     if "eval_steps" in cfg.context:
         assert cfg.context.eval_steps == cfg.context.steps
@@ -201,6 +202,15 @@ def test_unknown_group_option_lists_the_choices() -> None:
 def test_misspelt_key_fails_at_composition() -> None:
     with pytest.raises(ConfigCompositionException, match="tl"):
         _compose("adjoint=implicit", "adjoint.tl=3")
+
+
+@pytest.mark.parametrize("arm", _options("arm"))
+def test_every_arm_passes_the_start_up_checks(arm: str) -> None:
+    # no false positive of the key and value checks on the arms the sweeps use, each with the
+    # preset it runs under (the baselines under the attention study's)
+    baseline = arm == "none" or "attention" in arm or arm.startswith("sdpa")
+    preset = "attention_vs_md" if baseline else "adjoint_ablation"
+    check_components(_typed(f"+experiment={preset}", f"+arm={arm}"))
 
 
 def test_a_key_added_with_plus_is_refused_not_silently_ignored() -> None:
