@@ -92,8 +92,8 @@ def check_known_keys(cfg: DictConfig) -> None:
         lines.append(f"{path} ({hint})")
     raise ValueError(
         f"unknown config key(s): {'; '.join(lines)}. The run reads only its schema's keys, so a "
-        "key added with '+' would be silently ignored; set the existing key instead (e.g. "
-        "context.steps=3, not +context.stpes=3)."
+        "key added with '+' would be silently ignored; set the existing key instead (without "
+        "'+')."
     )
 
 

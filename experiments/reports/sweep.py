@@ -216,7 +216,7 @@ def event_meanings(jobs: Sequence[Job]) -> list[tuple[str, str]]:
     meanings += [(k, ACTION_MEANINGS.get(k, "not a policy action of this library version"))
                  for k in actions]  # fmt: skip
     for name in warned:
-        category = getattr(ih, name, None)
+        category = getattr(ih.errors, name, None)  # every warning class of the library
         doc = category.__doc__ if isinstance(category, type) and category.__doc__ else None
         meanings.append((name, " ".join(doc.split()) if doc else "not a warning of the library"))
     return meanings

@@ -16,10 +16,9 @@ from types import FrameType
 
 import torch
 
-_SKIPPED = tuple(
-    str(Path(path).resolve().parent) + os.sep
-    for path in (Path(__file__).resolve().parent, torch.__file__)
-)  # implicit_ham/ and torch/: neither is the user's code
+_LIBRARY_DIR = Path(__file__).resolve().parents[1]  # implicit_ham/
+_TORCH_DIR = Path(torch.__file__).resolve().parent  # torch/
+_SKIPPED = (f"{_LIBRARY_DIR}{os.sep}", f"{_TORCH_DIR}{os.sep}")  # neither is the user's code
 
 
 def user_stacklevel() -> int:

@@ -58,10 +58,18 @@ def test_the_at_fixed_point_modes_do_not_need_the_steps_graph() -> None:
 
 
 def test_a_map_without_graph_is_not_mistaken_for_a_broken_solver() -> None:
-    # the built-in solver, an f that ignores its input: no graph anywhere, no error
+    # the built-in solver, an f that ignores its input: no graph anywhere, no error, and no
+    # probe evaluation either (the library's solvers are not probed: exactly max_steps calls)
     x = torch.randn(2, 3, requires_grad=True)
-    sol = ih.fixed_point(lambda z, x: 0.5 * z, torch.ones(2, 3), x, adjoint=ih.Unroll())
-    assert not sol.value.requires_grad
+    calls = []
+
+    def halve(z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return 0.5 * z
+
+    solver = ih.FixedPointIteration(max_steps=7)
+    sol = ih.fixed_point(halve, torch.ones(2, 3), x, solver=solver, adjoint=ih.Unroll())
+    assert not sol.value.requires_grad and len(calls) == 7
 
 
 def test_the_conformance_kit_reports_it() -> None:
