@@ -7,7 +7,9 @@ per step; reading them (``summary()``) synchronises once.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -20,6 +22,7 @@ from implicit_ham._core.state import (
     per_sample_norm,
     per_tensor_norms,
 )
+from implicit_ham._core.transforms import active_transforms
 
 
 @dataclass
@@ -64,6 +67,103 @@ class SolverStats:
             "rel_residual": _worst(self.rel_residual),
             "converged": None if self.converged is None else bool(self.converged.all()),
         }
+
+
+class RecordedStats(SolverStats):
+    """``SolverStats`` whose tensors (``residuals``, ``abs_residual``, ``rel_residual``,
+    ``converged``) are computed from the recorded per-step norms when one of them is first
+    read: the same attributes and values as ``SolverStats``, without the few tensor operations
+    at the end of every solve (stacking the trace, the relative residual, the stopping test)
+    that most callers never read the result of. ``TraceRecorder.build`` makes them
+    (``deferred``); the constructor is ``SolverStats``' (so ``dataclasses.replace`` works).
+    """
+
+    def __init__(
+        self,
+        solver: str,
+        steps: int,
+        residuals: Tensor,
+        abs_residual: Tensor,
+        rel_residual: Tensor,
+        converged: Tensor | None,
+        sample_steps: Tensor | None = None,
+    ) -> None:
+        self.solver, self.steps, self.sample_steps = solver, steps, sample_steps
+        self._tensors: Callable[[], tuple[Tensor, Tensor, Tensor, Tensor | None]] | None = None
+        self._values: list[Tensor | None] | None = [
+            residuals,
+            abs_residual,
+            rel_residual,
+            converged,
+        ]
+
+    @classmethod
+    def deferred(
+        cls,
+        solver: str,
+        steps: int,
+        sample_steps: Tensor | None,
+        tensors: Callable[[], tuple[Tensor, Tensor, Tensor, Tensor | None]],
+    ) -> RecordedStats:
+        """Stats whose tensors ``tensors()`` computes (once) when one of them is first read:
+        (residuals (steps, B), abs_residual (B,), rel_residual (B,), converged (B,) or None)."""
+        stats = cls.__new__(cls)
+        stats.solver, stats.steps, stats.sample_steps = solver, steps, sample_steps
+        stats._tensors, stats._values = tensors, None
+        return stats
+
+    def __reduce__(self) -> tuple[type[RecordedStats], tuple[object, ...]]:
+        """Pickled (and deep-copied) with its tensors computed: the recipe is a closure."""
+        values = [self._get(i) for i in range(4)]
+        return type(self), (self.solver, self.steps, *values, self.sample_steps)
+
+    def _get(self, index: int) -> Tensor | None:
+        if self._values is None:
+            assert self._tensors is not None
+            self._values = list(self._tensors())
+            self._tensors = None
+        return self._values[index]
+
+    def _set(self, index: int, value: Tensor | None) -> None:
+        self._get(index)
+        assert self._values is not None
+        self._values[index] = value
+
+    @property
+    def residuals(self) -> Tensor:
+        """(steps, B) absolute residual of each recorded step."""
+        return cast(Tensor, self._get(0))
+
+    @residuals.setter
+    def residuals(self, value: Tensor) -> None:
+        self._set(0, value)
+
+    @property
+    def abs_residual(self) -> Tensor:
+        """(B,) the last absolute residual."""
+        return cast(Tensor, self._get(1))
+
+    @abs_residual.setter
+    def abs_residual(self, value: Tensor) -> None:
+        self._set(1, value)
+
+    @property
+    def rel_residual(self) -> Tensor:
+        """(B,) the last residual divided by the norm of the iterate it produced."""
+        return cast(Tensor, self._get(2))
+
+    @rel_residual.setter
+    def rel_residual(self, value: Tensor) -> None:
+        self._set(2, value)
+
+    @property
+    def converged(self) -> Tensor | None:
+        """(B,) bool, the stopping test at the last step; None without a tolerance."""
+        return self._get(3)
+
+    @converged.setter
+    def converged(self, value: Tensor | None) -> None:
+        self._set(3, value)
 
 
 def _worst(values: Tensor) -> float:
@@ -169,14 +269,13 @@ class TraceRecorder:
     def last_step_finite(self) -> bool:
         """One reduction and one host synchronisation: whether the last recorded change is
         finite (a NaN / inf in the final state, or in the one before it, makes the norm of its
-        change non-finite). The sum of the (B,) norms is finite exactly when they all are, but
-        for a sum that overflows, which the exact (slower) test then clears."""
+        change non-finite). The norm of the (B,) norms is finite exactly when they all are, but
+        for one that overflows, which the exact (slower) test then clears. (A norm, not a sum:
+        the kernel that measured the step, still in the caches at the end of a solve.)"""
         last = self.parts[-1]
-        return math.isfinite(float(last.sum())) or bool(torch.isfinite(last).all())
-
-    def last(self) -> tuple[Tensor, Tensor]:
-        """The last step's (B,) absolute and relative residuals."""
-        return self.residuals[-1], _relative(self.residuals[-1], self.sizes[-1])
+        return math.isfinite(float(torch.linalg.vector_norm(last))) or bool(
+            torch.isfinite(last).all()
+        )
 
     def check_finite(self, z0: State, steps_offset: int = 0) -> None:
         """Raise NonFiniteError naming the first step and state tensor that went non-finite.
@@ -209,38 +308,42 @@ class TraceRecorder:
         dtype: torch.dtype,
         tol: float | None,
         stop_mode: str,
+        steps: int | None = None,
     ) -> SolverStats:
         """The SolverStats of everything recorded so far. With ``sample_steps`` (B,) set (a
         solve that froze samples as they converged), each sample's rows after its stop repeat
         its residual at the stop, so its trace and final residuals are those of solving it
-        alone."""
-        if self.residuals:
-            steps = len(self.residuals)
-            both = torch.stack(self.residuals + self.sizes).view(2, steps, *self.residuals[0].shape)
-            if self.sample_steps is not None:  # every sample stops after >= 1 step
-                rows = torch.arange(steps, device=both.device)[:, None]
-                at_stop = torch.minimum(rows, self.sample_steps[None] - 1)
-                both = both.gather(1, at_stop.expand(2, -1, -1))
-            residuals, sizes = both[0], both[1]
-            last_abs, last_size = residuals[-1], sizes[-1]
-            last_rel = _relative(last_abs, last_size)
-        else:
-            residuals = torch.zeros(0, batch, device=device, dtype=dtype)
-            last_abs = last_rel = last_size = torch.full((batch,), float("nan"))
-        converged = None
-        if tol is not None:
+        alone. ``steps``: the solve's iterations when it recorded only its last (default: the
+        steps recorded). The tensors are computed when first read (``RecordedStats``), at once
+        under a torch.func transform or while torch.compile traces (whose tensors must not
+        outlive them)."""
+        residuals, sizes, sample_steps = list(self.residuals), list(self.sizes), self.sample_steps
+
+        def tensors() -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+            if residuals:
+                both = torch.stack(residuals + sizes).view(2, len(residuals), *sizes[0].shape)
+                if sample_steps is not None:  # every sample stops after >= 1 step
+                    rows = torch.arange(len(residuals), device=both.device)[:, None]
+                    at_stop = torch.minimum(rows, sample_steps[None] - 1)
+                    both = both.gather(1, at_stop.expand(2, -1, -1))
+                trace, last_abs, last_size = both[0], both[0, -1], both[1, -1]
+                last_rel = _relative(last_abs, last_size)
+            else:
+                trace = torch.zeros(0, batch, device=device, dtype=dtype)
+                last_abs = last_rel = last_size = torch.full(
+                    (batch,), float("nan"), device=device, dtype=dtype
+                )
+            if tol is None:
+                return trace, last_abs, last_rel, None
             metric = torch.sub(last_abs, last_size, alpha=tol) if stop_mode == "rel" else (
                 last_abs - tol)  # fmt: skip
-            converged = metric <= 0  # the stopping test of ``excess``, to the bit
-        return SolverStats(
-            self.solver,
-            len(self.residuals),
-            residuals,
-            last_abs,
-            last_rel,
-            converged,
-            self.sample_steps,
-        )
+            return trace, last_abs, last_rel, metric <= 0  # ``excess``'s test, to the bit
+
+        count = len(residuals) if steps is None else steps
+        stats = RecordedStats.deferred(self.solver, count, sample_steps, tensors)
+        if torch.compiler.is_compiling() or active_transforms():
+            stats.residuals  # noqa: B018 (computed now)
+        return stats
 
 
 def _relative(res: Tensor, size: Tensor) -> Tensor:

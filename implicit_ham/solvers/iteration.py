@@ -106,7 +106,7 @@ class FixedPointIteration(FixedPointSolver):
             z = self._fixed_budget(step, z0, grad_steps, rec)
         elif grad_steps >= self.max_steps:
             z, stops = self._until_converged(step, z0, rec, keep=0)
-            rec.sample_steps = stops.per_sample if stops.staggered else None
+            rec.sample_steps = stops.per_sample
         else:
             z, stops = self._replay_tail(step, z0, grad_steps, rec)
         # a tolerance loop has read every step's metric, which is finite only for finite steps
@@ -154,8 +154,8 @@ class FixedPointIteration(FixedPointSolver):
                 "stayed finite: f differs between grad and no-grad mode). Check f for overflow "
                 "or division by zero, or use float64."
             )
-        res, rel = rec.last()
-        return z, SolverStats(self.name, self.max_steps, res.unsqueeze(0), res, rel, None)
+        device, dtype = z0[0].device, z0[0].dtype
+        return z, rec.build(spec.batch, device, dtype, None, self.stop_mode, self.max_steps)
 
     def _fixed_budget(self, step: StepFn, z0: State, grad_steps: int, rec: TraceRecorder) -> State:
         z = z0
@@ -180,47 +180,34 @@ class FixedPointIteration(FixedPointSolver):
         The metric is ``TraceRecorder.excess`` (``<= 0`` where a sample meets the tolerance).
         """
         tol = float(self.tol or 0.0)
-        batch = z0[0].shape[0]
-        device = z0[0].device
-        active: Tensor | None = None  # None while no sample is frozen
-        stops = torch.full((batch,), self.max_steps, dtype=torch.int64, device=device)
+        running = _Running(z0[0].shape[0], z0[0].device)
         window: deque[State] = deque([z0], maxlen=keep + 1)
         starts: State | None = None  # per sample: the iterate keep steps before its stop
-        z, finite, high = z0, True, math.inf
+        z, high = z0, math.inf
         for k in range(1, self.max_steps + 1):
             z_next = step(z)
             rec.record(z, z_next)
-            excess = rec.excess(tol, self.stop_mode)  # <= 0 where a sample meets tol
-            if active is None:
-                z = z_next
-                low, high = _bounds(excess)
-                done = excess <= 0 if low <= 0 < high else None
-            else:
-                z = _select(active, z_next, z)
-                high = excess.masked_fill(~active, 0.0).max().item()
-                done = active & (excess <= 0)
+            z = z_next if running.mask is None else _select(running.mask, z_next, z)
             if keep:
                 window.append(z)
-            finite = math.isfinite(high)
-            if not finite or high <= 0:
+            excess = rec.excess(tol, self.stop_mode)
+            high, some_met = running.read(excess)
+            if not math.isfinite(high) or high <= 0:
                 break
-            if done is not None:  # some samples converged at step k: freeze them
-                stops = stops.masked_fill(done, k)
+            if some_met:  # some samples converged at step k: freeze them
+                done = running.freeze(excess, k)
                 if keep:
                     starts = _select(done, window[0], z0 if starts is None else starts)
-                active = ~done if active is None else active & ~done
-        if active is not None:
-            stops = torch.where(active, torch.full_like(stops, k), stops)
-        else:
-            stops = torch.full_like(stops, k)
         if keep:
             running_start = window[0]
             starts = (
                 running_start
-                if starts is None or active is None
-                else _select(active, running_start, starts)
+                if starts is None or running.mask is None
+                else _select(running.mask, running_start, starts)
             )
-        return z, _Stops(stops, k, starts, active is not None, finite, finite and high <= 0)
+        finite = math.isfinite(high)
+        stops = running.stops(k)
+        return z, _Stops(stops, k, starts, stops is not None, finite, finite and high <= 0)
 
     def _replay_tail(
         self, step: StepFn, z0: State, grad_steps: int, rec: TraceRecorder
@@ -237,12 +224,12 @@ class FixedPointIteration(FixedPointSolver):
         """
         with torch.no_grad():
             solved, stops = self._until_converged(step, z0, rec, keep=grad_steps)
-        rec.sample_steps = stops.per_sample if stops.staggered else None
+        rec.sample_steps = stops.per_sample
         if grad_steps == 0:
             return solved, stops
         assert stops.starts is not None
         start = stops.starts
-        counts = stops.per_sample.tolist() if stops.staggered else [stops.last]
+        counts = [stops.last] if stops.per_sample is None else stops.per_sample.tolist()
         if min(counts) >= grad_steps:
             z = apply_steps(step, start if start is z0 else detached(start), grad_steps)
         else:
@@ -256,6 +243,67 @@ class FixedPointIteration(FixedPointSolver):
         if host_checks():
             _warn_if_coupled(self.name, solved, z, counts)
         return with_gradient_of(solved, z), stops
+
+
+class _Running:
+    """Which samples a tolerance solve still iterates, and the step each frozen one stopped at.
+
+    ``read`` takes a step's stopping metric (``TraceRecorder.excess``, ``<= 0`` where a sample
+    meets the tolerance) with one host synchronisation. A batch of at most ``_HOST_REDUCE``
+    samples is copied whole and decided in Python, its stops kept on the host (no reduction
+    kernel per step, and a freeze costs three mask kernels: on the CPU each costs more than
+    the copy); a larger one is reduced on its device (the (min, max) pair, or the max over
+    the running samples, copied once).
+    """
+
+    def __init__(self, batch: int, device: torch.device) -> None:
+        self.on_host, self.device = batch <= _HOST_REDUCE, device
+        self.mask: Tensor | None = None  # (B,) bool, still running; None while all are
+        self._values: list[float] = []  # the last metric read (small batches)
+        self._running: list[bool] = [True] * batch if self.on_host else []
+        self._host_stops: list[int] | None = None  # each frozen sample's step (small batches)
+        self._stops: Tensor | None = None  # the same on the device (large batches)
+
+    def read(self, excess: Tensor) -> tuple[float, bool]:
+        """The worst metric over the running samples (NaN where one is NaN / inf), and whether
+        some running sample may have met the tolerance (then ``freeze`` if the solve goes on)."""
+        if self.on_host:
+            self._values = excess.tolist()
+            live = [v for v, a in zip(self._values, self._running, strict=True) if a]
+            high = max(live) if math.isfinite(sum(live)) else math.nan
+            return high, min(live) <= 0
+        if self.mask is None:
+            low, high = _bounds(excess)
+            return high, low <= 0
+        return excess.masked_fill(~self.mask, 0.0).max().item(), True
+
+    def freeze(self, excess: Tensor, step: int) -> Tensor:
+        """Stop the running samples whose ``excess`` (the metric ``read`` took) is ``<= 0`` at
+        ``step``; return their (B,) mask."""
+        met = excess <= 0
+        done = met if self.mask is None else self.mask & met
+        self.mask = ~met if self.mask is None else self.mask ^ done
+        if not self.on_host:
+            stops = (
+                torch.zeros_like(done, dtype=torch.int64) if self._stops is None else self._stops
+            )
+            self._stops = stops.masked_fill(done, step)
+            return done
+        steps = self._host_stops or [0] * len(self._values)
+        flags = [a and v <= 0 for v, a in zip(self._values, self._running, strict=True)]
+        self._host_stops = [step if d else s for d, s in zip(flags, steps, strict=True)]
+        self._running = [a and not d for a, d in zip(self._running, flags, strict=True)]
+        return done
+
+    def stops(self, last: int) -> Tensor | None:
+        """(B,) int64 each sample's steps, the running ones stopping at ``last``; None when no
+        sample was frozen (they all took ``last``)."""
+        if self._stops is not None and self.mask is not None:
+            return self._stops.masked_fill(self.mask, last)
+        if self._host_stops is None:
+            return None
+        steps = [last if a else s for a, s in zip(self._running, self._host_stops, strict=True)]
+        return torch.tensor(steps, dtype=torch.int64, device=self.device)
 
 
 def _warn_if_coupled(name: str, solved: State, replayed: State, counts: list[int]) -> None:
@@ -282,14 +330,15 @@ class _Stops:
     """Where each sample of a solve with a tolerance stopped.
 
     Attributes:
-        per_sample: (B,) int64 steps of each sample. last: the solve's steps (the largest).
+        per_sample: (B,) int64 steps of each sample; None when they all took ``last``, the
+            solve's steps (the largest).
         starts: per sample the iterate ``keep`` steps before its stop (None without ``keep``).
         staggered: whether some sample stopped before the others.
         finite: whether every step's stopping metric was finite (then so was every step).
         converged: whether every sample met the tolerance.
     """
 
-    per_sample: Tensor
+    per_sample: Tensor | None
     last: int
     starts: State | None
     staggered: bool
@@ -323,11 +372,11 @@ def _advance(step: StepFn, z: State, rec: TraceRecorder) -> State:
 
 
 def _bounds(values: Tensor) -> tuple[float, float]:
-    """The (min, max) of ``values`` on the host: one synchronisation on a device (the pair is
-    stacked and copied once); on the CPU, where reading a value does not wait for a device,
-    two scalar reads (cheaper than the stacking kernel)."""
+    """The (min, max) of ``values`` on the host: one synchronisation (the pair is stacked and
+    copied once)."""
     bounds = torch.aminmax(values)
-    if values.device.type == "cpu":
-        return bounds.min.item(), bounds.max.item()
     low, high = torch.stack((bounds.min, bounds.max)).tolist()
     return low, high
+
+
+_HOST_REDUCE = 256  # samples: up to this batch size ``_Running`` decides on the host
