@@ -7,7 +7,7 @@ from torch import Tensor
 
 from implicit_ham.decompositions.base import Decomposition, State
 from implicit_ham.decompositions.fused import multiplicative_update
-from implicit_ham.decompositions.products import bases_t_x
+from implicit_ham.decompositions.products import bases_t_x, readout_in_blocks
 from implicit_ham.decompositions.registry import register_decomposition
 
 
@@ -71,6 +71,16 @@ class NMF(Decomposition):
         """(B*S,): ``||X - D C^T||_F^2`` with the state's own C (what the updates decrease)."""
         bases, coef = state
         return (x - bases @ coef.transpose(1, 2)).square().sum(dim=(1, 2))
+
+    def readout(self, x: Tensor, state: State) -> Tensor:
+        """``D compute_coef(X, state)^T`` (B*S, d, n); in an inference forward on the CPU taken
+        in column blocks (``products.readout_in_blocks``: the same value up to rounding,
+        without an n x r coefficient tensor beside the state's)."""
+        if type(self).compute_coef is NMF.compute_coef:
+            out = readout_in_blocks(x, state[0], state[1], self.eps)
+            if out is not None:
+                return out
+        return super().readout(x, state)
 
     def _update_coef(self, x: Tensor, bases: Tensor, coef: Tensor) -> Tensor:
         """``C * (X^T D) / (C D^T D + eps)``: (B*S, n, r), stored as its transpose (r, n).

@@ -1,4 +1,5 @@
-"""``D^T X``, the product every NMF coefficient update starts from, in column blocks on the CPU.
+"""``D^T X``, the product every NMF coefficient update starts from, in column blocks on the CPU;
+and the NMF readout in column blocks (``readout_in_blocks``).
 
 For a wide X (B, d, n) whose columns do not fit the last-level cache, one ``bmm`` of
 (r, d) x (d, n) streams X once through a kernel blocked for the whole n; taking it in blocks of
@@ -23,10 +24,11 @@ from torch import Tensor
 from torch.autograd import forward_ad
 
 from implicit_ham._core.transforms import active_transforms
-from implicit_ham.decompositions.fused import may_overwrite
+from implicit_ham.decompositions.fused import may_overwrite, multiplicative_update
 
 BLOCK_BYTES = 4 * 2**20
 MIN_BLOCKS = 4
+READOUT_BLOCK_BYTES = 128 * 2**10
 
 
 def column_block(x: Tensor) -> int | None:
@@ -60,3 +62,48 @@ def bases_t_x(bases: Tensor, x: Tensor) -> Tensor:
     for start, piece in zip(range(0, x.shape[2], block), pieces, strict=True):
         torch.bmm(bases.mT, piece, out=out[..., start : start + piece.shape[2]])
     return out
+
+
+def readout_in_blocks(x: Tensor, bases: Tensor, coef: Tensor, eps: float) -> Tensor | None:
+    """NMF's readout ``D C'^T`` (B, d, n) with ``C' = C * (X^T D) / (C D^T D + eps)`` (one more
+    coefficient update), taken in blocks of columns of n: each block's columns of ``C'`` are
+    formed and multiplied out at once, so the whole n x r ``C'`` never exists beside the
+    state's ``C`` (which the layer keeps in ``last_solution``). The peak memory of an inference
+    forward is then the official code's, which frees C as C' forms (at 128^2 it was one n x r,
+    4 MiB, above it). The same products per column and the same elementwise order as
+    ``NMF.compute_coef`` followed by one ``bmm``: equal up to rounding (the BLAS may block a
+    product differently for fewer columns; bitwise the same at the paper's sizes with MKL),
+    as the blocked ``bases_t_x`` of the inference forward is. A forward that autograd records
+    (training, in every backward mode) never takes this path.
+
+    Args:
+        x: X (B, d, n). bases: D (B, d, r). coef: C (B, n, r), any layout.
+        eps: the update's denominator offset.
+
+    Returns:
+        The readout, or None where blocks do not apply: off the CPU, where something records
+        the products (``_writes_in_place``), or for fewer than two blocks (one ``bmm`` then).
+        Blocks hold about ``READOUT_BLOCK_BYTES`` of (r, block) temporaries.
+    """
+    if x.device.type != "cpu" or x.dim() != 3 or any(t.requires_grad for t in (x, bases, coef)):
+        return None
+    if not _writes_in_place(bases, x) or forward_ad.unpack_dual(coef).tangent is not None:
+        return None
+    block = max(READOUT_BLOCK_BYTES // max(bases.shape[2] * x.element_size(), 1), 1)
+    if x.shape[2] < 2 * block:
+        return None
+    gram = torch.bmm(bases.mT, bases)
+    coef_t = coef.mT  # (B, r, n)
+    out = x.new_empty(x.shape)
+    for start in range(0, x.shape[2], block):
+        cols = slice(start, start + block)
+        new = _coef_columns(x[..., cols], bases, gram, coef_t[..., cols], eps)
+        torch.bmm(bases, new, out=out[..., cols])
+        del new  # released before the next block's temporaries are allocated
+    return out
+
+
+def _coef_columns(x: Tensor, bases: Tensor, gram: Tensor, coef_t: Tensor, eps: float) -> Tensor:
+    """(B, r, block): columns of ``C'^T`` from X's columns (B, d, block), D, ``D^T D`` and
+    C's columns (B, r, block), in ``NMF._update_coef``'s order; its temporaries end with it."""
+    return multiplicative_update(coef_t, torch.bmm(bases.mT, x), torch.bmm(gram, coef_t), eps)
