@@ -148,7 +148,8 @@ def write_peer_page(folders: Sequence[str | Path], out: str | Path = PEER_PAGE) 
                 f"- run {number}, section `{meta['section']}`: `{meta.get('command', '?')}`; "
                 f"torch {meta.get('torch', '?')}, threads={meta.get('threads', '?')}, "
                 f"clock={meta.get('clock', '?')}, {meta.get('rounds', '?')} rounds; host "
-                f"{meta.get('load', '?')} at the start (2 shared cores)"
+                f"{meta.get('load', '?')} at the start (2 shared cores"
+                + (f", {meta['cpu']})" if "cpu" in meta else ")")
             )
     path.write_text("\n".join(lines) + "\n")
     return path

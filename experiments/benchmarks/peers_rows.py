@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import statistics
 import sys
 import time
@@ -81,10 +82,22 @@ def read_json(path: str | Path) -> dict[str, Any]:
 
 
 def run_meta(command: str, threads: int, clock: str, rounds: int) -> dict[str, object]:
-    """The set-up a section records: command, torch, threads, clock, rounds, the host's load."""
+    """The set-up a section records: command, torch, threads, clock, rounds, the host's load
+    and processor."""
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     return {"command": command, "torch": torch.__version__, "threads": threads, "clock": clock,
-            "rounds": rounds, "load": f"load average {load}", "python": sys.executable}
+            "rounds": rounds, "load": f"load average {load}", "python": sys.executable,
+            "cpu": cpu_model()}
+
+
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere)."""
+    info = Path("/proc/cpuinfo")
+    if info.exists():
+        for line in info.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
 
 
 def check_same(what: str, ours: Sequence[Tensor], theirs: Sequence[Tensor], tol: float) -> float:

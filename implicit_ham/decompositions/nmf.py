@@ -37,8 +37,8 @@ class NMF(Decomposition):
     being recomputed: 14 products of size d x n x r per 6-step forward instead of 15. In an
     inference forward (no operand requires grad) on the CPU, ``X^T D`` is taken in column blocks
     for a wide X (``products.bases_t_x``), and so is the readout (``products.readout_in_blocks``:
-    no n x r coefficient tensor beside the state ``last_solution`` keeps). The input's finiteness and non-negativity are
-    checked in one pass (``check_values``).
+    no n x r coefficient tensor beside the state ``last_solution`` keeps). The input's
+    finiteness and non-negativity are checked in one pass (``check_values``).
     """
 
     default_inv_t = 1.0
