@@ -236,7 +236,7 @@ def peak_rss(who: str, name: str, size: int, train: bool) -> int:
     return int(out.stdout.split()[-1])
 
 
-def measure_memory(table: Table, sizes: Sequence[int], repeats: int = 5) -> None:
+def measure_memory(table: Table, sizes: Sequence[int], repeats: int = 9) -> None:
     """Peak RSS of the NMF forward and training step, separate processes, median of
     ``repeats`` processes per side (ours / official, goal <= 1)."""
     for size in sizes:
