@@ -137,9 +137,11 @@ class Decomposition(nn.Module, ABC):
     its finite-difference check).
 
     Attributes:
-        last_solution: the ``Solution`` of the latest forward (None before the first): its
-            value detached (so the module stays deep-copyable), its stats, and the same
-            ``backward_log`` list the backward pass appends to.
+        last_solution: the ``Solution`` of the latest forward (None before the first, from
+            the start of each forward until its solve ends, and after a forward that raised:
+            a solve never holds the previous state beside its own): its value detached (so
+            the module stays deep-copyable), its stats, and the same ``backward_log`` list the
+            backward pass appends to.
     """
 
     default_inv_t: ClassVar[float] = 1.0
@@ -406,6 +408,7 @@ class Decomposition(nn.Module, ABC):
             x: the feature map.
             init: optional explicit initial bases (B*S, d, r), e.g. for reproducible runs.
         """
+        self.last_solution = None  # the previous forward's state is released before this solve
         adjoint = self.active_adjoint()
         if isinstance(adjoint, OneStep) and not self.grad_through_bases:
             with torch.no_grad():  # z0 = init(X, D0) too: no graph the gradient never uses

@@ -5,6 +5,8 @@ released before the readout and before each step."""
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from helpers.live_bytes import LiveStorageBytes
 
@@ -44,3 +46,25 @@ def test_fixed_budget_iteration_keeps_two_states_alive() -> None:
     small = sum(b for b, _, _ in live.at_peak if b < state)
     # z_{k-1}, z_k and the temporary 0.5 z_k (or, at the end, the change z_K - z_{K-1})
     assert live.peak - small == 3 * state, live.at_peak
+
+
+def test_the_previous_forwards_state_is_released_before_the_next_solve() -> None:
+    """``last_solution`` of one forward is dropped when the next forward starts, not when its
+    solve ends: the solve never holds the old (D, C) beside its own iterates."""
+    seen: list[bool] = []
+
+    class Probe(ih.FixedPointIteration):
+        def solve(self, f, z0, spec, grad_steps=0):  # type: ignore[no-untyped-def]
+            seen.append(previous is not None and previous() is None)
+            return super().solve(f, z0, spec, grad_steps)
+
+    x = torch.rand(1, 16, 8, 8, generator=torch.Generator().manual_seed(0))
+    layer = ih.NMF(rank=3, steps=4, eval_steps=4, solver=Probe(max_steps=4)).eval()
+    previous = None
+    with torch.no_grad():
+        layer(x)
+        assert layer.last_solution is not None
+        previous = weakref.ref(layer.last_solution.value[1])
+        layer(x)
+    assert seen == [False, True]
+    assert layer.last_solution is not None and layer.last_solution.stats.steps == 4
