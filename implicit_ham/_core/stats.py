@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Generic, TypeVar, cast
 
 import torch
 from torch import Tensor
@@ -23,6 +23,8 @@ from implicit_ham._core.state import (
     per_tensor_norms,
 )
 from implicit_ham._core.transforms import active_transforms
+
+V = TypeVar("V")
 
 
 @dataclass
@@ -67,6 +69,22 @@ class SolverStats:
             "rel_residual": _worst(self.rel_residual),
             "converged": None if self.converged is None else bool(self.converged.all()),
         }
+
+
+class _Deferred(Generic[V]):
+    """A ``RecordedStats`` attribute: its ``index``-th tensor, computed with the others on
+    first read; assignable like a dataclass field."""
+
+    def __init__(self, index: int, doc: str) -> None:
+        self.index, self.__doc__ = index, doc
+
+    def __get__(self, stats: RecordedStats | None, owner: type | None = None) -> V:
+        if stats is None:  # read on the class: the descriptor itself
+            return cast(V, self)
+        return cast(V, stats._get(self.index))
+
+    def __set__(self, stats: RecordedStats, value: V) -> None:
+        stats._set(self.index, cast("Tensor | None", value))
 
 
 class RecordedStats(SolverStats):
@@ -129,41 +147,14 @@ class RecordedStats(SolverStats):
         assert self._values is not None
         self._values[index] = value
 
-    @property
-    def residuals(self) -> Tensor:
-        """(steps, B) absolute residual of each recorded step."""
-        return cast(Tensor, self._get(0))
-
-    @residuals.setter
-    def residuals(self, value: Tensor) -> None:
-        self._set(0, value)
-
-    @property
-    def abs_residual(self) -> Tensor:
-        """(B,) the last absolute residual."""
-        return cast(Tensor, self._get(1))
-
-    @abs_residual.setter
-    def abs_residual(self, value: Tensor) -> None:
-        self._set(1, value)
-
-    @property
-    def rel_residual(self) -> Tensor:
-        """(B,) the last residual divided by the norm of the iterate it produced."""
-        return cast(Tensor, self._get(2))
-
-    @rel_residual.setter
-    def rel_residual(self, value: Tensor) -> None:
-        self._set(2, value)
-
-    @property
-    def converged(self) -> Tensor | None:
-        """(B,) bool, the stopping test at the last step; None without a tolerance."""
-        return self._get(3)
-
-    @converged.setter
-    def converged(self, value: Tensor | None) -> None:
-        self._set(3, value)
+    residuals = _Deferred[Tensor](0, "(steps, B) absolute residual of each recorded step.")
+    abs_residual = _Deferred[Tensor](1, "(B,) the last absolute residual.")
+    rel_residual = _Deferred[Tensor](
+        2, "(B,) the last residual divided by the norm of the iterate it produced."
+    )
+    converged = _Deferred["Tensor | None"](
+        3, "(B,) bool, the stopping test at the last step; None without a tolerance."
+    )
 
 
 def _worst(values: Tensor) -> float:

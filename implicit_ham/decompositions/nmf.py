@@ -78,13 +78,19 @@ class NMF(Decomposition):
         in column blocks (``products.readout_in_blocks``: the same value up to rounding,
         without an n x r coefficient tensor beside the state's)."""
         if type(self).compute_coef is NMF.compute_coef:
-            out = readout_in_blocks(x, state[0], state[1], self.eps)
+            bases = state[0]
+            out = readout_in_blocks(
+                x, bases, state[1], lambda xs, cs, gram: self._update_coef(xs, bases, cs, gram)
+            )
             if out is not None:
                 return out
         return super().readout(x, state)
 
-    def _update_coef(self, x: Tensor, bases: Tensor, coef: Tensor) -> Tensor:
-        """``C * (X^T D) / (C D^T D + eps)``: (B*S, n, r), stored as its transpose (r, n).
+    def _update_coef(
+        self, x: Tensor, bases: Tensor, coef: Tensor, gram: Tensor | None = None
+    ) -> Tensor:
+        """``C * (X^T D) / (C D^T D + eps)``: (B*S, n, r), stored as its transpose (r, n);
+        ``gram``: ``D^T D`` when the caller has it (the blocked readout forms it once).
 
         Both products are formed transposed, ``(D^T X)^T`` and ``(D^T D C^T)^T`` (the Gram
         matrix is symmetric), so the n x r temporaries and the result share the (r, n) layout
@@ -95,5 +101,6 @@ class NMF(Decomposition):
         numer = self.shared_product(bases, x)
         if numer is None:
             numer = bases_t_x(bases, x).mT
-        denom = torch.bmm(torch.bmm(bases.mT, bases), coef.mT).mT
+        gram = torch.bmm(bases.mT, bases) if gram is None else gram
+        denom = torch.bmm(gram, coef.mT).mT
         return multiplicative_update(coef, numer, denom, self.eps)

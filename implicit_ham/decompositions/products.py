@@ -19,12 +19,14 @@ the CPU, or for an X of fewer than ``MIN_BLOCKS`` blocks, it is one ``bmm``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
 from implicit_ham._core.transforms import active_transforms
-from implicit_ham.decompositions.fused import may_overwrite, multiplicative_update
+from implicit_ham.decompositions.fused import may_overwrite
 
 BLOCK_BYTES = 4 * 2**20
 MIN_BLOCKS = 4
@@ -64,21 +66,23 @@ def bases_t_x(bases: Tensor, x: Tensor) -> Tensor:
     return out
 
 
-def readout_in_blocks(x: Tensor, bases: Tensor, coef: Tensor, eps: float) -> Tensor | None:
-    """NMF's readout ``D C'^T`` (B, d, n) with ``C' = C * (X^T D) / (C D^T D + eps)`` (one more
-    coefficient update), taken in blocks of columns of n: each block's columns of ``C'`` are
-    formed and multiplied out at once, so the whole n x r ``C'`` never exists beside the
-    state's ``C`` (which the layer keeps in ``last_solution``). The peak memory of an inference
-    forward is then the official code's, which frees C as C' forms (at 128^2 it was one n x r,
-    4 MiB, above it). The same products per column and the same elementwise order as
-    ``NMF.compute_coef`` followed by one ``bmm``: equal up to rounding (the BLAS may block a
-    product differently for fewer columns; bitwise the same at the paper's sizes with MKL),
-    as the blocked ``bases_t_x`` of the inference forward is. A forward that autograd records
-    (training, in every backward mode) never takes this path.
+def readout_in_blocks(
+    x: Tensor, bases: Tensor, coef: Tensor, update: Callable[[Tensor, Tensor, Tensor], Tensor]
+) -> Tensor | None:
+    """NMF's readout ``D C'^T`` (B, d, n), ``C'`` one more coefficient update of C, taken in
+    blocks of columns of n: each block's columns of ``C'`` are formed and multiplied out at
+    once, so the whole n x r ``C'`` never exists beside the state's ``C`` (which the layer keeps
+    in ``last_solution``). The peak memory of an inference forward is then the official
+    code's, which frees C as C' forms (at 128^2 it was one n x r, 4 MiB, above it). The update
+    is the layer's own, per block: equal up to rounding to one update and one ``bmm`` (the BLAS
+    may block a product differently for fewer columns; bitwise the same at the paper's sizes
+    with MKL), as the blocked ``bases_t_x`` of the inference forward is. A forward that
+    autograd records (training, in every backward mode) never takes this path.
 
     Args:
         x: X (B, d, n). bases: D (B, d, r). coef: C (B, n, r), any layout.
-        eps: the update's denominator offset.
+        update: ``(X columns (B, d, block), C rows (B, block, r), D^T D (B, r, r)) -> C'``
+            rows (B, block, r) (``NMF._update_coef``); D^T D is formed once for all blocks.
 
     Returns:
         The readout, or None where blocks do not apply: off the CPU, where something records
@@ -93,17 +97,10 @@ def readout_in_blocks(x: Tensor, bases: Tensor, coef: Tensor, eps: float) -> Ten
     if x.shape[2] < 2 * block:
         return None
     gram = torch.bmm(bases.mT, bases)
-    coef_t = coef.mT  # (B, r, n)
     out = x.new_empty(x.shape)
     for start in range(0, x.shape[2], block):
         cols = slice(start, start + block)
-        new = _coef_columns(x[..., cols], bases, gram, coef_t[..., cols], eps)
-        torch.bmm(bases, new, out=out[..., cols])
+        new = update(x[..., cols], coef[:, cols], gram)
+        torch.bmm(bases, new.mT, out=out[..., cols])
         del new  # released before the next block's temporaries are allocated
     return out
-
-
-def _coef_columns(x: Tensor, bases: Tensor, gram: Tensor, coef_t: Tensor, eps: float) -> Tensor:
-    """(B, r, block): columns of ``C'^T`` from X's columns (B, d, block), D, ``D^T D`` and
-    C's columns (B, r, block), in ``NMF._update_coef``'s order; its temporaries end with it."""
-    return multiplicative_update(coef_t, torch.bmm(bases.mT, x), torch.bmm(gram, coef_t), eps)

@@ -7,6 +7,8 @@ temporaries). Blocks are forced on small shapes by lowering ``READOUT_BLOCK_BYTE
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from helpers.live_bytes import LiveStorageBytes
@@ -33,6 +35,15 @@ def operands(dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...]:
     return x, bases, coef
 
 
+def update_of(
+    bases: torch.Tensor,
+) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """NMF's coefficient update of one block, as the layer hands it to ``readout_in_blocks``."""
+    layer = ih.NMF(rank=R)
+    assert layer.eps == EPS
+    return lambda xs, cs, gram: layer._update_coef(xs, bases, cs, gram)
+
+
 def unblocked(x: torch.Tensor, bases: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
     layer = ih.NMF(rank=R)
     return torch.bmm(bases, layer.compute_coef(x, (bases, coef)).mT)
@@ -41,7 +52,7 @@ def unblocked(x: torch.Tensor, bases: torch.Tensor, coef: torch.Tensor) -> torch
 def test_blocks_give_the_unblocked_value_and_the_equations_value(blocks_of_24) -> None:
     x, bases, coef = operands()
     with torch.no_grad():
-        out = readout_in_blocks(x, bases, coef, EPS)
+        out = readout_in_blocks(x, bases, coef, update_of(bases))
         assert out is not None
         torch.testing.assert_close(out, unblocked(x, bases, coef), rtol=1e-6, atol=1e-7)
     x64, b64, c64 = (t.double() for t in (x, bases, coef))
@@ -58,18 +69,25 @@ def test_blocks_apply_only_where_nothing_records_the_products(blocks_of_24) -> N
     x, bases, coef = operands()
     with torch.no_grad():
         assert (
-            readout_in_blocks(x[..., : 2 * BLOCK - 1], bases, coef[:, : 2 * BLOCK - 1], EPS) is None
+            readout_in_blocks(
+                x[..., : 2 * BLOCK - 1], bases, coef[:, : 2 * BLOCK - 1], update_of(bases)
+            )
+            is None
         )
         meta = [t.to("meta") for t in (x, bases, coef)]
-        assert readout_in_blocks(*meta, EPS) is None  # off the CPU
-    assert readout_in_blocks(x.requires_grad_(), bases, coef, EPS) is None  # autograd records
+        assert readout_in_blocks(*meta, update_of(meta[1])) is None  # off the CPU
+    assert (
+        readout_in_blocks(x.requires_grad_(), bases, coef, update_of(bases)) is None
+    )  # autograd records
     x.requires_grad_(False)
     seen: list[object] = []
-    torch.func.grad(lambda b: seen.append(readout_in_blocks(x, b, coef, EPS)) or b.sum())(bases)
+    torch.func.grad(lambda b: seen.append(readout_in_blocks(x, b, coef, update_of(b))) or b.sum())(
+        bases
+    )
     assert seen == [None]  # a torch.func transform
     with torch.no_grad(), forward_ad.dual_level():
         dual = forward_ad.make_dual(coef, torch.ones_like(coef))
-        assert readout_in_blocks(x, bases, dual, EPS) is None  # a forward-mode tangent
+        assert readout_in_blocks(x, bases, dual, update_of(bases)) is None  # a forward-mode tangent
 
 
 def test_the_layer_uses_blocks_in_inference_only_and_its_value_does_not_change(
