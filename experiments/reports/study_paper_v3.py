@@ -6,9 +6,9 @@ paper" table (from the composed job configs), the tuning grid with the selected 
 the main arms on the test split, the training-length check (``paper_v3_length``) and the val
 curves' tail gains, the verdicts (paired
 95 % t-intervals over replicates, margin ``MARGIN``, Holm over the family), the collapse flags,
-the K axis, the gradient fidelity along training and the measured time. Selection is recomputed
-with the runner's own functions (``experiments.studies.paper_v3_plan``), so the page and the run
-agree on which job is which. ``templates/study/paper_v3.md.j2`` writes it.
+the K axis, the gradient fidelity along training and the measured time (``paper_v3_budget``).
+Selection is recomputed with the runner's own functions (``experiments.studies.paper_v3_plan``),
+so the page and the run agree on which job is which. ``templates/study/paper_v3.md.j2`` writes it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 from experiments.data.digit_canvas import CANVAS
 from experiments.models.backbone import LocalBackbone
+from experiments.reports.paper_v3_budget import ok_row, plan_budget
 from experiments.reports.paper_v3_length import (
     ComparisonAtLength,
     Curve,
@@ -102,10 +103,6 @@ def arm_label(context: str, gradient: str, inv_t: float | None) -> str:
         return CONTEXT_NAMES[context]
     label = f"{context.upper()}, {GRADIENT_NAMES[gradient]}"
     return label if inv_t is None else f"{label}, inv_t {inv_t:g}"
-
-
-def _ok(row: Mapping[str, Any] | None) -> bool:
-    return row is not None and row.get("status") == "ok"
 
 
 def _mean_sd(values: Sequence[float]) -> str:
@@ -200,7 +197,7 @@ def _values(rows: Mapping[str, Mapping[str, Any]], jobs: Sequence[Job], column: 
     out = []
     for job in jobs:
         row = rows.get(job.key)
-        if _ok(row) and row is not None and row.get(column) is not None:
+        if ok_row(row) and row is not None and row.get(column) is not None:
             value = float(row[column])
             if math.isfinite(value):
                 out.append(value)
@@ -225,7 +222,7 @@ def _by_replicate(
     out = {}
     for job in jobs:
         row = rows.get(job.key)
-        if _ok(row) and row is not None and row.get(column) is not None:
+        if ok_row(row) and row is not None and row.get(column) is not None:
             value = float(row[column])
             if math.isfinite(value):
                 out[job.replicate] = value
@@ -384,7 +381,7 @@ def _fidelity(
     for ham in HAMS:
         for inv_t in plan.inv_ts_of(ham):
             for g in (ONE_STEP, THROUGH_BASES):
-                arm = [j for j in _arm_jobs(main, ham, g, inv_t) if _ok(rows.get(j.key))]
+                arm = [j for j in _arm_jobs(main, ham, g, inv_t) if ok_row(rows.get(j.key))]
                 series = [c for j in arm if (c := decode_curve(rows[j.key].get("fidelity")))]
                 if not series:
                     continue
@@ -418,8 +415,8 @@ def paper_v3(
     known = [*jobs_of_stage(plan, rows, "pretrain"), *tune_jobs(plan, rows), *main, *k_jobs,
              *longer]  # fmt: skip
     expected = {j.key for j in known}
-    ok = sum(_ok(rows.get(k)) for k in expected)
-    failed = tuple(sorted(k for k in expected if k in rows and not _ok(rows[k])))
+    ok = sum(ok_row(rows.get(k)) for k in expected)
+    failed = tuple(sorted(k for k in expected if k in rows and not ok_row(rows[k])))
 
     none_scores = _by_replicate(rows, _arm_jobs(main, "none", NO_GRADIENT, None))
     main_rows, flat_rows, collapse_rows = [], [], []
@@ -438,7 +435,7 @@ def paper_v3(
                           ", ".join(map(str, collapsed)) or "none"))  # fmt: skip
         if context != "none":
             collapse_rows.append((arm_label(context, gradient, inv_t), len(collapsed), len(scores)))
-        arm_rows = [rows[j.key] for j in arm if _ok(rows.get(j.key))]
+        arm_rows = [rows[j.key] for j in arm if ok_row(rows.get(j.key))]
         check = flatness(arm_rows, MARGIN)
         if check is not None:
             jitter += check.jitter
@@ -467,23 +464,11 @@ def paper_v3(
     k_axis, k_inv = _k_axis(plan, rows, k_jobs) if tuned else (_k_table(plan, []), [])
     fidelity, curves = _fidelity(plan, rows, main)
 
-    pre = [rows[j.key] for j in jobs_of_stage(plan, rows, "pretrain") if _ok(rows.get(j.key))]
+    pre = [rows[j.key] for j in jobs_of_stage(plan, rows, "pretrain") if ok_row(rows.get(j.key))]
     pretrain = Table.of(["replicate", "data seed", "clean val pixel accuracy", "seconds"],
                         [(r["replicate"], r["data_seed"], _fmt(r["val_pixel_acc"]),
                           f"{r['train_s']:.0f}") for r in pre])  # fmt: skip
-    own = [r for r in rows.values() if r.get("plan") == plan.digest()]
-    job_s = _job_seconds(own)
-    peaks = [float(r["peak_mem_mb"]) for r in own if r.get("peak_mem_mb") is not None]
-    mine = [s for s in sessions if s.get("plan") == plan.digest()]
-    session_table = Table.of(
-        ["invocation", "main arms' epochs", "jobs run", "workers", "wall min"],
-        [(i + 1, s.get("main_epochs") or "–", s["jobs_run"], s["workers"],
-          f"{(s['finished'] - s['started']) / 60:.1f}") for i, s in enumerate(mine)],
-    )  # fmt: skip
-    stage_rows = []
-    for stage in ("pretrain", "tune", "main", "k_axis", "length"):
-        done = [rows[j.key] for j in known if j.stage == stage and _ok(rows.get(j.key))]
-        stage_rows.append((stage, len(done), f"{_job_seconds(done) / 60:.1f}"))
+    budget = plan_budget(plan, rows, sessions, known, expected, ok)
     return PaperV3(
         csv=csv,
         margin=MARGIN,
@@ -536,18 +521,18 @@ def paper_v3(
         fidelity_curve=tuple(curves),
         val_curves=tuple(val_curves),
         val_jitter=statistics.median(jitter) if jitter else None,
-        wall_minutes=sum(s["finished"] - s["started"] for s in mine) / 60 if mine else None,
-        sessions=len(mine),
-        session_table=session_table,
-        stage_table=Table.of(["stage", "jobs (ok)", "job min"], stage_rows),
-        job_minutes=job_s / 60,
-        peak_mem_mb=max(peaks) if peaks else None,
+        wall_minutes=budget.wall_minutes,
+        sessions=budget.sessions,
+        session_table=budget.session_table,
+        stage_table=budget.stage_table,
+        job_minutes=budget.job_minutes,
+        peak_mem_mb=budget.peak_mem_mb,
         pretrain=pretrain,
         edge_arms=_edge_arms(plan, rows) if tuned else (),
         extended_arms=_extended_arms(plan, rows),
         stale_rows=sum(k not in expected for k in rows),
-        plan_job_minutes=_job_seconds([rows[k] for k in expected if k in rows]) / 60,
-        from_scratch_minutes=_from_scratch(mine, len(expected), ok),
+        plan_job_minutes=budget.plan_job_minutes,
+        from_scratch_minutes=budget.from_scratch_minutes,
         budget_minutes=BUDGET_MIN,
     )
 
@@ -573,25 +558,11 @@ def _verdicts_at_length(
     return out
 
 
-def _from_scratch(sessions: Sequence[Mapping[str, Any]], expected: int, ok: int) -> float | None:
-    """The wall minutes of a run from scratch: one invocation that ran every job of the plan
-    (and they all ended ok); None when the CSV was written otherwise."""
-    if len(sessions) != 1 or ok != expected or sessions[0]["jobs_run"] < expected:
-        return None
-    return (sessions[0]["finished"] - sessions[0]["started"]) / 60
-
-
 def _length_header(plan: Plan) -> list[str]:
     longer = plan.length_factor * plan.main_epochs
     return ["arm", "pairs", f"final val mIoU, {plan.main_epochs} epochs",
             f"final val mIoU, {longer} epochs", "mean change", "change per replicate",
             "long enough"]  # fmt: skip
-
-
-def _job_seconds(rows: Sequence[Mapping[str, Any]]) -> float:
-    """Seconds from start to end, summed over the rows that record both."""
-    return sum(float(r["finished"]) - float(r["started"]) for r in rows
-               if r.get("started") is not None and r.get("finished") is not None)  # fmt: skip
 
 
 def verdict_counts(doc: PaperV3) -> dict[str, int]:
