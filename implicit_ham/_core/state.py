@@ -50,6 +50,8 @@ class StateSpec:
     @classmethod
     def of(cls, z0: Tensor | Sequence[Tensor]) -> StateSpec:
         """Validate ``z0`` (a Tensor or a tuple of Tensors sharing batch size and dtype)."""
+        if type(z0) is Tensor and z0.ndim and z0.is_floating_point():  # the common case
+            return cls((z0.shape,), z0.dtype, False)
         parts = tuple(z0) if isinstance(z0, (tuple, list)) else (z0,)
         if not parts or not all(isinstance(t, Tensor) for t in parts):
             raise TypeError(

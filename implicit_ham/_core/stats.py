@@ -300,6 +300,7 @@ class TraceRecorder:
         tol: float | None,
         stop_mode: str,
         steps: int | None = None,
+        now: bool | None = None,
     ) -> SolverStats:
         """The SolverStats of everything recorded so far. With ``sample_steps`` (B,) set (a
         solve that froze samples as they converged), each sample's rows after its stop repeat
@@ -307,7 +308,8 @@ class TraceRecorder:
         alone. ``steps``: the solve's iterations when it recorded only its last (default: the
         steps recorded). The tensors are computed when first read (``RecordedStats``), at once
         under a torch.func transform or while torch.compile traces (whose tensors must not
-        outlive them)."""
+        outlive them); ``now``: whether one of those is active, when the caller has read it
+        already (default: read here)."""
         residuals, sizes, sample_steps = list(self.residuals), list(self.sizes), self.sample_steps
 
         def tensors() -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
@@ -332,7 +334,7 @@ class TraceRecorder:
 
         count = len(residuals) if steps is None else steps
         stats = RecordedStats.deferred(self.solver, count, sample_steps, tensors)
-        if torch.compiler.is_compiling() or active_transforms():
+        if (torch.compiler.is_compiling() or bool(active_transforms())) if now is None else now:
             stats.residuals  # noqa: B018 (computed now)
         return stats
 

@@ -21,6 +21,10 @@ from implicit_ham.problems.states import StateRecorder, attach_states, state_ind
 from implicit_ham.solvers.base import SOLVERS, FixedPointSolver
 from implicit_ham.solvers.iteration import FixedPointIteration
 
+# the defaults, built once (both are frozen dataclasses: sharing them shares no state)
+_DEFAULT_SOLVER = FixedPointIteration()
+_DEFAULT_ADJOINT = OneStep()
+
 
 @dataclass
 class Solution:
@@ -102,8 +106,8 @@ def fixed_point(
     """
     if not callable(f):
         raise TypeError(f"f must be callable, got {type(f).__name__}")
-    solver = SOLVERS.resolve(FixedPointIteration() if solver is None else solver, FixedPointSolver)
-    adjoint = ADJOINTS.resolve(OneStep() if adjoint is None else adjoint, Adjoint)
+    solver = SOLVERS.resolve(_DEFAULT_SOLVER if solver is None else solver, FixedPointSolver)
+    adjoint = ADJOINTS.resolve(_DEFAULT_ADJOINT if adjoint is None else adjoint, Adjoint)
     spec = StateSpec.of(z0)
     if torch.is_grad_enabled():  # without grad mode no gradient can reach a guard
         where = f"fixed_point (adjoint={adjoint.name})"
@@ -112,7 +116,7 @@ def fixed_point(
             tuple(guard_gradient(t, f"{where}, z0[{i}]") for i, t in enumerate(spec.as_tuple(z0)))
         )
 
-    wanted = state_indices(states, solver.max_steps)
+    wanted = None if states is None else state_indices(states, solver.max_steps)
     recorder = StateRecorder(wanted) if wanted else None
     step = BoundStep(_checked_map(f, spec, recorder), args)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -90,17 +91,17 @@ class FixedPointIteration(FixedPointSolver):
         self, f: StepFn, z0: State, spec: StateSpec, grad_steps: int = 0
     ) -> tuple[State, SolverStats]:
         step = damped(f, self.damping)
-        recording = _records_gradient()
+        recording, checks, stats_now = _environment()
         grad_steps = min(grad_steps, self.max_steps) if recording else 0
         rec = TraceRecorder(self.name, scale=self.damping)
-        if self.tol is not None and under_vmap():
+        if self.tol is not None and not checks and under_vmap():
             raise NotImplementedError(
                 f"FixedPointIteration(tol={self.tol:g}) under torch.func.vmap: stopping on a "
                 "tolerance decides on values, which vmap cannot trace. Use tol=None (a fixed "
                 "number of steps) inside vmap."
             )
         if self.tol is None and not self.trace:
-            return self._untraced(step, z0, spec, grad_steps, rec, recording)
+            return self._untraced(step, z0, spec, grad_steps, rec, (recording, checks, stats_now))
         stops: _Stops | None = None
         if self.tol is None:
             z = self._fixed_budget(step, z0, grad_steps, rec)
@@ -110,9 +111,11 @@ class FixedPointIteration(FixedPointSolver):
         else:
             z, stops = self._replay_tail(step, z0, grad_steps, rec)
         # a tolerance loop has read every step's metric, which is finite only for finite steps
-        if self.check_finite and host_checks() and not (stops is not None and stops.finite):
+        if self.check_finite and checks and not (stops is not None and stops.finite):
             rec.check_finite(z0)
-        stats = rec.build(spec.batch, z0[0].device, z0[0].dtype, self.tol, self.stop_mode)
+        stats = rec.build(
+            spec.batch, z0[0].device, z0[0].dtype, self.tol, self.stop_mode, now=stats_now
+        )
         if stops is None or not stops.converged:
             warn_if_not_converged(stats, self.tol)
         return z, stats
@@ -124,16 +127,17 @@ class FixedPointIteration(FixedPointSolver):
         spec: StateSpec,
         grad_steps: int,
         rec: TraceRecorder,
-        recording: bool,
+        environment: tuple[bool, bool, bool],
     ) -> tuple[State, SolverStats]:
         """K steps without a per-step trace: the last step's residual, one finiteness sync.
-        ``recording``: ``_records_gradient()`` as ``solve`` read it (without it no step can
+        ``environment``: ``_environment()`` as ``solve`` read it (without recording no step can
         carry a graph or a tangent, so the state needs no detaching)."""
+        recording, checks, stats_now = environment
         # ``prev = z`` before each step (not ``prev, z = z, step(z)``): the iterate two steps
         # back is released before the step allocates the next one (two states alive, not three)
         prev = z = z0
         if grad_steps < self.max_steps:
-            with torch.no_grad():
+            with torch.no_grad() if torch.is_grad_enabled() else nullcontext():
                 for _ in range(self.max_steps - grad_steps):
                     prev = z
                     z = step(z)
@@ -143,7 +147,7 @@ class FixedPointIteration(FixedPointSolver):
             prev = z
             z = step(z)
         rec.record(prev, z)
-        if self.check_finite and host_checks() and not rec.last_step_finite():
+        if self.check_finite and checks and not rec.last_step_finite():
             replay = TraceRecorder(self.name, scale=self.damping)
             with torch.no_grad():
                 self._fixed_budget(step, z0, 0, replay)
@@ -155,7 +159,9 @@ class FixedPointIteration(FixedPointSolver):
                 "or division by zero, or use float64."
             )
         device, dtype = z0[0].device, z0[0].dtype
-        return z, rec.build(spec.batch, device, dtype, None, self.stop_mode, self.max_steps)
+        return z, rec.build(
+            spec.batch, device, dtype, None, self.stop_mode, self.max_steps, now=stats_now
+        )
 
     def _fixed_budget(self, step: StepFn, z0: State, grad_steps: int, rec: TraceRecorder) -> State:
         z = z0
@@ -268,8 +274,12 @@ class _Running:
         """The worst metric over the running samples (NaN where one is NaN / inf), and whether
         some running sample may have met the tolerance (then ``freeze`` if the solve goes on)."""
         if self.on_host:
-            self._values = excess.tolist()
-            live = [v for v, a in zip(self._values, self._running, strict=True) if a]
+            self._values = values = excess.tolist()
+            live = (  # until a sample freezes every one runs: no filtering pass
+                values
+                if self.mask is None
+                else [v for v, a in zip(values, self._running, strict=True) if a]
+            )
             high = max(live) if math.isfinite(sum(live)) else math.nan
             return high, min(live) <= 0
         if self.mask is None:
@@ -346,13 +356,23 @@ class _Stops:
     converged: bool
 
 
-def _records_gradient() -> bool:
-    """Whether a gradient step can record anything: grad mode, a torch.func transform or
-    forward-mode AD (dual tensors propagate under no_grad). Without any of them every step runs
-    without gradient: the value is the same, and a tolerance solve skips its replay."""
-    if torch.is_grad_enabled() or active_transforms():
-        return True
-    return bool(forward_ad._current_level >= 0)
+def _environment() -> tuple[bool, bool, bool]:
+    """What a solve needs to know of its calling context, read once per solve (each read is a
+    few Python calls; on the path of a small solve, run with cold caches after the steps'
+    kernels, they add up):
+
+    * recording: whether a gradient step can record anything: grad mode, a torch.func
+      transform or forward-mode AD (dual tensors propagate under no_grad). Without any of them
+      every step runs without gradient: the value is the same, and a tolerance solve skips its
+      replay;
+    * checks: whether host-side checks may run (``host_checks``: not under vmap, not while
+      torch.compile traces);
+    * stats now: whether the stats' tensors must be computed at once (``TraceRecorder.build``:
+      under a transform or while compiling)."""
+    compiling = torch.compiler.is_compiling()
+    transforms = [] if compiling else active_transforms()
+    recording = torch.is_grad_enabled() or bool(transforms) or forward_ad._current_level >= 0
+    return recording, not compiling and "Vmap" not in transforms, compiling or bool(transforms)
 
 
 def _rows(mask: Tensor, like: Tensor) -> Tensor:
