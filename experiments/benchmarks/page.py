@@ -25,7 +25,7 @@ import shlex
 from collections.abc import Callable, Sequence
 from contextlib import redirect_stdout
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from experiments.benchmarks import adjoints as bench_adjoints
 from experiments.benchmarks import blocks as bench
@@ -49,6 +49,9 @@ separate runs of the peer benchmarks (`experiments/benchmarks/peers.py` with `--
 docstring). Every case first checks that both sides compute the same values and gradients; the
 times are medians of interleaved rounds on one thread, CPU clock. A time ratio is peer / ours
 (above 1: ours is faster); a cost ratio (`<=` goals: loop overhead, peak RSS) is ours / peer.
+In brackets after a ratio, where both times come from one interleaved measurement: the first and
+third quartiles of the per-round ratios (each round runs the two sides back to back), how far a
+ratio moves with the host's noise within one run.
 `floor share` is the matmul floor (the official formulation's matrix products alone, same shapes
 and strides) over our time: how much of our time the products take. Other pages quote ratios
 from this page only.
@@ -116,7 +119,7 @@ def peer_table(runs: Sequence[list[dict[str, Any]]]) -> Table:
     for key in keys:
         found = [index.get(key) for index in by_run]
         first = next(row for row in found if row is not None)
-        ratios = [None if row is None else row["ratio"] for row in found]
+        ratios = [None if row is None else ratio_cell(row) for row in found]
         floors = [
             None if row is None or "floor_ms" not in row
             else f"{100 * row['floor_ms'] / row['ours_ms']:.0f}%"
@@ -126,6 +129,16 @@ def peer_table(runs: Sequence[list[dict[str, Any]]]) -> Table:
         times = f"{format_value(first['ours_ms'])} / {format_value(first['peer_ms'])}"
         table_rows.append([*key, first["goal"], *ratios, *floors, met, times, first["notes"]])
     return Table.of(header, table_rows)
+
+
+def ratio_cell(row: dict[str, Any]) -> float | str:
+    """A run's ratio, followed where the row has them (``ratio_iqr``) by the first and third
+    quartiles of its per-round ratios in brackets."""
+    quartiles = row.get("ratio_iqr")
+    if not quartiles:
+        return cast(float, row["ratio"])
+    first, third = quartiles
+    return f"{format_value(row['ratio'])} [{first:.3f}, {third:.3f}]"
 
 
 def write_peer_page(folders: Sequence[str | Path], out: str | Path = PEER_PAGE) -> Path:

@@ -41,10 +41,13 @@ file per section run,
      "rows": [{"target": "1. NMF ham forward", "case": "1x512x64^2 r64 K6",
                "peer": "official formulation", "ours_ms": 59.1, "peer_ms": 57.2,
                "ratio": 0.97, "goal": ">= 1.1", "met": "yes" | "no", "notes": "...",
-               "floor_ms": 61.8}]}           # floor_ms optional: the matmul floor
+               "floor_ms": 61.8,             # optional: the matmul floor
+               "ratio_iqr": [0.95, 0.99]}]}  # optional: quartiles of the per-round ratios
 
 ``ratio`` is peer / ours for a time (above 1: ours is faster) and ours / peer for a memory row
-(``goal`` then reads ``<= 1``); ``met`` compares it with ``goal``. A row is identified on the page
+(``goal`` then reads ``<= 1``); ``met`` compares it with ``goal``. ``ratio_iqr``, where both
+times are ``peers_rows.Timing``s of one interleaved ``medians`` call, holds the first and third
+quartiles of the per-round ratios (in the ratio's direction). A row is identified on the page
 by ``(target, case, peer)``; ``write_json`` writes a section, ``read_json`` reads one, and
 ``python -m experiments.bench page --peers-runs DIR1 DIR2`` merges every ``*.json`` of each
 run's folder into ``docs/benchmarks_peers.md`` with the runs' ratios side by side

@@ -40,6 +40,7 @@ class Table:
         }  # fmt: skip
         if floor is not None:
             row["floor_ms"] = floor
+        self._spread(row, theirs, ours)
         self.rows.append(row)
 
     def add_at_most(self, target: str, case: str, peer: str, ours: float, theirs: float,
@@ -47,11 +48,21 @@ class Table:
         """A cost where less is better compared as ours / peer (memory, overhead), met when
         ``<= goal``."""
         ratio = ours / theirs
-        self.rows.append({
+        row: dict[str, object] = {
             "target": target, "case": case, "peer": peer, "ours_ms": ours, "peer_ms": theirs,
             "ratio": ratio, "goal": f"<= {goal:g}", "met": "yes" if ratio <= goal else "no",
             "notes": notes,
-        })  # fmt: skip
+        }  # fmt: skip
+        self._spread(row, ours, theirs)
+        self.rows.append(row)
+
+    @staticmethod
+    def _spread(row: dict[str, object], top: float, bottom: float) -> None:
+        """Add ``ratio_iqr`` (the quartiles of the per-round ratios) where the row's two times
+        are ``Timing``s of one interleaved measurement."""
+        quartiles = round_ratio_quartiles(top, bottom)
+        if quartiles is not None:
+            row["ratio_iqr"] = quartiles
 
     def as_table(self) -> MarkdownTable:
         """The rows in ``COLUMNS`` order, for the markdown writer."""
@@ -116,12 +127,39 @@ CLOCK = {"cpu": time.process_time, "wall": time.perf_counter}
 _clock = [time.process_time]
 
 
+class Timing(float):
+    """A median time (milliseconds) that keeps the rounds it is the median of, in round order,
+    and the measurement they came from (``medians``: one call, its cases interleaved), so that a
+    row can show how the per-round ratio of two cases of one measurement spreads."""
+
+    samples: tuple[float, ...]
+    measurement: object
+
+    def __new__(cls, samples: Sequence[float], measurement: object) -> Timing:
+        timing = super().__new__(cls, statistics.median(samples))
+        timing.samples, timing.measurement = tuple(samples), measurement
+        return timing
+
+
+def round_ratio_quartiles(top: float, bottom: float) -> list[float] | None:
+    """The first and third quartiles of the per-round ratios ``top_i / bottom_i`` when both are
+    ``Timing``s of one ``medians`` call (each round ran the two back to back) with at least 4
+    rounds; None otherwise (times measured apart, or a cost that is not a time)."""
+    if not (isinstance(top, Timing) and isinstance(bottom, Timing)):
+        return None
+    if top.measurement is not bottom.measurement or len(top.samples) < 4:
+        return None
+    ratios = [a / b for a, b in zip(top.samples, bottom.samples, strict=True)]
+    first, _, third = statistics.quantiles(ratios, n=4)
+    return [first, third]
+
+
 def medians(
     cases: Mapping[str, Callable[[], object]], rounds: int, warmup: int = 2
-) -> dict[str, float]:
+) -> dict[str, Timing]:
     """Median milliseconds of each case over ``rounds`` interleaved rounds (``--clock``: the
     process CPU time by default, which on a shared host does not count the time other jobs
-    hold the core)."""
+    hold the core); each a ``Timing`` that keeps its rounds."""
     now = _clock[0]
     samples: dict[str, list[float]] = {name: [] for name in cases}
     for index in range(warmup + rounds):
@@ -130,6 +168,5 @@ def medians(
             case()
             if index >= warmup:
                 samples[name].append((now() - start) * 1e3)
-    return {name: statistics.median(values) for name, values in samples.items()}
-
-
+    measurement = object()
+    return {name: Timing(values, measurement) for name, values in samples.items()}
