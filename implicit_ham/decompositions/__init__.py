@@ -10,6 +10,7 @@ API only.
 from implicit_ham.decompositions.base import Decomposition
 from implicit_ham.decompositions.cd import CD
 from implicit_ham.decompositions.cd_ridge import RidgeCD
+from implicit_ham.decompositions.initial_bases import InitialBases
 from implicit_ham.decompositions.nmf import NMF
 from implicit_ham.decompositions.nmf_normalized import NormalizedNMF
 from implicit_ham.decompositions.nmf_ridge import RidgeNMF
@@ -30,6 +31,7 @@ __all__ = [
     "VQ",
     "Decomposition",
     "DecompositionRegistry",
+    "InitialBases",
     "NormalizedNMF",
     "RidgeCD",
     "RidgeNMF",

@@ -40,8 +40,7 @@ from functools import partial
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from implicit_ham._core.errors import NonFiniteError
 from implicit_ham._core.registry import check_options
@@ -54,14 +53,13 @@ from implicit_ham._core.validation import (
     check_unit_interval,
 )
 from implicit_ham.adjoints.modes import ADJOINTS, Adjoint, OneStep
+from implicit_ham.decompositions.initial_bases import INIT_MODES, ONLINE_UPDATES, InitialBases
 from implicit_ham.decompositions.iteration import IterationMap
 from implicit_ham.problems.fixed_point import FixedPointProblem, Solution
 from implicit_ham.solvers.base import SOLVERS, FixedPointSolver
 from implicit_ham.solvers.iteration import FixedPointIteration
 
 State = tuple[Tensor, Tensor]
-INIT_MODES = ("random", "online", "fixed")
-ONLINE_UPDATES = ("eval", "train", "always")
 
 
 def _like(y: Tensor, x: Tensor) -> Tensor:
@@ -87,7 +85,7 @@ def value_range(x: Tensor, *others: Tensor) -> list[float]:
     return torch.stack([low, high, *(t.detach().amin() for t in others)]).tolist()
 
 
-class Decomposition(nn.Module, ABC):
+class Decomposition(InitialBases, ABC):
     """Base of every decomposition layer: x (B, C, H, W) -> its low-rank part, same shape.
 
     Args:
@@ -130,6 +128,9 @@ class Decomposition(nn.Module, ABC):
             work; the first call per shape and grad mode compiles, which takes seconds and
             needs a C++ compiler on the CPU). Values match eager mode up to rounding.
 
+    Where the initial bases come from (``init``, ``eval_init``, ``sample_bases``,
+    ``initial_bases``, the "fixed" and "online" buffers) is the base class ``InitialBases``.
+
     Class attributes: ``default_inv_t`` (the softmax inverse temperature when ``inv_t`` is
     None), ``nonnegative`` (the layer needs a non-negative input), ``exact_unroll`` (the
     ``Unroll`` gradient is the exact derivative of the output; False when the readout
@@ -146,8 +147,6 @@ class Decomposition(nn.Module, ABC):
 
     default_inv_t: ClassVar[float] = 1.0
     nonnegative: ClassVar[bool] = False
-    bases: Tensor  # the online bases buffer (S, d, r), registered for "online" init
-    fixed_bases: Tensor  # the "fixed" bases buffer (S, d, r), registered when d is known
     exact_unroll: ClassVar[bool] = True
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Decomposition:
@@ -215,18 +214,9 @@ class Decomposition(nn.Module, ABC):
         if channels is not None:
             check_positive_int(owner, "channels", channels)
             self._check_groups(channels)
-        modes = (self.init_mode, self.eval_init_mode)
-        if "online" in modes:
-            self._register_online_bases()
-        if "fixed" in modes and channels is not None and self.spatial:
-            self.register_buffer("fixed_bases", self._seeded_bases(channels // groups))
+        self._register_bases()
 
     # ----------------------------------------------------------------- the plug-in interface
-    def sample_bases(self, shape: tuple[int, ...], like: Tensor) -> Tensor:
-        """Random initial bases of ``shape`` (..., d, r) before normalisation: standard normal,
-        on ``like``'s device and dtype. Override for another distribution (NMF: uniform)."""
-        return torch.randn(shape, device=like.device, dtype=like.dtype)
-
     def init(self, x: Tensor, bases: Tensor) -> State:
         """The initial state from the initial bases D0 (B*S, d, r) that the init policy chose:
         ``(D0, C0)`` with ``C0 = softmax_r(inv_t * X^T D0)`` (B*S, n, r)."""
@@ -352,36 +342,6 @@ class Decomposition(nn.Module, ABC):
         """The current backward mode (``adjoint`` resolved from a name if needed)."""
         return ADJOINTS.resolve(self.adjoint, Adjoint)
 
-    def initial_bases(self, x: Tensor, init: Tensor | None = None) -> Tensor:
-        """D0 (B*S, d, r) for X (B*S, d, n): ``init`` if given, else per the init policy."""
-        count, d, _ = x.shape
-        shape = (count, d, self.rank)
-        if init is not None:
-            if not isinstance(init, Tensor) or tuple(init.shape) != shape:
-                got = tuple(init.shape) if isinstance(init, Tensor) else type(init).__name__
-                raise ValueError(
-                    f"{type(self).__name__}: explicit init bases must have shape (B*S, d, r) = "
-                    f"{shape} for this input, got {got}; pass bases shaped like that."
-                )
-            return init.to(device=x.device, dtype=x.dtype)
-        mode = self.active_init()
-        if mode == "fixed":
-            fixed = self._fixed_bases(d).to(device=x.device, dtype=x.dtype)
-            return fixed.repeat(count // self.groups, 1, 1)
-        if mode == "online":
-            if self.bases.shape[1] != d:
-                raise ValueError(
-                    f"{type(self).__name__}: the online bases have d={self.bases.shape[1]}, "
-                    f"the input gives d={d}; feed inputs with the channels it was built for."
-                )
-            return self.bases.to(x.dtype).repeat(count // self.groups, 1, 1)
-        return F.normalize(self.sample_bases(shape, like=x), dim=1, eps=self.norm_eps)
-
-    def active_init(self) -> str:
-        """The init policy of the current mode: ``init`` in training, ``eval_init`` in
-        evaluation."""
-        return self.init_mode if self.training else self.eval_init_mode
-
     def implicit_problem(self, x: Tensor, init: Tensor | None = None) -> FixedPointProblem:
         """The fixed-point problem ``forward`` solves for x (B, C, H, W): ``f(state, X)`` is one
         ``step`` (an ``IterationMap``, which computes the loop invariants once per solve),
@@ -465,17 +425,6 @@ class Decomposition(nn.Module, ABC):
             self._compiled[name] = compiled
         return partial(compiled, self)
 
-    def _load_from_state_dict(
-        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
-    ) -> None:
-        """A state dict without ``fixed_bases`` (a checkpoint written before the layer had them,
-        or by a random-init model, e.g. a converted mmseg one) keeps this layer's seeded bases
-        instead of failing a strict load: they are a function of ``init_seed`` alone."""
-        key = f"{prefix}fixed_bases"
-        if hasattr(self, "fixed_bases") and key not in state_dict:
-            state_dict[key] = self.fixed_bases
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
     def __getstate__(self) -> dict[str, Any]:
         """Pickle / deep-copy state without the compiled functions (rebuilt on demand)."""
         state = self.__dict__.copy()
@@ -500,45 +449,3 @@ class Decomposition(nn.Module, ABC):
                 f"{d} x {n}); a rank-{self.rank} factorisation is then not low-rank. Lower "
                 "the rank or the groups, or feed a larger feature map."
             )
-
-    def _fixed_bases(self, d: int) -> Tensor:
-        """The "fixed" bases (S, d, r): the buffer, or (d unknown at construction) the seeded
-        draw for this d."""
-        if not hasattr(self, "fixed_bases"):
-            return self._seeded_bases(d)
-        if self.fixed_bases.shape[1] != d:
-            raise ValueError(
-                f"{type(self).__name__}: the fixed bases have d={self.fixed_bases.shape[1]}, "
-                f"the input gives d={d}; feed inputs with the channels it was built for."
-            )
-        return self.fixed_bases
-
-    def _seeded_bases(self, d: int) -> Tensor:
-        """(S, d, r) bases from ``sample_bases`` under the CPU generator seeded with
-        ``init_seed``, L2-normalised over d; the global RNG state is restored afterwards."""
-        with torch.random.fork_rng(devices=[]):
-            torch.random.default_generator.manual_seed(self.init_seed)
-            bases = self.sample_bases((self.groups, d, self.rank), like=torch.empty(0))
-        return F.normalize(bases, dim=1, eps=self.norm_eps)
-
-    def _updates_online_bases(self) -> bool:
-        if "online" not in (self.init_mode, self.eval_init_mode):
-            return False
-        return self.online_update == "always" or (self.online_update == "train") == self.training
-
-    def _register_online_bases(self) -> None:
-        if self.channels is None or not self.spatial:
-            raise ValueError(
-                f"{type(self).__name__}: 'online' init keeps bases of a fixed size d = C/S, so "
-                "it needs channels=C and spatial=True; pass channels or use 'random' or 'fixed'."
-            )
-        shape = (self.groups, self.channels // self.groups, self.rank)
-        bases = self.sample_bases(shape, like=torch.empty(0))
-        self.register_buffer("bases", F.normalize(bases, dim=1, eps=self.norm_eps))
-
-    def _update_online_bases(self, bases: Tensor) -> None:
-        """``D <- normalize_d(D + eta * (mean_batch(D_K) - D))`` without autograd."""
-        with torch.no_grad():
-            mean = bases.detach().reshape(-1, *self.bases.shape).mean(dim=0)
-            moved = self.bases + self.eta * (mean.to(self.bases.dtype) - self.bases)
-            self.bases.copy_(F.normalize(moved, dim=1, eps=self.norm_eps))

@@ -280,7 +280,9 @@ class _Running:
                 if self.mask is None
                 else [v for v, a in zip(values, self._running, strict=True) if a]
             )
-            high = max(live) if math.isfinite(sum(live)) else math.nan
+            # the sum is finite exactly when every value is, unless finite values overflow it
+            finite = math.isfinite(sum(live)) or all(map(math.isfinite, live))
+            high = max(live) if finite else math.nan
             return high, min(live) <= 0
         if self.mask is None:
             low, high = _bounds(excess)

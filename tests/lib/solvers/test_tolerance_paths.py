@@ -77,3 +77,16 @@ def test_a_nan_in_a_running_sample_stops_the_solve_and_is_named(reduce, monkeypa
     solver = ih.FixedPointIteration(max_steps=100, tol=1e-10)
     with pytest.raises(ih.errors.NonFiniteError, match="forward step 3"), torch.no_grad():
         ih.fixed_point(blows_up, torch.zeros(2, 4), solver=solver)
+
+
+@pytest.mark.parametrize("reduce", [256, 0], ids=["host", "device"])
+def test_huge_finite_metrics_are_not_read_as_non_finite(reduce, monkeypatch) -> None:
+    """Finite float64 metrics whose sum overflows (3 x 1e308) are read as finite, with the
+    largest as the worst, on both paths; a NaN among them is read as NaN."""
+    monkeypatch.setattr(iteration, "_HOST_REDUCE", reduce)
+    running = iteration._Running(3, torch.device("cpu"))
+    high, some_met = running.read(torch.tensor([1e308, 9e307, -1.0], dtype=torch.float64))
+    assert high == 1e308 and some_met
+    running = iteration._Running(3, torch.device("cpu"))
+    high, _ = running.read(torch.tensor([1e308, float("nan"), -1.0], dtype=torch.float64))
+    assert high != high  # NaN
