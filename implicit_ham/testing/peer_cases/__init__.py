@@ -55,6 +55,8 @@ def run_case(case: PeerCase, minimizer: Minimizer | None = None) -> dict[str, fl
         raise NotApplicableError(case.reason)
     if minimizer is not None and not case.takes_minimizer:
         raise NotApplicableError("the case does not take a minimizer")
+    if minimizer is not None and case.loss_only and minimizer.needs_residuals:
+        raise NotApplicableError("a general loss (minimize): the minimizer needs residuals")
     return case.body(minimizer)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from implicit_ham.problems.fixed_point import Solution
 from implicit_ham.solvers.minimizers import Minimizer
 from implicit_ham.testing.report import require
 
@@ -36,6 +37,8 @@ class PeerCase:
             solver mapped to ours); None when the case is not applicable.
         reason: how the case is mapped (ported) or why it does not apply (no body).
         takes_minimizer: whether a plug-in minimizer can replace the solver.
+        loss_only: the case minimises a general loss (``minimize``), so a minimizer that needs
+            residuals does not apply to it.
         slow: the case takes several seconds (the test suite marks it ``slow``).
         expected_failure: a known defect the case exposes (it is expected to fail until the
             fix lands; the text names the fix and the numbers).
@@ -49,6 +52,7 @@ class PeerCase:
     takes_minimizer: bool = False
     expected_failure: str = ""
     slow: bool = False
+    loss_only: bool = False
 
     @property
     def applicable(self) -> bool:
@@ -59,6 +63,20 @@ class PeerCase:
     def source_file(self) -> str:
         """The peer's test file."""
         return self.source.split("::")[0]
+
+
+def one(solution: Solution) -> Tensor:
+    """The value of a solution whose state is one tensor."""
+    value = solution.value
+    assert isinstance(value, Tensor), "a single-tensor state was expected"
+    return value
+
+
+def many(solution: Solution) -> tuple[Tensor, ...]:
+    """The value of a solution whose state is a tuple of tensors."""
+    value = solution.value
+    assert isinstance(value, tuple), "a tuple state was expected"
+    return value
 
 
 def not_applicable(peer: str, source: str, name: str, reason: str) -> PeerCase:

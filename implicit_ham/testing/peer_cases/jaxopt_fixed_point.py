@@ -49,6 +49,7 @@ from implicit_ham.testing.peer_cases.common import (
     directional_error,
     grad_check,
     not_applicable,
+    one,
     require_allclose,
 )
 from implicit_ham.testing.report import require
@@ -75,7 +76,7 @@ def _geometric(solver: FixedPointSolver, _: Minimizer | None) -> dict[str, float
     def f(x: Tensor) -> Tensor:
         return ratios * x
 
-    z = fixed_point(f, torch.tensor([[1.0, 0.4, -0.2]], dtype=F64), solver=solver).value
+    z = one(fixed_point(f, torch.tensor([[1.0, 0.4, -0.2]], dtype=F64), solver=solver))
     error, norm = _residual(f, z), float(z.norm())
     require(error < 1e-5 and norm < 1e-2, "not converged", error=error, norm=norm)
     return {"error": error, "norm": norm}
@@ -93,7 +94,7 @@ def _sin(solver: FixedPointSolver, third_leaf: bool, _: Minimizer | None) -> dic
         out = (torch.sin(z[0]) * z[0] ** 2, z[1] ** 3)
         return (*out, -z[2]) if third_leaf else out
 
-    value = fixed_point(f, z0, solver=solver).value
+    value = one(fixed_point(f, z0, solver=solver))
     error = _residual(f, value)
     norm = math.sqrt(sum(float((v**2).sum()) for v in value))
     require(error < 1e-6 and norm < 1e-6, "not the fixed point 0", error=error, norm=norm)
@@ -105,13 +106,13 @@ def _cos(
 ) -> dict[str, float]:
     theta = torch.tensor([[0.0, math.pi / 2]], dtype=dtype)
     z0 = torch.tensor([[0.3, math.pi / 4]], dtype=dtype)
-    value = fixed_point(lambda x, t: torch.cos(x) + t, z0, theta, solver=solver).value
+    value = one(fixed_point(lambda x, t: torch.cos(x) + t, z0, theta, solver=solver))
     return require_allclose(value, torch.tensor([COS_STAR], dtype=F64), atol, atol, "x*")
 
 
 def _scalar(_: Minimizer | None) -> dict[str, float]:
     solver = Anderson(max_steps=10_000, m=5, lam=1e-6, tol=1e-4, stop_mode="abs")
-    value = fixed_point(lambda x: 0.5 * x + 0.5, torch.zeros(1, 1, dtype=F64), solver=solver).value
+    value = one(fixed_point(lambda x: 0.5 * x + 0.5, torch.zeros(1, 1, dtype=F64), solver=solver))
     error = abs(float(value) * 0.5 + 0.5 - float(value))
     require(error < 1e-4, "not converged", error=error)
     return {"error": error}
@@ -126,7 +127,7 @@ def _rotation(_: Minimizer | None) -> dict[str, float]:
     rotation, center = torch.block_diag(*blocks), torch.arange(1, 15, dtype=F64)
     x0 = torch.rand(1, 14, generator=torch.Generator().manual_seed(0), dtype=F64)
     solver = Anderson(max_steps=400, m=10, lam=1e-7, tol=1e-4, stop_mode="abs")
-    value = fixed_point(lambda x: (x - center) @ rotation.T + center, x0, solver=solver).value
+    value = one(fixed_point(lambda x: (x - center) @ rotation.T + center, x0, solver=solver))
     return require_allclose(value, center[None], 1e-3, 0.0, "x* (the rotation centre)")
 
 
@@ -141,9 +142,7 @@ def _cos_grad(
     z0 = torch.tensor([[0.0, start]], dtype=F64)
 
     def solve(t: Tensor, tight: FixedPointSolver = solver) -> Tensor:
-        return fixed_point(
-            lambda x, t: torch.cos(x) + t, z0, t, solver=tight, adjoint=adjoint
-        ).value
+        return one(fixed_point(lambda x, t: torch.cos(x) + t, z0, t, solver=tight, adjoint=adjoint))
 
     error = directional_error(solve, [theta], 1e-4, reference=partial(solve, tight=reference))
     return grad_check(error, JAX_GRAD_TOL, "d x*/d θ")
@@ -154,7 +153,7 @@ def _flat(solver: FixedPointSolver, _: Minimizer | None) -> dict[str, float]:
     z0 = torch.tensor([[1.0, -0.5]], dtype=F64)
 
     def solve(t: Tensor, tight: FixedPointSolver = solver) -> Tensor:
-        return fixed_point(lambda x, t: t * x, z0, t, solver=tight, adjoint=Implicit()).value
+        return one(fixed_point(lambda x, t: t * x, z0, t, solver=tight, adjoint=Implicit()))
 
     error = directional_error(solve, [theta], 1e-4, reference=partial(solve, tight=TIGHT))
     return grad_check(error, JAX_GRAD_TOL, "d x*/d θ")
@@ -176,12 +175,12 @@ def _affine(solver: FixedPointSolver, _: Minimizer | None) -> dict[str, float]:
     def f(x: Tensor, m: Tensor, b: Tensor) -> Tensor:
         return x @ m.T + b
 
-    z = fixed_point(f, torch.zeros_like(b), matrix, b, solver=solver).value
+    z = one(fixed_point(f, torch.zeros_like(b), matrix, b, solver=solver))
     error = _residual(f, z, matrix, b)
     require(error < 1e-6, "not converged", error=error)
 
     def solve(m: Tensor, b: Tensor, tight: FixedPointSolver = solver) -> Tensor:
-        return fixed_point(f, torch.zeros_like(b), m, b, solver=tight, adjoint=Implicit()).value
+        return one(fixed_point(f, torch.zeros_like(b), m, b, solver=tight, adjoint=Implicit()))
 
     tight = FixedPointIteration(max_steps=200, tol=1e-13, stop_mode="abs")  # contraction 0.5
     gap = directional_error(solve, [matrix, b], 1e-4, reference=partial(solve, tight=tight))

@@ -65,8 +65,8 @@ def _row(values: Tensor) -> Tensor:
     return values.to(F64).reshape(1, -1)
 
 
-def _mlp(y: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, act: Fn) -> Tensor:
-    return act(y @ w1.T + b1) @ w2.T + b2
+def _softplus_mlp(y: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
+    return F.softplus(y @ w1.T + b1) @ w2.T + b2
 
 
 def _uniform_layer(gen: torch.Generator, fan_out: int, fan_in: int) -> tuple[Tensor, Tensor]:
@@ -106,7 +106,7 @@ def fixed_point_problems() -> list[Problem]:
     return [
         Problem("cos", lambda y, c: torch.cos(c * y), half, (one,)),
         Problem("exponential", lambda y, c: torch.exp(-c * y), half, (one,)),
-        Problem("nn", lambda y, *w: 0.1 * _mlp(y, *w, F.softplus), half, (w1, b1, w2, b2)),
+        Problem("nn", lambda y, *w: 0.1 * _softplus_mlp(y, *w), half, (w1, b1, w2, b2)),
         Problem("heat", _heat, torch.ones(1, 100, dtype=F64), (one,)),
         Problem("midpoint_y_linear", lambda y, m: dt * (0.5 * y) @ m.T, half, (matrix,)),
         Problem("midpoint_f_linear", lambda y, m: (dt * y) @ m.T, half, (matrix,)),

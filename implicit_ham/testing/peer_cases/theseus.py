@@ -32,7 +32,9 @@ from implicit_ham.testing.peer_cases.common import (
     autograd_jacobian,
     fd_jacobian,
     grad_check,
+    many,
     not_applicable,
+    one,
     require_allclose,
 )
 from implicit_ham.testing.report import require
@@ -61,7 +63,7 @@ def _quad_fit(adjoint: Adjoint, minimizer: Minimizer | None) -> dict[str, float]
 
     def a_star(data_x: Tensor) -> Tensor:
         sol = least_squares(_quad_residuals, z0, data_x, y, solver=solver, adjoint=adjoint)
-        return sol.value[:, 0]
+        return one(sol)[:, 0]
 
     got, numeric = autograd_jacobian(a_star, x), fd_jacobian(a_star, x, 1e-4)
     out = require_allclose(got, numeric, 1e-3, 1e-3, f"d a*/d x under {adjoint.name}")
@@ -81,11 +83,10 @@ def _quartic(minimizer: Minimizer | None) -> dict[str, float]:
             solver=solver,
             adjoint=Implicit(linear_solver="dense"),
         )
-        (grad,) = torch.autograd.grad(sol.value.sum(), x)
+        (grad,) = torch.autograd.grad(one(sol).sum(), x)
     require(float(grad) == 1.0, "d a*/d x is not 1 (a* = x)", grad=float(grad))
-    loud = any(issubclass(w.category, NotFixedPointWarning) for w in caught)
-    require(loud, "no NotFixedPointWarning at the degenerate minimum")
-    return {"grad_error": abs(float(grad) - 1.0), "grad_tol": 0.0}
+    warned = any(issubclass(w.category, NotFixedPointWarning) for w in caught)
+    return {"grad_error": abs(float(grad) - 1.0), "grad_tol": 0.0, "warned": float(warned)}
 
 
 def _fit_data() -> Tensor:
@@ -107,9 +108,9 @@ def _fit(solver: Minimizer, multivar: bool, minimizer: Minimizer | None) -> dict
         sol = least_squares(
             lambda z, p: _fit_residuals(torch.cat(z, 1), p), z0, points, solver=solver
         )
-        value = torch.cat(sol.value, 1)
+        value = torch.cat(many(sol), 1)
         return require_allclose(value, torch.ones(32, 5), 1e-8, 1e-5, "B* (five scalars)")
-    value = least_squares(_fit_residuals, start, points, solver=solver).value
+    value = one(least_squares(_fit_residuals, start, points, solver=solver))
     return require_allclose(value, torch.ones(32, 5), 1e-6, 1e-5, "B* (one 5-vector)")
 
 
@@ -145,8 +146,8 @@ def cases() -> list[PeerCase]:
             _quartic,
             "mapped: Theseus asserts d a/d x == 1.5, the value of its own one-Gauss-Newton-step "
             "implicit formula at a degenerate (quartic) minimum; the true derivative is 1 "
-            "(a* = x), which ours returns exactly (with a NotFixedPointWarning: the minimum's "
-            "Hessian vanishes)",
+            "(a* = x), which ours returns exactly (with the default 15 steps also a "
+            "NotFixedPointWarning: the minimum's Hessian vanishes)",
             takes_minimizer=True,
         ),
         PeerCase(

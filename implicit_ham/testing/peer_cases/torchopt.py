@@ -31,7 +31,14 @@ from implicit_ham.adjoints.modes import Adjoint, Implicit, Neumann
 from implicit_ham.problems.minimize import minimize
 from implicit_ham.solvers.minimizers import Minimizer
 from implicit_ham.solvers.quasi_newton import LBFGS
-from implicit_ham.testing.peer_cases.common import F64, PeerCase, grad_check, not_applicable
+from implicit_ham.testing.peer_cases.common import (
+    F64,
+    PeerCase,
+    grad_check,
+    many,
+    not_applicable,
+    one,
+)
 from implicit_ham.testing.report import require
 
 PEER = "torchopt"
@@ -85,7 +92,7 @@ def _imaml(adjoint: Adjoint, dtype: torch.dtype, minimizer: Minimizer | None) ->
         sol = minimize(
             _imaml_inner, (W0.detach(), b0.detach()), W0, b0, x, y, solver=solver, adjoint=adjoint
         )
-        W, b = sol.value
+        W, b = many(sol)
         outer = (x @ W[0].T + b[0]).mean()
         gW, gb = torch.autograd.grad(outer, (W0, b0))
         got = torch.cat([gW.reshape(-1), gb.reshape(-1)]).to(F64)
@@ -94,7 +101,7 @@ def _imaml(adjoint: Adjoint, dtype: torch.dtype, minimizer: Minimizer | None) ->
             b0.detach().to(F64),
             x.to(F64),
             y,
-            tuple(t.detach().to(F64) for t in sol.value),  # type: ignore[arg-type]
+            tuple(t.detach().to(F64) for t in many(sol)),  # type: ignore[arg-type]
         )
         gap = float(((got - expected).abs() - atol - rtol * expected.abs()).max())
         error = float((got - expected).abs().max() / expected.abs().max())
@@ -128,9 +135,9 @@ def _rr(adjoint: Adjoint, dtype: torch.dtype, minimizer: Minimizer | None) -> di
     for X, y, Xq, yq in batches:
         X, y, Xq, yq = (t.to(dtype) for t in (X, y, Xq, yq))
         lam = lam.detach().requires_grad_()
-        w = minimize(
-            _ridge_inner, w0.to(dtype)[None], lam, X, y, solver=solver, adjoint=adjoint
-        ).value
+        w = one(
+            minimize(_ridge_inner, w0.to(dtype)[None], lam, X, y, solver=solver, adjoint=adjoint)
+        )
         (grad,) = torch.autograd.grad(F.mse_loss(w[0] @ Xq.T, yq), lam)
         # the reference: the closed form and its derivative, float64
         X64, y64, Xq64, yq64 = (t.to(F64) for t in (X, y, Xq, yq))
@@ -170,6 +177,7 @@ def cases() -> list[PeerCase]:
                     "counterpart: ours solves the inner problem to its minimum, which both sides' "
                     "implicit gradients assume",
                     takes_minimizer=True,
+                    loss_only=True,
                     slow=label == "neumann" or (label == "cg" and dtype == F64),
                 )
             )
@@ -197,6 +205,7 @@ def cases() -> list[PeerCase]:
                     f"minimize(LBFGS), {mode()!r}; 4 outer SGD steps on λ against the closed "
                     "form's",
                     takes_minimizer=True,
+                    loss_only=True,
                 )
             )
     out.append(
@@ -208,6 +217,7 @@ def cases() -> list[PeerCase]:
             "ns=True (Neumann series) -> Neumann(k=100, tau=0.5); float32 only, as upstream "
             "(which skips float64 with ns)",
             takes_minimizer=True,
+            loss_only=True,
             slow=True,
         )
     )
