@@ -48,6 +48,7 @@ from implicit_ham.testing.peer_cases.common import (
     PeerCase,
     directional_error,
     grad_check,
+    many,
     not_applicable,
     one,
     require_allclose,
@@ -94,7 +95,7 @@ def _sin(solver: FixedPointSolver, third_leaf: bool, _: Minimizer | None) -> dic
         out = (torch.sin(z[0]) * z[0] ** 2, z[1] ** 3)
         return (*out, -z[2]) if third_leaf else out
 
-    value = one(fixed_point(f, z0, solver=solver))
+    value = many(fixed_point(f, z0, solver=solver))
     error = _residual(f, value)
     norm = math.sqrt(sum(float((v**2).sum()) for v in value))
     require(error < 1e-6 and norm < 1e-6, "not the fixed point 0", error=error, norm=norm)
