@@ -86,7 +86,7 @@ def _peer_tables(rows: list[dict[str, Any]]) -> list[str]:
             grads = [c["measured"]["grad_error"] for c in cases if "grad_error" in c["measured"]]
             table.append(
                 (
-                    f"`{source}`",
+                    f"`{REPOSITORIES[peer]}/{source}`",
                     sum(c["status"] != "not applicable" for c in cases),
                     sum(c["status"] == "passed" for c in cases),
                     sum(c["status"] == "failed" for c in cases),
@@ -239,6 +239,8 @@ def _misses(rows: list[dict[str, Any]]) -> list[str]:
             and r["problem"] in solved_by_best
         ):
             why = r["note"] or "no warning"
+            if r["local"]:
+                why = f"a stated local minimum; {why}"
             lines.append(
                 f"- {r['problem']}, {_short(r['method'])}: f = {format_value(r['f'])} "
                 f"(f* = {format_value(r['fstar'])}); {why}"
