@@ -63,3 +63,18 @@ def test_page_counts_and_reasons(tmp_path: Path) -> None:
     assert "| ours LM | float64 | 2 | 1 | 0 | 1 |" in text
     assert "| scipy lm | float64 | 2 | 2 | 0 | 0 |" in text
     assert "- meyer, ours LM: f = 1.5e+04 (f* = 0); max_steps" in text
+
+
+def test_committed_page_is_the_committed_json_rendered(tmp_path: Path) -> None:
+    """docs/peer_suites.md is exactly what ``page`` writes from docs/peer_suites/results.json
+    (never hand-edited), and the JSON lists every peer case there is now."""
+    import json
+
+    from experiments.benchmarks.peer_suites import DEFAULT_JSON, DEFAULT_PAGE
+    from implicit_ham.testing.peer_cases import all_cases
+
+    data = json.loads(DEFAULT_JSON.read_text())
+    page = tmp_path / "page.md"
+    write_page(data, page)
+    assert page.read_text() == DEFAULT_PAGE.read_text()
+    assert [r["name"] for r in data["peer_cases"]] == [c.name for c in all_cases()]
