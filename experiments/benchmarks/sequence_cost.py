@@ -34,7 +34,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -237,7 +237,7 @@ def measure(args: argparse.Namespace, command: str) -> dict[str, Any]:
         times = {arm: round(cells["ms"], 1) for arm, cells in rows[str(length)].items()}
         logger.info("N=%d: %s", length, times)
     meta = run_meta(command, threads, args.clock, args.rounds)
-    meta["date"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    meta["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     setup = {
         key: getattr(args, key)
         for key in ("batch", "channels", "heads", "rank", "steps", "warmup", "slope_from")
