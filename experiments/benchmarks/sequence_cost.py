@@ -212,8 +212,26 @@ def section(payload: dict[str, Any]) -> str:
     lines += [markdown_table(["mixer", "time", "peak memory", "FLOPs"], body), ""]
     lines += ["**Crossover** (where the ham's training step becomes the cheaper one):", ""]
     body = [[pair, c["ms"], c["peak_mib"]] for pair, c in summary["crossovers"].items()]
-    lines += [markdown_table(["pair", "time", "peak memory"], body), "", END]
+    lines += [markdown_table(["pair", "time", "peak memory"], body), ""]
+    lines += [verdict(payload, summary), "", END]
     return "\n".join(lines)
+
+
+def verdict(payload: dict[str, Any], summary: dict[str, Any]) -> str:
+    """One sentence from the numbers: the ratios at the largest N, the time slopes, and the
+    time crossover of the one-step ham with SDPA attention."""
+    n = max(int(key) for key in payload["rows"])
+    cells = payload["rows"][str(n)]
+    slopes = summary["slopes"]
+    cross = summary["crossovers"][f"{HAM} vs {SDPA}"]["ms"]
+    ratio = {arm: cells[arm]["ms"] / cells[HAM]["ms"] for arm in ARMS}
+    return (
+        f"**In one line:** at N = {n} the SDPA step takes {ratio[SDPA]:.1f}x the one-step "
+        f"ham's time and linear attention's {ratio[LINEAR]:.2f}x (BPTT ham "
+        f"{ratio[HAM_BPTT]:.2f}x); time slopes: ham "
+        f"{slopes[HAM]['ms']:.2f}, SDPA {slopes[SDPA]['ms']:.2f}, linear attention "
+        f"{slopes[LINEAR]['ms']:.2f}; time crossover of the one-step ham with SDPA: {cross}."
+    )
 
 
 def write_page(payload: dict[str, Any], path: Path) -> None:
