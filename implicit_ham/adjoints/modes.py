@@ -42,6 +42,7 @@ from implicit_ham.adjoints.implicit_backward import (
     attach_fixed_point_gradient,
     finish_backward,
 )
+from implicit_ham.linalg.dense import Dense
 from implicit_ham.linalg.operator import (
     LINEAR_SOLVERS,
     AdjointOperator,
@@ -308,9 +309,12 @@ class Implicit(AtFixedPoint):
                     system, rhs = scaled(op, scale), v * scale.rsqrt()
             g, used, cond = chosen.solve(system, rhs, self.max_steps, self.tol)
             steps += used
-            if cond is not None and not chosen.cond_is_bound:
-                exact = cond  # κ of op itself: the dense solvers are never scaled
-            if chosen is choices[-1] or meets_tol(system, rhs, g, self.tol):
+            done = chosen is choices[-1] or meets_tol(system, rhs, g, self.tol)
+            # κ of op itself (dense solvers are never scaled); per-sample blocks' κ is the
+            # system's only when their answer solves it (the samples are independent)
+            if cond is not None and not chosen.cond_is_bound and (done or type(chosen) is Dense):
+                exact = cond
+            if done:
                 break
             steps += 1
             logger.debug("Implicit: %s missed tol=%g; next solver", chosen.name, self.tol)
