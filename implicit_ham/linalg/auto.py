@@ -25,7 +25,7 @@ as CG does (``NotPositiveDefiniteError`` at a saddle).
 The thresholds are measured (``docs/backward-modes.md``, "Choosing the linear solver";
 ``experiments/benchmarks/dense_threshold.py``): on one sample the dense solve is faster than
 GMRES up to M = 128 unknowns, on a batch of 64 the dense blocks up to N = 32 (about even
-there, 2-4x slower at N = 64, where the N batched products outweigh GMRES's ~25).
+there, 2.2x slower at N = 64, where the N batched products outweigh GMRES's ~25).
 """
 
 from __future__ import annotations
