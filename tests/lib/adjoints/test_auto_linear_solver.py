@@ -100,3 +100,29 @@ def test_row_scales_leave_a_well_scaled_system_alone_and_equilibrate_an_ill_scal
     # rows within SCALE_BAND = 100 of the median are left alone: κ drops by 1e9, not to κ(a)
     assert float(torch.linalg.cond(ill)) > 1e13
     assert float(torch.linalg.cond(equilibrated)) < 1e-9 * float(torch.linalg.cond(ill))
+
+
+def _cd_gradient(adjoint: ih.Implicit) -> tuple[Tensor, ih.Solution]:
+    gen = torch.Generator().manual_seed(0)
+    x = 2 * torch.rand(2, 16, 4, 4, generator=gen, dtype=F64) - 1.0
+    d0 = torch.rand(1, 16, 4, generator=gen, dtype=F64)
+    d0 = (d0 / d0.norm(dim=1, keepdim=True)).expand(2, 16, 4).contiguous()
+    weight = torch.randn(x.shape, generator=gen, dtype=F64)
+    layer = ih.make_decomposition("cd", rank=4, groups=1, steps=60, adjoint=adjoint)
+    xg = x.clone().requires_grad_()
+    (grad,) = torch.autograd.grad((layer(xg, init=d0) * weight).sum(), xg)
+    assert layer.last_solution is not None
+    return grad, layer.last_solution
+
+
+def test_a_decomposition_implicit_default_takes_scaled_gmres_and_matches_dense_blocks() -> None:
+    """CD (64 bases + 16 x 4 codes = 128 unknowns per sample, above block_max): the default is
+    GMRES, its 4 scaling probes find the system well scaled and leave it alone."""
+    reference, _ = _cd_gradient(
+        ih.Implicit(linear_solver=ih.linalg.PerSampleDense(2), tol=1e-12, cond_threshold=None)
+    )
+    got, sol = _cd_gradient(ih.Implicit(tol=1e-10))
+    stats = sol.backward_stats
+    assert stats.linear_solver == "auto:gmres" and stats.cond is None and stats.converged
+    assert stats.steps >= ih.linalg.operator.SCALE_PROBES + 1
+    torch.testing.assert_close(got, reference, rtol=1e-8, atol=1e-12)
