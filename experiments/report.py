@@ -27,7 +27,8 @@ from experiments.generation.report import write_generation_report
 from experiments.reports.deq_training import write_deq_report
 from experiments.reports.paper_v3_page import write_from_csv
 from experiments.reports.study import write_study_report
-from experiments.reports.sweep import UnknownMetricError, write_report
+from experiments.reports.sweep import write_report
+from experiments.reports.sweep_metrics import UnknownMetricError
 
 logger = logging.getLogger("experiments.report")
 STUDY_SCRIPT = Path(__file__).parent / "scripts" / "study.sh"

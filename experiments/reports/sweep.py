@@ -20,12 +20,12 @@ A job's results are checked against its own record of what it trained: an ok ``r
 whose config differs from Hydra's ``.hydra/config.yaml`` beside it (a later command rewrote
 ``.hydra/``) is labelled by the config it trained (or, when an override cannot be mapped to a
 config value, reported as ``mislabelled``), and one whose ``logs`` no longer match the metric
-files (a later run rewrote them and did not finish) is reported as ``stale``, not ok.
+files (a later run rewrote them and did not finish) is reported as ``stale``, not ok
+(``experiments.reports.sweep_record``). Metric names: ``experiments.reports.sweep_metrics``.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import statistics
@@ -35,14 +35,18 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 import implicit_ham as ih
-from experiments.engine.log_record import logs_mismatch
 from experiments.engine.results import RESULTS_FILE, ResultsError, read_results
-from experiments.engine.resume import RUN_SETTINGS, comparable_config, config_differences
+from experiments.engine.resume import RUN_SETTINGS
 from experiments.reports.render import Table, render
+from experiments.reports.sweep_metrics import check_metrics
+from experiments.reports.sweep_record import (
+    check_own_record,
+    flat_config,
+    read_config,
+    relabelled_jobs,
+)
 from implicit_ham.decompositions import DECOMPOSITIONS
 from implicit_ham.reliability import ACTION_MEANINGS, FAILURE_MEANINGS
 
@@ -168,35 +172,6 @@ def common_overrides(rows: Sequence[Row]) -> dict[str, str]:
     return {k: rows[0].overrides[k] for k in keys}
 
 
-class UnknownMetricError(ValueError):
-    """A metric asked for by name that no job of the sweep recorded (the message lists the
-    closest names and every available one)."""
-
-
-def available_metrics(jobs: Iterable[Job]) -> list[str]:
-    """Every metric name the jobs recorded (``Job.metric_names``), sorted."""
-    return sorted(set().union(*(job.metric_names() for job in jobs)))
-
-
-def check_metrics(wanted: Sequence[str], jobs: Sequence[Job]) -> list[str]:
-    """``wanted`` when every name is a metric some job recorded; ``UnknownMetricError`` naming
-    the unknown ones, the closest recorded names and every available one otherwise."""
-    available = available_metrics(jobs)
-    unknown = [m for m in wanted if m not in available]
-    if unknown:
-        hints = []
-        for name in unknown:
-            close = difflib.get_close_matches(name, available, n=3, cutoff=0.6)
-            hints.append(f"{name!r}" + (f" (did you mean {' or '.join(map(repr, close))}?)"
-                                         if close else ""))  # fmt: skip
-        raise UnknownMetricError(
-            f"unknown metric(s) {', '.join(hints)}: no job recorded them. Available (results.json "
-            f"metrics, train_time_s / parameters and every metrics.jsonl key): "
-            f"{', '.join(available) or 'none'}"
-        )
-    return list(wanted)
-
-
 def metric_cell(row: Row, metric: str, digits: int = 3) -> str:
     """mean ± std of ``metric`` over the row's ok jobs (the mean alone for one value); when ok
     jobs lack a value, the count behind the mean and the missing ones: ``(n=2, 1 missing)``."""
@@ -251,25 +226,14 @@ def failures(jobs: Sequence[Job], keys: Sequence[str] | None = None) -> Table:
     return Table.of(["job", "overrides", "status", "error"], body)
 
 
-def _flat(
-    config: Mapping[str, Any], prefix: str = "", skip: Sequence[str] = UNDESCRIBED
-) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, value in config.items():
-        if not prefix and key in skip:
-            continue
-        if isinstance(value, Mapping):
-            out.update(_flat(value, f"{prefix}{key}.", skip))
-        else:
-            out[f"{prefix}{key}"] = str(value)
-    return out
-
-
 def arms_table(rows: Sequence[Row]) -> Table:
     """What each row (arm) is, from its jobs' configs: its context, backward mode and solver
     (``KEY_FIELDS``) and every other value that differs between the rows having that key; a
     row whose jobs have no readable config says so."""
-    configs = [_flat(next((j.config for j in row.jobs if j.config), {})) for row in rows]
+    configs = [
+        flat_config(next((j.config for j in row.jobs if j.config), {}), skip=UNDESCRIBED)
+        for row in rows
+    ]
     keys = sorted({k for c in configs for k in c})
     shown = [
         k for k in keys if k in KEY_FIELDS or len({c[k] for c in configs if k in c}) > 1
@@ -437,15 +401,6 @@ def label(overrides: Mapping[str, str], keys: Sequence[str] | None = None) -> st
                     for s, (k, v) in zip(short, shown, strict=True))  # fmt: skip
 
 
-def relabelled_jobs(jobs: Sequence[Job]) -> Table:
-    """The jobs whose results were checked against their own record and relabelled or set
-    aside (``Job.notes``; an empty table when none)."""
-    return Table.of(
-        ["job", "what the check found"],
-        [[job.directory.name, note] for job in jobs for note in job.notes],
-    )
-
-
 def _read_job(directory: Path) -> Job:
     unreadable: list[str] = []
     try:
@@ -463,7 +418,7 @@ def _read_job(directory: Path) -> Job:
         results = read_results(directory)
     except ResultsError as err:
         unreadable.append(str(err))
-        config = _read_config(directory / ".hydra" / "config.yaml")
+        config = read_config(directory / ".hydra" / "config.yaml")
         return Job(directory, overrides, "unreadable", {}, str(err), history, config=config,
                    unreadable=unreadable, logged=logged)  # fmt: skip
     metrics = {
@@ -483,7 +438,7 @@ def _read_job(directory: Path) -> Job:
         results.get("error"),
         history,
         {str(k): int(v) for k, v in failures.items()},
-        results.get("config") or _read_config(directory / ".hydra" / "config.yaml"),
+        results.get("config") or read_config(directory / ".hydra" / "config.yaml"),
         {str(k): int(v) for k, v in events.items()},
         unreadable,
         {str(k): int(v) for k, v in actions.items()},
@@ -491,62 +446,8 @@ def _read_job(directory: Path) -> Job:
         results,
     )
     if job.status == "ok":
-        _check_own_record(job)
+        check_own_record(job)
     return job
-
-
-def _check_own_record(job: Job) -> None:
-    """Check an ok job's results against the files beside them (module docstring): the logs
-    they were written with (``results.json``'s ``logs``) and the config Hydra recorded for the
-    job's last launch (``.hydra/config.yaml``, with ``overrides.yaml``)."""
-    logs = job.record.get("logs")
-    changed = logs_mismatch(job.directory, logs) if isinstance(logs, Mapping) else None
-    if changed:
-        job.status = "stale"
-        job.error = (
-            f"results.json says ok, but the metric files beside it changed after it was written "
-            f"({changed}): a later run in this directory (e.g. reliability.resume=false) rewrote "
-            "them and did not finish. Its results are not reported; run the job's command again "
-            "to finish it."
-        )
-        return
-    trained = job.record.get("config")
-    launched = _read_config(job.directory / ".hydra" / "config.yaml")
-    if not isinstance(trained, Mapping) or not launched:
-        return
-    differ = config_differences(comparable_config(launched), comparable_config(trained))
-    if not differ:
-        return
-    flat, hydra = _flat(trained, skip=()), _flat(launched, skip=())
-    said = ", ".join(f"{k}={hydra.get(k, '(unset)')}" for k in differ)
-    was = ", ".join(f"{k}={flat.get(k, '(unset)')}" for k in differ)
-    if all(k in job.overrides and k in flat for k in differ):
-        for key in differ:
-            job.overrides[key] = flat[key]
-        job.notes.append(
-            f"relabelled: .hydra/ says {said} (a later command rewrote it), results.json's "
-            f"config says the job trained with {was}; reported under the latter"
-        )
-        return
-    job.status = "mislabelled"
-    job.error = (
-        f"results.json's config (what the job trained: {was}) differs from .hydra/ ({said}, "
-        "a later command rewrote it) in values its overrides do not name, so its arm is "
-        "unknown; not reported. Run the job's command again in a fresh directory."
-    )
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    """Hydra's saved job config with its interpolations resolved ({} when absent or when an
-    interpolation cannot be resolved outside the job): where a results.json without a
-    ``config`` falls back to."""
-    if not path.exists():
-        return {}
-    try:
-        config = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    except OmegaConfBaseException:
-        return {}
-    return {str(k): v for k, v in config.items()} if isinstance(config, dict) else {}
 
 
 def _read_overrides(path: Path) -> dict[str, str]:

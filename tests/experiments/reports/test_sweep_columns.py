@@ -15,7 +15,6 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from experiments.reports.plots import bar_figure
 from experiments.reports.sweep import (
-    UnknownMetricError,
     arm_keys,
     collect_jobs,
     common_overrides,
@@ -24,6 +23,7 @@ from experiments.reports.sweep import (
     metrics_table,
     write_report,
 )
+from experiments.reports.sweep_metrics import UnknownMetricError
 
 ROOT = Path(__file__).resolve().parents[3]
 COMMON = ["threads=1", "data.train_size=16", "context.rank=4", "progress=False"]
