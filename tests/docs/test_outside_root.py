@@ -60,12 +60,14 @@ def test_experiments_are_installed_with_the_library(outside: Path) -> None:
     assert Path(found.stdout.strip()).resolve() == ROOT / "experiments" / "__init__.py"
 
 
+@pytest.mark.slow
 def test_the_training_command_finds_its_configs_from_another_directory(outside: Path) -> None:
     proc = _run(["-m", "experiments.train", "--cfg", "job", "optim.lr=0.01"], outside)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "lr: 0.01" in proc.stdout and "context:" in proc.stdout
 
 
+@pytest.mark.slow
 def test_the_diagnostics_page_runs_from_another_directory(outside: Path) -> None:
     page = ROOT / "docs" / "diagnostics.md"
     code = "\n".join(block for _, block in _python_blocks(page.read_text()))
