@@ -109,6 +109,18 @@ def _cosines(job: Job) -> list[tuple[str, float]]:
     ]  # fmt: skip
 
 
+def cosine_text(cosines: Sequence[tuple[str, float]]) -> str:
+    """``"mode 0.250"`` per measured mode (the mean over its jobs, their count in brackets when
+    several), in first-seen order."""
+    by_mode: dict[str, list[float]] = {}
+    for mode, cosine in cosines:
+        by_mode.setdefault(mode, []).append(cosine)
+    return ", ".join(
+        f"{mode} {sum(c) / len(c):.3f}" + (f" ({len(c)} jobs)" if len(c) > 1 else "")
+        for mode, c in by_mode.items()
+    )
+
+
 def _total(values: Sequence[int | None]) -> int | None:
     return None if not values or any(v is None for v in values) else sum(v or 0 for v in values)
 
@@ -151,11 +163,7 @@ def reading(e: Evidence) -> str:
         return "no implicit layer: ordinary backpropagation, nothing to check"
     if e.kind == "unknown":
         return f"backward mode {e.mode or '(not recorded)'} is unknown to this report: no reading"
-    measured = (
-        "; measured cosine to the reference: "
-        + ", ".join(f"{m} {c:.3f}" for m, c in e.cosines)
-        if e.cosines else ""
-    )  # fmt: skip
+    measured = f"; measured cosine to the reference: {cosine_text(e.cosines)}" if e.cosines else ""
     if e.kind == "unroll":
         return (
             "trust it as the exact gradient of the K-step forward it ran (no fixed-point "
@@ -194,7 +202,7 @@ def trust_table(rows: Sequence[Row], keys: Sequence[str], metric: str | None) ->
     for row in rows:
         e = evidence(row)
         checked = e.kind == "at_fixed_point"
-        cosines = ", ".join(f"{m} {c:.3f}" for m, c in e.cosines) or "not measured"
+        cosines = cosine_text(e.cosines) or "not measured"
         body.append([
             label(row.overrides, keys),
             *([metric_cell(row, metric)] if metric else []),

@@ -86,7 +86,7 @@ def test_the_report_puts_the_evidence_beside_each_arms_metric(sweep: Path) -> No
     assert lines[4].startswith("| arm=unroll | 0.700 ± 0.000 | Unroll | n/a | n/a | not measured | "
                                "trust it as the exact gradient")  # fmt: skip
     assert lines[5].startswith("| arm=one_step | 0.800 ± 0.000 | OneStep | n/a | n/a | "
-                               "one_step 0.250, one_step 0.250 | an approximate gradient")
+                               "one_step 0.250 (2 jobs) | an approximate gradient")
     assert "## Which gradient to trust" in write_report(sweep, sweep / "out").read_text()
 
 
