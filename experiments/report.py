@@ -28,6 +28,7 @@ from experiments.reports.deq_training import write_deq_report
 from experiments.reports.paper_v3_page import write_from_csv
 from experiments.reports.study import write_study_report
 from experiments.reports.sweep import write_report
+from experiments.reports.sweep_metrics import UnknownMetricError
 
 logger = logging.getLogger("experiments.report")
 STUDY_SCRIPT = Path(__file__).parent / "scripts" / "study.sh"
@@ -38,7 +39,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("sweep_dir", nargs="?", default=None, help="multirun or study folder")
     parser.add_argument("--out", default=None, help="output folder (default: the sweep folder)")
-    parser.add_argument("--metrics", nargs="*", default=None, help="metrics to tabulate")
+    parser.add_argument(
+        "--metrics",
+        nargs="*",
+        default=None,
+        help="metrics to tabulate: any key of results.json's metrics or of metrics.jsonl "
+        "(gradient norms, solver and backward statistics); an unknown name is an error",
+    )
     parser.add_argument("--title", default=None)
     parser.add_argument("--study", action="store_true", help="write the study's results.md")
     parser.add_argument(
@@ -75,7 +82,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.sweep_dir is None:
         parser.error("give the multirun folder to report (or --study)")
-    path = write_report(args.sweep_dir, args.out, args.metrics, args.title)
+    try:
+        path = write_report(args.sweep_dir, args.out, args.metrics, args.title)
+    except UnknownMetricError as err:
+        parser.error(str(err))  # exit status 2, nothing written
     logger.info("report: %s", path)
     logger.info("%s", path.read_text())
 

@@ -28,6 +28,7 @@ from hydra.utils import instantiate
 from omegaconf import MISSING
 
 import implicit_ham
+from experiments.config.optim_checks import check_optimizer
 from experiments.config.signatures import config_class, signature_parameters
 from experiments.config.typed import ContextConf, OptimConf, TargetConf
 from experiments.data import splits
@@ -283,7 +284,11 @@ def check_components(cfg: TrainConfig) -> None:
     """Build the run's solver, backward mode and (for a decomposition context) the
     decomposition once, without data, so that a value the library refuses
     (``context.steps=-1``, ``adjoint.k=0``) fails at start-up naming its config group, not
-    after the data is built. Call it after ``check_targets`` (it instantiates ``_target_``s)."""
+    after the data is built; and the optimiser and schedule values
+    (``experiments.config.optim_checks.check_optimizer``: ``optim.lr=-1``,
+    ``optim.momentum=1.5``, ``lr_poly_power=0``). Call it after ``check_targets`` (it
+    instantiates ``_target_``s)."""
+    check_optimizer(cfg.optim, cfg.lr_poly_power, cfg.model.backbone_lr_scale)
     built: dict[str, Any] = {}
     for group in ("solver", "adjoint"):
         try:

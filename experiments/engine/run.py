@@ -36,6 +36,7 @@ from experiments.engine.determinism import configure_determinism
 from experiments.engine.distributed import DistributedContext, state_digest
 from experiments.engine.failure_log import RankFailureLog
 from experiments.engine.joblock import JobLock, JobLockedError
+from experiments.engine.log_record import log_record
 from experiments.engine.loop import Task, TrainState, fit
 from experiments.engine.preemption import (
     PreemptedError,
@@ -105,7 +106,8 @@ def run_training(cfg: TrainConfig, output_dir: str | Path) -> dict[str, Any]:
         are in sync), and the last forward solve statistics of each implicit layer
         (``solver``), ``threads`` (``torch.get_num_threads()``) and ``events``: the library's
         warning events of the run (``experiments.engine.run_events.events_summary``: total,
-        by kind, by source, the implicit layers by name).
+        by kind, by source, the implicit layers by name); rank 0's also ``logs``, the metric
+        files it belongs to (``experiments.engine.log_record``).
     """
     check_train_config(cfg)
     check_targets(as_container(cfg))  # before anything is instantiated
@@ -283,6 +285,7 @@ def _train(
                 "config": config,
             },
         )
+        results["logs"] = log_record(output_dir)  # the rows these results belong to
         write_results(output_dir, results)
     return results
 

@@ -2,12 +2,26 @@
 
 Each job directory holds ``results.json`` (written by every job, also by a failed one, with
 ``status`` and ``error``) and Hydra's ``.hydra/overrides.yaml``. Jobs are grouped by their
-overrides minus ``seed``; each group becomes one row. The report is ``templates/sweep.md.j2``
-filled by a ``SweepReport``: the metrics (mean ± sample std over seeds; the mean alone for one
-seed), what each arm is (the config values that differ between the rows), every job's failure
-events by kind (``results.json``'s ``failures`` and the library's warning ``events``), the failed
-jobs, and the files that could not be read. One unreadable file (a garbled ``results.json``, a
-garbage line in ``metrics.jsonl``) is reported by name; the rest of the sweep is still reported.
+overrides minus ``seed``; each group becomes one row, labelled by the overrides that differ
+between the rows (those equal in every job are stated once, above the table). The report is
+``templates/sweep.md.j2`` filled by a ``SweepReport``: the metrics (mean ± sample std over
+seeds; the mean alone for one seed; an ok job without a value is counted as missing), each arm's
+gradient-trust evidence beside its metric (``experiments.reports.sweep_trust``), what each arm is
+(the config values that differ between the rows), every job's failure events by kind
+(``results.json``'s ``failures`` and the library's warning ``events``), the failed jobs, and the
+files that could not be read. One unreadable file (a garbled ``results.json``, a garbage line in
+``metrics.jsonl``) is reported by name; the rest of the sweep is still reported.
+
+Any metric the jobs recorded can be tabulated: the final ``metrics`` of ``results.json``, its
+``train_time_s`` and ``parameters``, and every key of ``metrics.jsonl`` (gradient norms, solver
+and backward statistics: their last logged value); an unknown name is an error listing them.
+
+A job's results are checked against its own record of what it trained: an ok ``results.json``
+whose config differs from Hydra's ``.hydra/config.yaml`` beside it (a later command rewrote
+``.hydra/``) is labelled by the config it trained (or, when an override cannot be mapped to a
+config value, reported as ``mislabelled``), and one whose ``logs`` no longer match the metric
+files (a later run rewrote them and did not finish) is reported as ``stale``, not ok
+(``experiments.reports.sweep_record``). Metric names: ``experiments.reports.sweep_metrics``.
 """
 
 from __future__ import annotations
@@ -21,13 +35,18 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 import implicit_ham as ih
 from experiments.engine.results import RESULTS_FILE, ResultsError, read_results
 from experiments.engine.resume import RUN_SETTINGS
 from experiments.reports.render import Table, render
+from experiments.reports.sweep_metrics import check_metrics
+from experiments.reports.sweep_record import (
+    check_own_record,
+    flat_config,
+    read_config,
+    relabelled_jobs,
+)
 from implicit_ham.nn import decomposition_of
 from implicit_ham.reliability import ACTION_MEANINGS, FAILURE_MEANINGS
 
@@ -37,6 +56,8 @@ PLOTTED_METRICS = ("val/blob_acc", "val/miou", "val/accuracy")
 # Config keys that never describe an arm (run settings, bookkeeping).
 UNDESCRIBED = (*IGNORED_OVERRIDES, *RUN_SETTINGS, "reliability", "study", "checkpoint")
 KEY_FIELDS = ("context.name", "adjoint._target_", "solver._target_")
+RESULT_NUMBERS = ("train_time_s", "parameters")  # top-level numbers of results.json
+NOT_METRICS = ("step", "epoch")  # bookkeeping columns of metrics.jsonl
 HAM_ONLY = ("adjoint.", "solver.")  # config keys only a ham (a decomposition context) reads
 
 
@@ -46,7 +67,9 @@ class Job:
     counts by kind (``results.json``'s ``failures.by_kind``), the library's warning events by
     kind (``events.by_kind``), resolved config (results.json's, else Hydra's
     ``.hydra/config.yaml``), the files of it that could not be read (``unreadable``: one
-    message per file, naming it) and what the failure policy did (``failures.by_action``)."""
+    message per file, naming it), what the failure policy did (``failures.by_action``), the
+    last logged value of every ``metrics.jsonl`` key (``logged``), the ``results.json`` as read
+    (``record``) and what the checks against its own record changed (``notes``)."""
 
     directory: Path
     overrides: dict[str, str]
@@ -59,6 +82,28 @@ class Job:
     events: dict[str, int] = field(default_factory=dict)
     unreadable: list[str] = field(default_factory=list)
     actions: dict[str, int] = field(default_factory=dict)
+    logged: dict[str, float | None] = field(default_factory=dict)
+    record: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def value(self, metric: str) -> float | None:
+        """``metric``'s finite value: results.json's final ``metrics`` (or its top-level
+        ``train_time_s`` / ``parameters``) where it records the name, else the last value
+        logged in ``metrics.jsonl``; None when absent, null or not finite."""
+        recorded = self.record.get("metrics")
+        if (isinstance(recorded, Mapping) and metric in recorded) or metric in RESULT_NUMBERS:
+            value: Any = self.metrics.get(metric)
+        else:
+            value = self.logged.get(metric)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            return float(value)
+        return None
+
+    def metric_names(self) -> set[str]:
+        """Every metric name this job recorded (with a value or null)."""
+        recorded = self.record.get("metrics")
+        names = set(recorded) if isinstance(recorded, Mapping) else set()
+        return (names | set(self.metrics) | set(self.logged)) - set(NOT_METRICS)
 
 
 @dataclass
@@ -69,13 +114,13 @@ class Row:
     jobs: list[Job]
 
     def values(self, metric: str) -> list[float]:
-        """The finite values of ``metric`` over the group's successful jobs."""
-        out = []
-        for job in self.jobs:
-            value = job.metrics.get(metric)
-            if job.status == "ok" and isinstance(value, (int, float)) and math.isfinite(value):
-                out.append(float(value))
-        return out
+        """The finite values of ``metric`` over the group's successful jobs (``Job.value``)."""
+        values = (job.value(metric) for job in self.jobs if job.status == "ok")
+        return [v for v in values if v is not None]
+
+    def missing(self, metric: str) -> int:
+        """Successful jobs without a finite value of ``metric`` (absent, null or NaN)."""
+        return sum(job.status == "ok" for job in self.jobs) - len(self.values(metric))
 
     def mean_std(self, metric: str) -> tuple[float, float] | None:
         """(mean, sample std) of ``metric``; std is 0 for one seed; None without values."""
@@ -113,62 +158,82 @@ def group_jobs(jobs: Iterable[Job], ignore: Sequence[str] = IGNORED_OVERRIDES) -
     return list(rows.values())
 
 
+def arm_keys(rows: Sequence[Row]) -> list[str]:
+    """The override keys whose value differs between the rows (a key some rows lack differs),
+    sorted: what tells the arms apart."""
+    keys = sorted({k for row in rows for k in row.overrides})
+    return [k for k in keys if len({row.overrides.get(k) for row in rows}) > 1]
+
+
+def common_overrides(rows: Sequence[Row]) -> dict[str, str]:
+    """The overrides every row has with the same value (stated once, above the tables)."""
+    varying = set(arm_keys(rows))
+    keys = sorted({k for row in rows for k in row.overrides} - varying)
+    return {k: rows[0].overrides[k] for k in keys}
+
+
+def metric_cell(row: Row, metric: str, digits: int = 3) -> str:
+    """mean ± std of ``metric`` over the row's ok jobs (the mean alone for one value); when ok
+    jobs lack a value, the count behind the mean and the missing ones: ``(n=2, 1 missing)``."""
+    stats, n, missing = row.mean_std(metric), len(row.values(metric)), row.missing(metric)
+    if stats is None:
+        text = "–"
+    elif n == 1:
+        text = f"{stats[0]:.{digits}f}"
+    else:
+        text = f"{stats[0]:.{digits}f} ± {stats[1]:.{digits}f}"
+    return f"{text} (n={n}, {missing} missing)" if missing else text
+
+
 def metrics_table(
     rows: Sequence[Row], metrics: Sequence[str] | None = None, digits: int = 3
 ) -> Table:
-    """One column per swept key, ``n`` (ok / all), then mean ± std per metric (the mean alone
-    when one value: no spread from one seed).
+    """One column per override that differs between the rows (``arm_keys``), ``n`` (ok / all
+    jobs), then mean ± std per metric (``metric_cell``).
 
-    Only metrics present in at least one job are shown (``DEFAULT_METRICS`` by default).
+    ``metrics``: the names to show (each must be recorded by some job: ``check_metrics``);
+    by default those of ``DEFAULT_METRICS`` that some job has a value of.
     """
-    keys = sorted({k for row in rows for k in row.overrides})
-    wanted = metrics or DEFAULT_METRICS
-    shown = [m for m in wanted if any(row.values(m) for row in rows)]
+    keys = arm_keys(rows)
+    jobs = [job for row in rows for job in row.jobs]
+    if metrics:
+        shown = check_metrics(metrics, jobs)
+    else:
+        shown = [m for m in DEFAULT_METRICS if any(row.values(m) for row in rows)]
     body = []
     for row in rows:
         ok = sum(job.status == "ok" for job in row.jobs)
         cells = [row.overrides.get(k, "") for k in keys] + [f"{ok}/{len(row.jobs)}"]
-        for metric in shown:
-            stats, n = row.mean_std(metric), len(row.values(metric))
-            if stats is None:
-                cells.append("–")
-            elif n == 1:
-                cells.append(f"{stats[0]:.{digits}f}")
-            else:
-                cells.append(f"{stats[0]:.{digits}f} ± {stats[1]:.{digits}f}")
-        body.append(cells)
+        body.append(cells + [metric_cell(row, m, digits) for m in shown])
     return Table.of([*keys, "n", *shown], body)
 
 
-def failures(jobs: Sequence[Job]) -> Table:
-    """The failed jobs with their overrides and error (an empty table when none failed)."""
+def failures(jobs: Sequence[Job], keys: Sequence[str] | None = None) -> Table:
+    """The jobs that did not finish ok with their overrides (those in ``keys`` and the seed,
+    every one when None), status and error (an empty table when every job is ok)."""
     body = []
     for job in jobs:
         if job.status == "ok":
             continue
-        overrides = " ".join(f"{k}={v}" for k, v in job.overrides.items())
-        error = (job.error or job.status).replace("|", "/").replace("\n", " ")[:200]
-        body.append([job.directory.name, overrides, error])
-    return Table.of(["job", "overrides", "error"], body)
-
-
-def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, value in config.items():
-        if not prefix and key in UNDESCRIBED:
-            continue
-        if isinstance(value, Mapping):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = str(value)
-    return out
+        shown = (
+            job.overrides
+            if keys is None
+            else {k: v for k, v in job.overrides.items() if k in keys or k in IGNORED_OVERRIDES}
+        )
+        overrides = " ".join(f"{k}={v}" for k, v in shown.items())
+        error = (job.error or job.status).replace("|", "/").replace("\n", " ")[:400]
+        body.append([job.directory.name, overrides, job.status, error])
+    return Table.of(["job", "overrides", "status", "error"], body)
 
 
 def arms_table(rows: Sequence[Row]) -> Table:
     """What each row (arm) is, from its jobs' configs: its context, backward mode and solver
     (``KEY_FIELDS``) and every other value that differs between the rows having that key; a
     row whose jobs have no readable config says so."""
-    configs = [_flat(next((j.config for j in row.jobs if j.config), {})) for row in rows]
+    configs = [
+        flat_config(next((j.config for j in row.jobs if j.config), {}), skip=UNDESCRIBED)
+        for row in rows
+    ]
     keys = sorted({k for c in configs for k in c})
     shown = [
         k for k in keys if k in KEY_FIELDS or len({c[k] for c in configs if k in c}) > 1
@@ -181,7 +246,9 @@ def arms_table(rows: Sequence[Row]) -> Table:
         text = ", ".join(f"{k}={config[k]}" for k in used)
         if baseline and len(used) < len([k for k in shown if k in config]):
             text += f" (adjoint and solver unused: {context} is not a ham)"
-        body.append([label(row.overrides), text if config else "(no readable config)"])
+        body.append(
+            [label(row.overrides, arm_keys(rows)), text if config else "(no readable config)"]
+        )
     header = "config (context, backward mode, solver; other values where the arms differ)"
     return Table.of(["arm", header], body)
 
@@ -190,12 +257,13 @@ def _counts(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{k}: {n}" for k, n in sorted(counts.items()) if n) or "none"
 
 
-def failure_counts(jobs: Sequence[Job]) -> Table:
+def failure_counts(jobs: Sequence[Job], keys: Sequence[str] | None = None) -> Table:
     """Every job's failure events by kind (``results.json``'s ``failures.by_kind``, what the
     failure policy handled), what the policy did with them (``failures.by_action``) and the
-    library's warning events by kind (``events.by_kind``)."""
+    library's warning events by kind (``events.by_kind``); the arm is labelled by the overrides
+    in ``keys`` (every one when None)."""
     body = [
-        [job.directory.name, label(job.overrides), job.status, _counts(job.failures),
+        [job.directory.name, label(job.overrides, keys), job.status, _counts(job.failures),
          _counts(job.actions), _counts(job.events)]
         for job in jobs
     ]  # fmt: skip
@@ -231,8 +299,10 @@ def unreadable_files(jobs: Sequence[Job]) -> Table:
 @dataclass(frozen=True)
 class SweepReport:
     """A sweep's ``report.md``: its title, folder, job count, the metrics table, what each arm
-    is, every job's failure counts, the failed jobs, the unreadable files, and (metric, figure
-    name) per plotted metric."""
+    is, every job's failure counts, the failed jobs, the unreadable files, (metric, figure
+    name) per plotted metric, the overrides common to every job, each arm's gradient-trust
+    evidence (``experiments.reports.sweep_trust``) and the jobs relabelled from their own
+    record."""
 
     title: str
     source: Path
@@ -245,6 +315,9 @@ class SweepReport:
     unreadable: Table | None = None
     wall_clock: str | None = None
     meanings: tuple[tuple[str, str], ...] = ()
+    common: str = ""
+    trust: Table | None = None
+    relabelled: Table | None = None
 
 
 def write_report(
@@ -253,25 +326,36 @@ def write_report(
     metrics: Sequence[str] | None = None,
     title: str | None = None,
 ) -> Path:
-    """Write ``report.md`` (table, failures, plots) for ``sweep_dir``; return its path."""
+    """Write ``report.md`` (table, failures, plots) for ``sweep_dir``; return its path.
+
+    Raises:
+        UnknownMetricError: a name of ``metrics`` that no job recorded (``check_metrics``),
+            before anything is written.
+    """
     from experiments.reports.plots import plot_curves, plot_metric_bars
+    from experiments.reports.sweep_trust import trust_table
 
     sweep_dir = Path(sweep_dir)
-    out_dir = Path(output) if output is not None else sweep_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
     jobs = collect_jobs(sweep_dir)
     rows = group_jobs(jobs)
+    table = metrics_table(rows, metrics)  # an unknown metric fails here, before any file
+    keys = arm_keys(rows)
+    out_dir = Path(output) if output is not None else sweep_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
     plots = []
     for metric in PLOTTED_METRICS:
         if any(row.values(metric) for row in rows):
             name = metric.replace("/", "_")
-            plot_metric_bars(rows, metric, out_dir / f"{name}.png")
-            plot_curves(rows, metric, out_dir / f"{name}_curves.png")
+            plot_metric_bars(rows, metric, out_dir / f"{name}.png", keys)
+            plot_curves(rows, metric, out_dir / f"{name}_curves.png", keys)
             plots.append((metric, name))
+    headline = table.header[len(keys) + 1] if len(table.header) > len(keys) + 1 else None
+    common = " ".join(f"{k}={v}" for k, v in common_overrides(rows).items())
     report = SweepReport(
-        title or "Sweep report", sweep_dir, len(jobs), metrics_table(rows, metrics),
-        failures(jobs), tuple(plots), arms_table(rows), failure_counts(jobs),
+        title or "Sweep report", sweep_dir, len(jobs), table,
+        failures(jobs, keys), tuple(plots), arms_table(rows), failure_counts(jobs, keys),
         unreadable_files(jobs), wall_clock(sweep_dir), tuple(event_meanings(jobs)),
+        common, trust_table(rows, keys, headline), relabelled_jobs(jobs),
     )  # fmt: skip
     path = out_dir / "report.md"
     path.write_text(render("sweep.md.j2", report=report))
@@ -303,9 +387,18 @@ def find_job(sweep_dir: str | Path, **overrides: str) -> Job:
     return found[0]
 
 
-def label(overrides: Mapping[str, str]) -> str:
-    """A short label of a row's overrides (``key=value`` joined by spaces)."""
-    return " ".join(f"{k.split('.')[-1]}={v}" for k, v in sorted(overrides.items())) or "default"
+def label(overrides: Mapping[str, str], keys: Sequence[str] | None = None) -> str:
+    """A short label of a row's overrides: ``key=value`` joined by spaces, for the keys in
+    ``keys`` (``arm_keys``: those that tell the arms apart; every key when None), each by the
+    last part of its dotted name unless two shown keys share it. "the only arm" when the
+    sweep has one (nothing differs), "default" for a job without overrides."""
+    shown = sorted(overrides.items()) if keys is None else [
+        (k, overrides[k]) for k in sorted(keys) if k in overrides]  # fmt: skip
+    if not shown:
+        return "default" if not overrides else "the only arm"
+    short = [k.split(".")[-1] for k, _ in shown]
+    return " ".join(f"{s if short.count(s) == 1 else k}={v}"
+                    for s, (k, v) in zip(short, shown, strict=True))  # fmt: skip
 
 
 def _read_job(directory: Path) -> Job:
@@ -315,27 +408,29 @@ def _read_job(directory: Path) -> Job:
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         overrides = {}
         unreadable.append(f"{directory / '.hydra' / 'overrides.yaml'} is not valid YAML ({err})")
-    history = _read_history(directory / "metrics.jsonl", unreadable)
+    rows = _read_rows(directory / "metrics.jsonl", unreadable)
+    history = [row for row in rows if "epoch" in row]
+    logged = _last_logged(rows)
     if not (directory / RESULTS_FILE).exists():
         return Job(directory, overrides, "missing", {}, "no results.json (killed or running)",
-                   history, unreadable=unreadable)  # fmt: skip
+                   history, unreadable=unreadable, logged=logged)  # fmt: skip
     try:
         results = read_results(directory)
     except ResultsError as err:
         unreadable.append(str(err))
-        config = _read_config(directory / ".hydra" / "config.yaml")
+        config = read_config(directory / ".hydra" / "config.yaml")
         return Job(directory, overrides, "unreadable", {}, str(err), history, config=config,
-                   unreadable=unreadable)  # fmt: skip
+                   unreadable=unreadable, logged=logged)  # fmt: skip
     metrics = {
         k: v for k, v in (results.get("metrics") or {}).items() if isinstance(v, (int, float))
     }
-    for key in ("train_time_s", "parameters"):
+    for key in RESULT_NUMBERS:
         if isinstance(results.get(key), (int, float)):
             metrics[key] = results[key]
     failures = (results.get("failures") or {}).get("by_kind") or {}
     actions = (results.get("failures") or {}).get("by_action") or {}
     events = (results.get("events") or {}).get("by_kind") or {}
-    return Job(
+    job = Job(
         directory,
         overrides,
         results.get("status", "ok"),
@@ -343,24 +438,16 @@ def _read_job(directory: Path) -> Job:
         results.get("error"),
         history,
         {str(k): int(v) for k, v in failures.items()},
-        results.get("config") or _read_config(directory / ".hydra" / "config.yaml"),
+        results.get("config") or read_config(directory / ".hydra" / "config.yaml"),
         {str(k): int(v) for k, v in events.items()},
         unreadable,
         {str(k): int(v) for k, v in actions.items()},
+        logged,
+        results,
     )
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    """Hydra's saved job config with its interpolations resolved ({} when absent or when an
-    interpolation cannot be resolved outside the job): where a results.json without a
-    ``config`` falls back to."""
-    if not path.exists():
-        return {}
-    try:
-        config = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    except OmegaConfBaseException:
-        return {}
-    return {str(k): v for k, v in config.items()} if isinstance(config, dict) else {}
+    if job.status == "ok":
+        check_own_record(job)
+    return job
 
 
 def _read_overrides(path: Path) -> dict[str, str]:
@@ -374,9 +461,9 @@ def _read_overrides(path: Path) -> dict[str, str]:
     return out
 
 
-def _read_history(path: Path, unreadable: list[str]) -> list[dict[str, Any]]:
-    """The epoch rows of ``metrics.jsonl``; a line that is not a JSON object is skipped and
-    reported in ``unreadable`` (by file and line number)."""
+def _read_rows(path: Path, unreadable: list[str]) -> list[dict[str, Any]]:
+    """The rows of ``metrics.jsonl``; a line that is not a JSON object is skipped and reported
+    in ``unreadable`` (by file and line number)."""
     if not path.exists():
         return []
     rows, bad = [], []
@@ -396,7 +483,18 @@ def _read_history(path: Path, unreadable: list[str]) -> list[dict[str, Any]]:
             f"{path}: line(s) {', '.join(map(str, bad[:10]))} are not JSON objects (skipped; "
             "the job's other rows are reported)"
         )
-    return [row for row in rows if "epoch" in row]
+    return rows
+
+
+def _last_logged(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """The last logged value of every metric of ``rows`` (None where it is not a number:
+    a metric whose last logged value is null counts as missing)."""
+    last: dict[str, float | None] = {}
+    for row in rows:
+        for key, value in row.items():
+            if key not in NOT_METRICS:
+                last[key] = float(value) if isinstance(value, (int, float)) else None
+    return last
 
 
 def _job_sort_key(path: Path) -> tuple[int, str]:

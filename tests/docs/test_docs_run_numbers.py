@@ -12,8 +12,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = ("README.md", "docs/experiments.md")
+# A duration with its measurement's conditions stated right after it ("about 5 minutes on 2 idle
+# cores": how long make test takes, issue 45 item 13) is a measured claim, not a run's output.
+CONDITIONS = r"(?! on \d+ idle cores)"
 TYPED = re.compile(
-    r"\b\d+(?:[.,–-]\d+)? ?(?:min|minutes|s|seconds)\b(?! *[=:])"  # a duration: 19 min, 1–3 s
+    r"\b\d+(?:[.,–-]\d+)? ?(?:min|minutes|s|seconds)\b(?! *[=:])" + CONDITIONS +  # 19 min, 1–3 s
     r"|\b\d+ (?:failure |warning )?events\b"  # a count of events: 480 events
 )
 
@@ -21,6 +24,7 @@ TYPED = re.compile(
 def test_the_pattern_finds_what_the_pages_held() -> None:
     held = "wall clock: 19 min 31 s; 480 events; 1000 images take 1–3 s"
     assert TYPED.findall(held) == ["19 min", "31 s", "480 events", "1–3 s"]
+    assert TYPED.findall("make test takes about 5 minutes on 2 idle cores") == []
 
 
 @pytest.mark.parametrize("page", PAGES)
