@@ -32,6 +32,7 @@ from implicit_ham.decompositions import (
     register_decomposition,
 )
 from implicit_ham.nn import (
+    GlobalPoolContext,
     Hamburger,
     IdentityContext,
     LightHamHead,
@@ -84,6 +85,7 @@ __all__ = [
     "FixedPointIteration",
     "FixedPointProblem",
     "GaussNewton",
+    "GlobalPoolContext",
     "GradientDescent",
     "Hamburger",
     "IdentityContext",

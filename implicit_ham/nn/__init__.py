@@ -10,6 +10,7 @@ from implicit_ham.nn.context import (
     register_context,
 )
 from implicit_ham.nn.dropout import VariationalDropout, VariationalDropout2d
+from implicit_ham.nn.global_pool import GlobalPoolContext
 from implicit_ham.nn.hamburger import Hamburger
 from implicit_ham.nn.identity import IdentityContext
 from implicit_ham.nn.layers import group_norm
@@ -19,6 +20,7 @@ from implicit_ham.nn.normalization import NORM_KINDS, apply_norm, remove_norm
 __all__ = [
     "CONTEXTS",
     "NORM_KINDS",
+    "GlobalPoolContext",
     "Hamburger",
     "IdentityContext",
     "LightHamHead",

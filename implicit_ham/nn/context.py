@@ -2,7 +2,8 @@
 
 Names: every registered decomposition ("nmf", "vq", "cd", "svd", and user plug-ins), built as a
 ``Hamburger`` block around the ham, plus the baselines "self_attention", "sdpa_attention" and
-"none" (``IdentityContext``).
+"none" (``IdentityContext``) and "gap" (``GlobalPoolContext``: z + a projection of the
+spatial mean).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from torch import nn
 from implicit_ham._core.registry import Registry, parameter_names
 from implicit_ham.decompositions.registry import DECOMPOSITIONS, make_decomposition
 from implicit_ham.nn.attention import SDPAttention2d, SelfAttention2d
+from implicit_ham.nn.global_pool import GlobalPoolContext
 from implicit_ham.nn.hamburger import Hamburger
 from implicit_ham.nn.identity import IdentityContext
 
@@ -22,6 +24,7 @@ register_context = CONTEXTS.register_function("register_context", __name__)
 CONTEXTS.register("self_attention")(SelfAttention2d)
 CONTEXTS.register("sdpa_attention")(SDPAttention2d)
 CONTEXTS.register("none")(IdentityContext)
+CONTEXTS.register("gap")(GlobalPoolContext)
 
 BLOCK_OPTIONS = ("version", "ham_channels", "lower_relu", "norm_layer", "act_layer")
 
