@@ -24,7 +24,6 @@ import logging
 import resource
 import time
 from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from experiments.config.groups import TrainConfig, register_configs
 from experiments.config.typed import typed_config
 from experiments.engine.run import run_training
 from experiments.studies import paper_v3_eval as job_eval
+from experiments.studies.job_runner import Schedule, run_schedule
 from experiments.studies.paper_v3_plan import (
     REGIME,
     STUDY,
@@ -233,59 +233,28 @@ def _check_plan(rows: dict[str, dict[str, Any]], plan: Plan, csv_path: Path) -> 
 
 def run_study(plan: Plan, out_dir: Path, csv_path: Path, workers: int = 2) -> dict[str, int]:
     """Run every job not yet ``ok`` in ``csv_path``, ``workers`` at a time (1: in this
-    process), writing each row as its job ends. Returns counts: ran, failed, skipped."""
+    process), writing each row as its job ends (``job_runner.run_schedule``). Returns counts:
+    ran, failed, skipped."""
     out_dir, csv_path = Path(out_dir).resolve(), Path(csv_path)
     rows = read_rows(csv_path)
     _check_plan(rows, plan, csv_path)
-    started = time.time()
-    # this session's settled jobs: a failed job is retried only by the next session
-    settled: set[str] = set()
-    settled_pretrain: set[int] = set()
-    counts = {"ran": 0, "failed": 0, "skipped": 0}
-    skipped_at_start = {k for k, r in rows.items() if r.get("status") == "ok"}
-    pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
-    running: dict[Future[dict[str, Any]], Job] = {}
 
-    def record(job: Job, row: dict[str, Any]) -> None:
-        rows[job.key] = row
-        settled.add(job.key)
-        if job.stage == "pretrain" and row["status"] == "ok":
-            settled_pretrain.add(job.replicate)
-        counts["ran"] += 1
-        counts["failed"] += row["status"] != "ok"
-        write_rows(csv_path, rows)
-        logger.info("%s: %s (%d ran)", job.key, row["status"], counts["ran"])
+    def session(started: float, finished: float, ran: int) -> None:
+        append_session(csv_path, {"started": started, "finished": finished, "jobs_run": ran,
+                                  "workers": workers, "plan": plan.digest(),
+                                  "main_epochs": plan.main_epochs})  # fmt: skip
 
-    try:
-        while True:
-            in_flight = {j.key for j in running.values()}
-            todo = [j for j in pending_jobs(plan, rows, out_dir)
-                    if j.key not in settled and j.key not in in_flight]  # fmt: skip
-            ready = [j for j in todo if _ready(j, out_dir, settled_pretrain)]
-            # pretraining first, then the longest jobs: no long job is left alone at the end
-            ready.sort(key=lambda j: (j.stage != "pretrain", -j.epochs))
-            if not ready and not running:
-                break
-            if pool is None:
-                if not ready:
-                    break
-                record(ready[0], run_job(ready[0], plan, out_dir))
-                continue
-            for job in ready[: max(workers - len(running), 0)]:
-                running[pool.submit(run_job, job, plan, out_dir)] = job
-            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
-            for future in done:
-                record(running.pop(future), future.result())
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-        counts["skipped"] = len(skipped_at_start)
-        if counts["ran"]:
-            append_session(csv_path, {"started": started, "finished": time.time(),
-                                      "jobs_run": counts["ran"], "workers": workers,
-                                      "plan": plan.digest(),
-                                      "main_epochs": plan.main_epochs})  # fmt: skip
-    return counts
+    schedule = Schedule(
+        pending=lambda current: pending_jobs(plan, current, out_dir),
+        ready=lambda job, settled: _ready(job, out_dir, settled),
+        # pretraining first, then the longest jobs: no long job is left alone at the end
+        order=lambda job: (job.stage != "pretrain", -job.epochs),
+        run=run_job,
+        args=(plan, out_dir),
+        write=lambda current: write_rows(csv_path, current),
+        session=session,
+    )
+    return run_schedule(schedule, rows, workers)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
