@@ -23,9 +23,9 @@ import argparse
 import logging
 import resource
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from hydra import compose, initialize_config_dir
@@ -59,12 +59,26 @@ DEFAULT_OUT = Path("multirun/study_v3")
 DEFAULT_CSV = Path("docs/results/paper_v3.csv")
 
 
+class StudyPlan(Protocol):
+    """What the shared pieces read of a study's plan (v3's or v4's)."""
+
+    @property
+    def pretrain_steps(self) -> int: ...
+
+    @property
+    def pretrain_images(self) -> int: ...
+
+    def data_seed(self, replicate: int) -> int: ...
+
+    def digest(self) -> str: ...
+
+
 def backbone_path(out_dir: Path, replicate: int) -> Path:
     """Where a replicate's pretrained backbone lives (absolute)."""
     return (out_dir / "pretrain" / f"replicate{replicate}.pt").resolve()
 
 
-def pretrain_conf(plan: Plan, replicate: int) -> PretrainConf:
+def pretrain_conf(plan: StudyPlan, replicate: int) -> PretrainConf:
     """The replicate's pretraining: its own seed and its own train scans."""
     return PretrainConf(
         images=plan.pretrain_images,
@@ -139,7 +153,7 @@ def _base_row(job: Job, plan: Plan) -> dict[str, Any]:
     }
 
 
-def _pretrain(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
+def pretrain_row(job: Job, plan: StudyPlan, out_dir: Path) -> dict[str, Any]:
     artefact = ensure_pretrained(
         backbone_path(out_dir, job.replicate), pretrain_conf(plan, job.replicate)
     )
@@ -150,18 +164,19 @@ def _pretrain(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
     }
 
 
-def _train(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
-    cfg = compose_job(job, plan, out_dir)
-    job_dir = out_dir / "jobs" / job.key
+def train_row(cfg: TrainConfig, job_dir: Path, fidelity: str | None) -> dict[str, Any]:
+    """Train ``cfg`` in ``job_dir`` and read its row: final val metrics, test metrics, val
+    curve, train time and, with ``fidelity`` (ONE_STEP or THROUGH_BASES), the gradient
+    fidelity along training; then prune the step checkpoints."""
     results = run_training(cfg, job_dir)
     if results.get("status") != "ok":
         raise RuntimeError(f"run_training ended with status {results.get('status')!r}")
     metrics = results["metrics"]
     splits = job_eval.build_splits(cfg)
     curve = job_eval.val_curve(job_dir)
-    fidelity: list[tuple[int, float]] = []
-    if job.gradient in ("one_step", THROUGH_BASES):
-        fidelity = job_eval.fidelity_curve(cfg, job_dir, splits, job.gradient == THROUGH_BASES)
+    fidelity_points: list[tuple[int, float]] = []
+    if fidelity is not None:
+        fidelity_points = job_eval.fidelity_curve(cfg, job_dir, splits, fidelity == THROUGH_BASES)
     row = {
         "steps": curve[-1][0] if curve else None,
         "val_miou": metrics["val/miou"],
@@ -169,36 +184,52 @@ def _train(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
         "val_loss": metrics["val/loss"],
         **job_eval.test_metrics(cfg, job_dir, splits),
         "val_curve": curve,
-        "fidelity": fidelity,
+        "fidelity": fidelity_points,
         "train_s": results["train_time_s"],
     }
     job_eval.prune_checkpoints(job_dir)
     return row
 
 
-def run_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
-    """Run one job (in a worker process) and return its CSV row; an exception becomes a row
-    with ``status: failed`` and the error (the study goes on; a resumed study retries it)."""
+def _train(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
+    fidelity = job.gradient if job.gradient in ("one_step", THROUGH_BASES) else None
+    return train_row(compose_job(job, plan, out_dir), out_dir / "jobs" / job.key, fidelity)
+
+
+def measured_row(
+    row: dict[str, Any], job_key: str, work: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
+    """``row`` updated with ``work()``'s result (curves encoded) and ``status: ok``, or, when
+    it raises, ``status: failed`` and the error (the study goes on; a resumed study retries
+    it); plus start / end time and peak memory. Runs on one thread."""
     torch.set_num_threads(1)
     reset = _reset_peak_memory()
     started = time.time()
-    row = _base_row(job, plan)
     try:
-        result = (
-            _pretrain(job, plan, out_dir) if job.stage == "pretrain" else _train(job, plan, out_dir)
-        )
+        result = work()
         for name in ("val_curve", "fidelity"):
             if name in result:
                 result[name] = encode_curve(result[name])
         row.update(result, status="ok")
     except Exception as error:  # recorded in the row; the study continues
-        logger.exception("%s failed", job.key)
+        logger.exception("%s failed", job_key)
         row.update(status="failed", error=f"{type(error).__name__}: {error}"[:300])
     row.update(started=started, finished=time.time(), peak_mem_mb=_peak_memory_mb(reset))
     return row
 
 
-def _ready(job: Job, out_dir: Path, settled_pretrain: set[int]) -> bool:
+def run_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
+    """Run one job (in a worker process) and return its CSV row (``measured_row``)."""
+
+    def work() -> dict[str, Any]:
+        if job.stage == "pretrain":
+            return pretrain_row(job, plan, out_dir)
+        return _train(job, plan, out_dir)
+
+    return measured_row(_base_row(job, plan), job.key, work)
+
+
+def ready(job: Job, out_dir: Path, settled_pretrain: set[int]) -> bool:
     """A training job can start once its replicate's backbone exists."""
     if job.stage == "pretrain":
         return True
@@ -209,10 +240,18 @@ def pending_jobs(plan: Plan, rows: dict[str, dict[str, Any]], out_dir: Path) -> 
     """The jobs still to run: every known job without an ``ok`` row, and the pretraining of
     each replicate whose backbone is missing while such a job (or a main / K-axis job not yet
     known, before tuning is settled) needs it."""
-    jobs = all_jobs(plan, rows)
-    todo = [j for j in jobs if j.stage != "pretrain" and rows.get(j.key, {}).get("status") != "ok"]
     tuned = all(k.key in rows for k in tune_jobs(plan, rows))
-    needed = {j.replicate for j in todo} | (set() if tuned else set(range(plan.replicates)))
+    return pending(all_jobs(plan, rows), rows, out_dir,
+                   set() if tuned else set(range(plan.replicates)))  # fmt: skip
+
+
+def pending(
+    jobs: Sequence[Job], rows: dict[str, dict[str, Any]], out_dir: Path, needed: set[int]
+) -> list[Job]:
+    """Of ``jobs``: the training jobs without an ``ok`` row, and the pretraining of each
+    replicate that one of them (or ``needed``) trains on whose backbone is missing."""
+    todo = [j for j in jobs if j.stage != "pretrain" and rows.get(j.key, {}).get("status") != "ok"]
+    needed = needed | {j.replicate for j in todo}
 
     def missing(job: Job) -> bool:
         ok = rows.get(job.key, {}).get("status") == "ok"
@@ -222,7 +261,7 @@ def pending_jobs(plan: Plan, rows: dict[str, dict[str, Any]], out_dir: Path) -> 
     return pretrain + todo
 
 
-def _check_plan(rows: dict[str, dict[str, Any]], plan: Plan, csv_path: Path) -> None:
+def check_plan(rows: dict[str, dict[str, Any]], plan: StudyPlan, csv_path: Path) -> None:
     other = sorted({str(r["plan"]) for r in rows.values()} - {plan.digest()})
     if other:
         raise ValueError(
@@ -237,7 +276,7 @@ def run_study(plan: Plan, out_dir: Path, csv_path: Path, workers: int = 2) -> di
     ran, failed, skipped."""
     out_dir, csv_path = Path(out_dir).resolve(), Path(csv_path)
     rows = read_rows(csv_path)
-    _check_plan(rows, plan, csv_path)
+    check_plan(rows, plan, csv_path)
 
     def session(started: float, finished: float, ran: int) -> None:
         append_session(csv_path, {"started": started, "finished": finished, "jobs_run": ran,
@@ -245,8 +284,8 @@ def run_study(plan: Plan, out_dir: Path, csv_path: Path, workers: int = 2) -> di
                                   "main_epochs": plan.main_epochs})  # fmt: skip
 
     schedule = Schedule(
-        pending=lambda current: pending_jobs(plan, current, out_dir),
-        ready=lambda job, settled: _ready(job, out_dir, settled),
+        pending=lambda current: pending_jobs(plan, dict(current), out_dir),
+        ready=lambda job, settled: ready(job, out_dir, settled),
         # pretraining first, then the longest jobs: no long job is left alone at the end
         order=lambda job: (job.stage != "pretrain", -job.epochs),
         run=run_job,
