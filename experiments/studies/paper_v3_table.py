@@ -81,9 +81,7 @@ def write_rows(
     _write_atomic(Path(path), columns, ordered)
 
 
-def read_rows(
-    path: str | Path, columns: Sequence[str] = COLUMNS
-) -> dict[str, dict[str, Any]]:
+def read_rows(path: str | Path, columns: Sequence[str] = COLUMNS) -> dict[str, dict[str, Any]]:
     """The CSV's rows (job key -> row with typed values); {} when the file does not exist.
     ``columns``: the study's columns (a study v4 CSV has provenance columns beyond v3's)."""
     path = Path(path)
