@@ -512,8 +512,7 @@ def paper_v4(rows: Rows, plan: Plan, csv: str, v3_rows: Rows,
 
 
 def _template() -> Any:
-    env = environment()
-    env.loader = jinja2.FileSystemLoader(str(Path(__file__).parent))
+    env = environment().overlay(loader=jinja2.FileSystemLoader(str(Path(__file__).parent)))
     return env.get_template("page.md.j2").module
 
 
