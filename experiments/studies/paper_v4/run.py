@@ -8,7 +8,7 @@ replicate's held-out canvases, val curve); the scheduling, the backbones and the
 are study v3's (``job_runner``, ``paper_v3``, ``paper_v3_table``). Interrupt it at any time and
 run the same command again: finished jobs are skipped.
 
-    OMP_NUM_THREADS=1 python -m experiments.studies.paper_v4.run multirun/study_v4 \\
+    OMP_NUM_THREADS=1 python -m experiments.studies.paper_v4.run multirun/study/paper_v4 \\
         --csv docs/results/paper_v4.csv --workers 2
     python -m experiments.studies.paper_v4.report --csv docs/results/paper_v4.csv --out docs
 """
@@ -45,7 +45,7 @@ from experiments.studies.provenance import provenance
 logger = logging.getLogger(__name__)
 
 COLUMNS = (*V3_COLUMNS, "cpu", "threads", "commit", "torch")
-DEFAULT_OUT = Path("multirun/study_v4")
+DEFAULT_OUT = Path("multirun/study/paper_v4")
 DEFAULT_CSV = Path("docs/results/paper_v4.csv")
 
 
