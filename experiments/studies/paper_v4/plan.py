@@ -67,7 +67,8 @@ class Plan:
     Attributes:
         replicates: the test replicates ``0 .. replicates - 1`` of the primary comparisons.
         tune_replicates: the learning-rate replicates; must not be test replicates.
-        lrs: the rate grid (one rate selected per ham for both gradients, one per baseline).
+        lrs: the rate grid (one rate selected per ham for both gradients, one per baseline);
+            it spans the rates study v3 selected at inv_t 1 (0.2 and 0.4, from short runs).
         main_k, primary_inv_t: the paper's K and inverse temperature.
         main_epochs: the training length of every tuning, main and secondary job.
         length_replicates, length_factor: the length check's replicates and its multiple.
@@ -85,7 +86,7 @@ class Plan:
 
     replicates: int = 20
     tune_replicates: tuple[int, ...] = (100, 101)
-    lrs: tuple[float, ...] = (0.025, 0.05, 0.1)
+    lrs: tuple[float, ...] = (0.1, 0.2, 0.4)
     main_k: int = 6
     primary_inv_t: float = 1.0
     main_epochs: int = 32
