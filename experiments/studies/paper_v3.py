@@ -45,6 +45,7 @@ from experiments.studies.paper_v3_plan import (
     tune_jobs,
 )
 from experiments.studies.paper_v3_table import (
+    COLUMNS,
     append_session,
     encode_curve,
     read_rows,
@@ -88,12 +89,15 @@ def pretrain_conf(plan: StudyPlan, replicate: int) -> PretrainConf:
     )
 
 
-def job_overrides(job: Job, plan: Plan, out_dir: Path) -> list[str]:
-    """The Hydra overrides that make ``job`` out of the paper_v3 preset and its arm."""
+def job_overrides(
+    job: Job, plan: StudyPlan, out_dir: Path, preset: str = "paper_v3", arm: str | None = None
+) -> list[str]:
+    """The Hydra overrides that make ``job`` out of a study preset (``+experiment=<preset>``)
+    and its arm (default ``job.arm``), before the plan's own ``overrides``."""
     data_seed = plan.data_seed(job.replicate)
     overrides = [
-        "+experiment=paper_v3",
-        f"+arm={job.arm}",
+        f"+experiment={preset}",
+        f"+arm={arm or job.arm}",
         f"seed={job.replicate}",
         f"data.seed={data_seed}",
         f"data.scan_seed={data_seed}",
@@ -101,19 +105,24 @@ def job_overrides(job: Job, plan: Plan, out_dir: Path) -> list[str]:
         f"optim.lr={job.lr}",
         f"epochs={job.epochs}",
     ]
-    if job.context not in ("none", "sdpa"):
+    if job.context not in ("none", "sdpa", "gap"):
         overrides += [f"context.steps={job.K}", f"context.eval_steps={job.K}"]
     if job.inv_t is not None:
         overrides.append(f"context.inv_t={job.inv_t}")
-    return overrides + list(plan.overrides)
+    return overrides
+
+
+def compose_overrides(overrides: Sequence[str]) -> TrainConfig:
+    """The typed config of ``conf/config.yaml`` with ``overrides``."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides))
+    return typed_config(cfg, TrainConfig)
 
 
 def compose_job(job: Job, plan: Plan, out_dir: Path) -> TrainConfig:
     """The typed config of a training job."""
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=job_overrides(job, plan, out_dir))
-    return typed_config(cfg, TrainConfig)
+    return compose_overrides([*job_overrides(job, plan, out_dir), *plan.overrides])
 
 
 def _reset_peak_memory() -> bool:
@@ -272,10 +281,27 @@ def check_plan(rows: dict[str, dict[str, Any]], plan: StudyPlan, csv_path: Path)
 
 def run_study(plan: Plan, out_dir: Path, csv_path: Path, workers: int = 2) -> dict[str, int]:
     """Run every job not yet ``ok`` in ``csv_path``, ``workers`` at a time (1: in this
-    process), writing each row as its job ends (``job_runner.run_schedule``). Returns counts:
-    ran, failed, skipped."""
+    process), writing each row as its job ends. Returns counts: ran, failed, skipped."""
+    return run_csv_study(
+        plan, out_dir, csv_path, workers, pending=pending_jobs, run=run_job, columns=COLUMNS,
+        # pretraining first, then the longest jobs: no long job is left alone at the end
+        order=lambda job: (job.stage != "pretrain", -job.epochs),
+    )  # fmt: skip
+
+
+def run_csv_study(
+    plan: Any, out_dir: Path, csv_path: Path, workers: int, *,
+    pending: Callable[[Any, dict[str, dict[str, Any]], Path], list[Job]],
+    run: Callable[[Job, Any, Path], dict[str, Any]],
+    order: Callable[[Job], Any],
+    columns: Sequence[str],
+) -> dict[str, int]:  # fmt: skip
+    """A paper study's run (``job_runner.run_schedule``) on its CSV of ``columns``: its rows
+    read (refused when of another plan), ``pending(plan, rows, out_dir)`` jobs started in
+    ``order`` once their backbone exists, each ``run(job, plan, out_dir)`` row written as it
+    ends, and the invocation appended to the sessions sidecar."""
     out_dir, csv_path = Path(out_dir).resolve(), Path(csv_path)
-    rows = read_rows(csv_path)
+    rows = read_rows(csv_path, columns)
     check_plan(rows, plan, csv_path)
 
     def session(started: float, finished: float, ran: int) -> None:
@@ -284,13 +310,12 @@ def run_study(plan: Plan, out_dir: Path, csv_path: Path, workers: int = 2) -> di
                                   "main_epochs": plan.main_epochs})  # fmt: skip
 
     schedule = Schedule(
-        pending=lambda current: pending_jobs(plan, dict(current), out_dir),
+        pending=lambda current: pending(plan, dict(current), out_dir),
         ready=lambda job, settled: ready(job, out_dir, settled),
-        # pretraining first, then the longest jobs: no long job is left alone at the end
-        order=lambda job: (job.stage != "pretrain", -job.epochs),
-        run=run_job,
+        order=order,
+        run=run,
         args=(plan, out_dir),
-        write=lambda current: write_rows(csv_path, current),
+        write=lambda current: write_rows(csv_path, current, columns),
         session=session,
     )
     return run_schedule(schedule, rows, workers)
@@ -308,13 +333,23 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "reads the default plan's)")  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    plan = Plan(main_epochs=args.main_epochs)
+    run_command(Plan(main_epochs=args.main_epochs), args, pending_jobs, run_study, COLUMNS)
+
+
+def run_command(
+    plan: Any, args: argparse.Namespace,
+    pending: Callable[[Any, dict[str, dict[str, Any]], Path], list[Job]],
+    run: Callable[[Any, Path, Path, int], dict[str, int]],
+    columns: Sequence[str],
+) -> None:  # fmt: skip
+    """A study runner's command line: ``--list`` logs the pending jobs, else ``run(plan,
+    out_dir, csv, workers)`` and its counts."""
     if args.list:
-        rows = read_rows(args.csv)
-        for job in pending_jobs(plan, rows, Path(args.out_dir).resolve()):
+        rows = read_rows(args.csv, columns)
+        for job in pending(plan, rows, Path(args.out_dir).resolve()):
             logger.info("%s %s", job.stage, job.key)
         return
-    counts = run_study(plan, Path(args.out_dir), Path(args.csv), args.workers)
+    counts = run(plan, Path(args.out_dir), Path(args.csv), args.workers)
     logger.info("ran %(ran)d jobs (%(failed)d failed); %(skipped)d already ok", counts)
     if counts["failed"]:
         logger.warning("some jobs failed; run the same command again to retry them")

@@ -264,13 +264,12 @@ def all_jobs(plan: Plan, rows: Rows) -> list[Job]:
     return [job for stage in STAGES for job in jobs_of_stage(plan, rows, stage)]
 
 
-def start_order(job: Job) -> tuple[int, int, int]:
-    """The runner's order: pretraining (tuning replicates first), tuning, then the primary
-    arms replicate by replicate (a stopped study leaves whole replicates), the length check,
-    the secondary arms."""
-    tune_first = job.replicate if job.replicate >= 100 else 1000 + job.replicate
-    if job.stage == "pretrain":
-        return (0, -1 if job.replicate >= 100 else 0, tune_first)
+def start_order(plan: Plan, job: Job) -> tuple[int, int, int]:
+    """The runner's order: the tuning replicates' pretraining, tuning, then replicate by
+    replicate its pretraining and primary arms (a stopped study leaves whole replicates), the
+    length check, the secondary arms."""
+    if job.stage == "pretrain" and job.replicate not in plan.tune_replicates:
+        return (STAGES.index("main"), job.replicate, -1)
     return (STAGES.index(job.stage), job.replicate, 0)
 
 

@@ -21,24 +21,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hydra import compose, initialize_config_dir
-
-from experiments.config.groups import TrainConfig, register_configs
-from experiments.config.typed import typed_config
-from experiments.studies.job_runner import Schedule, run_schedule
-from experiments.studies.paper_v3 import (
-    CONF_DIR,
-    backbone_path,
-    check_plan,
-    measured_row,
-    pending,
-    pretrain_row,
-    ready,
-    train_row,
-)
+from experiments.config.groups import TrainConfig
+from experiments.studies import paper_v3
+from experiments.studies.paper_v3 import measured_row, pending, pretrain_row, train_row
 from experiments.studies.paper_v3_plan import REGIME, Job
 from experiments.studies.paper_v3_table import COLUMNS as V3_COLUMNS
-from experiments.studies.paper_v3_table import append_session, read_rows, write_rows
 from experiments.studies.paper_v4.plan import STUDY, Plan, all_jobs, arm_name, start_order, tuned
 from experiments.studies.provenance import provenance
 
@@ -51,32 +38,17 @@ DEFAULT_CSV = Path("docs/results/paper_v4.csv")
 
 def job_overrides(job: Job, plan: Plan, out_dir: Path) -> list[str]:
     """The Hydra overrides that make ``job`` out of the paper_v4 preset and its arm."""
-    data_seed = plan.data_seed(job.replicate)
-    overrides = [
-        "+experiment=paper_v4",
-        f"+arm={arm_name(job)}",
-        f"seed={job.replicate}",
-        f"data.seed={data_seed}",
-        f"data.scan_seed={data_seed}",
+    return [
+        *paper_v3.job_overrides(job, plan, out_dir, preset="paper_v4", arm=arm_name(job)),
         f"data.test_size={plan.test_size}",
-        f"model.pretrained={backbone_path(out_dir, job.replicate)}",
-        f"optim.lr={job.lr}",
-        f"epochs={job.epochs}",
         f"clip_grad_norm={plan.clip_grad_norm}",
+        *plan.overrides,
     ]
-    if job.context in ("nmf", "vq", "cd"):
-        overrides += [f"context.steps={job.K}", f"context.eval_steps={job.K}"]
-    if job.inv_t is not None:
-        overrides.append(f"context.inv_t={job.inv_t}")
-    return overrides + list(plan.overrides)
 
 
 def compose_job(job: Job, plan: Plan, out_dir: Path) -> TrainConfig:
     """The typed config of a training job."""
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=job_overrides(job, plan, out_dir))
-    return typed_config(cfg, TrainConfig)
+    return paper_v3.compose_overrides(job_overrides(job, plan, out_dir))
 
 
 def base_row(job: Job, plan: Plan) -> dict[str, Any]:
@@ -105,34 +77,20 @@ def run_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
 
 
 def pending_jobs(plan: Plan, rows: dict[str, dict[str, Any]], out_dir: Path) -> list[Job]:
-    """The jobs still to run, with the pretraining their replicates need (every replicate's
-    while tuning is unsettled: the main arms are not known yet)."""
+    """The jobs still to run in the runner's order, with the pretraining their replicates need
+    (every replicate's while tuning is unsettled: the main arms are not known yet)."""
     needed = set() if tuned(plan, rows) else set(plan.all_replicates())
-    return pending(all_jobs(plan, rows), rows, out_dir, needed)
+    return sorted(
+        pending(all_jobs(plan, rows), rows, out_dir, needed), key=lambda j: start_order(plan, j)
+    )
 
 
 def run_study(plan: Plan, out_dir: Path, csv_path: Path, workers: int = 2) -> dict[str, int]:
     """Run every job not yet ``ok`` in ``csv_path``, ``workers`` at a time (1: in this
     process). Returns counts: ran, failed, skipped."""
-    out_dir, csv_path = Path(out_dir).resolve(), Path(csv_path)
-    rows = read_rows(csv_path, COLUMNS)
-    check_plan(rows, plan, csv_path)
-
-    def session(started: float, finished: float, ran: int) -> None:
-        append_session(csv_path, {"started": started, "finished": finished, "jobs_run": ran,
-                                  "workers": workers, "plan": plan.digest(),
-                                  "main_epochs": plan.main_epochs})  # fmt: skip
-
-    schedule = Schedule(
-        pending=lambda current: pending_jobs(plan, dict(current), out_dir),
-        ready=lambda job, settled: ready(job, out_dir, settled),
-        order=start_order,
-        run=run_job,
-        args=(plan, out_dir),
-        write=lambda current: write_rows(csv_path, current, COLUMNS),
-        session=session,
-    )
-    return run_schedule(schedule, rows, workers)
+    return paper_v3.run_csv_study(plan, out_dir, csv_path, workers, pending=pending_jobs,
+                                  run=run_job, order=lambda j: start_order(plan, j),
+                                  columns=COLUMNS)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -144,16 +102,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--list", action="store_true", help="print the pending jobs and stop")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    plan = Plan()
-    if args.list:
-        rows = read_rows(args.csv, COLUMNS)
-        for job in sorted(pending_jobs(plan, rows, Path(args.out_dir).resolve()), key=start_order):
-            logger.info("%s %s", job.stage, job.key)
-        return
-    counts = run_study(plan, Path(args.out_dir), Path(args.csv), args.workers)
-    logger.info("ran %(ran)d jobs (%(failed)d failed); %(skipped)d already ok", counts)
-    if counts["failed"]:
-        logger.warning("some jobs failed; run the same command again to retry them")
+    paper_v3.run_command(Plan(), args, pending_jobs, run_study, COLUMNS)
 
 
 if __name__ == "__main__":

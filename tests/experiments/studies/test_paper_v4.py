@@ -121,12 +121,16 @@ def test_one_rate_per_ham_for_both_gradients_from_their_mean() -> None:
 
 def test_the_runner_starts_tuning_first_and_whole_replicates_in_order() -> None:
     rows = _tuning_rows()
-    jobs = sorted(all_jobs(PLAN, rows), key=start_order)
+    jobs = sorted(all_jobs(PLAN, rows), key=lambda j: start_order(PLAN, j))
     stages = [j.stage for j in jobs]
-    assert stages == sorted(stages, key=["pretrain", "tune", "main", "length",
-                                         "secondary"].index)  # fmt: skip
-    main = [j.replicate for j in jobs if j.stage == "main"]
-    assert main == sorted(main)
+    # the tuning replicates' backbones, the tuning, then each test replicate's backbone and arms
+    assert [j.replicate for j in jobs[:2]] == [50, 51] and set(stages[:2]) == {"pretrain"}
+    first_main = stages.index("main")
+    assert set(stages[2 : first_main - 1]) == {"tune"} and jobs[first_main - 1].key == "pretrain-r0"
+    rest = [(j.stage, j.replicate) for j in jobs[first_main - 1 :]]
+    replicates = [r for stage, r in rest if stage in ("pretrain", "main")]
+    assert replicates == sorted(replicates) and stages[-1] == "secondary"
+    assert stages.index("length") > max(i for i, s in enumerate(stages) if s == "main")
 
 
 def _holm(p: list[float]) -> list[float]:
@@ -238,3 +242,20 @@ def test_a_tiny_job_reruns_bit_for_bit_and_its_row_records_where_it_ran(tmp_path
     back = read_rows(csv, run.COLUMNS)[first["job"]]
     assert (back["cpu"], back["threads"], back["test_miou"]) == (
         first["cpu"], 1, first["test_miou"])  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_tiny_study_runs_end_to_end_resumes_and_renders(tmp_path: Path) -> None:
+    plan = Plan(replicates=2, tune_replicates=(7,), lrs=(0.1,), length_replicates=(0,),
+                secondary_replicates=(0,), secondary_inv_ts=(10.0,), ks=(1,), main_epochs=1,
+                test_size=2, pretrain_steps=2, pretrain_images=8,
+                overrides=("data.train_size=4", "data.val_size=2", "batch_size=2"))  # fmt: skip
+    csv = tmp_path / "v4.csv"
+    counts = run.run_study(plan, tmp_path / "out", csv, workers=1)
+    rows = read_rows(csv, run.COLUMNS)
+    assert counts["failed"] == 0 and counts["ran"] == len(rows) == len(all_jobs(plan, rows))
+    assert all(r["status"] == "ok" and r["cpu"] and r["threads"] == 1 for r in rows.values())
+    assert run.run_study(plan, tmp_path / "out", csv, workers=1)["ran"] == 0
+    docs = tmp_path / "docs"
+    page = report.write(csv, docs, plan, v3_csv=tmp_path / "absent.csv").read_text()
+    assert "all 2 test replicates" in page
