@@ -25,7 +25,8 @@ def init_block_weights(module: nn.Module) -> None:
 
 
 class Hamburger(nn.Module):
-    """A Hamburger context block, z (B, channels, H, W) -> (B, channels, H, W).
+    """A Hamburger context block, z (B, channels, H, W) -> (B, channels, H, W), or a sequence
+    (B, channels, N) -> (B, channels, N) (run as the map (B, channels, N, 1)).
 
     * lower bread: ``Conv1x1(channels -> width, bias)``, followed by a ReLU only for hams that
       need a non-negative input (NMF), as in the official code; VQ, CD and SVD get the plain
@@ -117,7 +118,17 @@ class Hamburger(nn.Module):
         init_block_weights(self)
 
     def forward(self, z: Tensor) -> Tensor:
-        """z (B, channels, H, W) -> (B, channels, H, W), any H and W."""
+        """z (B, channels, H, W) -> (B, channels, H, W), any H and W; a sequence z
+        (B, channels, N) runs as the map (B, channels, N, 1) (the decompositions' flatten
+        rule: n = N positions), so its output equals that map's with the last axis dropped."""
+        if z.ndim == 3:
+            return self.forward(z.unsqueeze(-1)).squeeze(-1)
+        if z.ndim != 4:
+            raise ValueError(
+                f"Hamburger expects a feature map (B, {self.channels}, H, W) or a sequence "
+                f"(B, {self.channels}, N), got shape {tuple(z.shape)}; for tokens (B, N, C) use "
+                "ih.HamMixer (or z.transpose(1, 2))."
+            )
         h = self.lower_bread(z)
         if self.channel_ham is None:
             h = self.ham(h)
