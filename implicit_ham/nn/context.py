@@ -20,8 +20,8 @@ from torch import nn
 from implicit_ham._core.registry import Registry, parameter_names
 from implicit_ham.decompositions.registry import DECOMPOSITIONS, make_decomposition
 from implicit_ham.nn.attention import SDPAttention2d, SelfAttention2d
-from implicit_ham.nn.global_pool import GlobalPoolContext
 from implicit_ham.nn.attention_mixers import LinearAttentionMixer, SDPAMixer
+from implicit_ham.nn.global_pool import GlobalPoolContext
 from implicit_ham.nn.ham_mixer import HamMixer
 from implicit_ham.nn.hamburger import Hamburger
 from implicit_ham.nn.identity import IdentityContext
