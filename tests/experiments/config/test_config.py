@@ -226,7 +226,7 @@ def test_misspelt_key_fails_at_composition() -> None:
 def test_every_arm_passes_the_start_up_checks(arm: str) -> None:
     # no false positive of the key and value checks on the arms the sweeps use, each with the
     # preset it runs under (the baselines under the attention study's)
-    baseline = arm == "none" or "attention" in arm or arm.startswith("sdpa")
+    baseline = arm in ("none", "gap") or "attention" in arm or arm.startswith("sdpa")
     preset = "attention_vs_md" if baseline else "adjoint_ablation"
     check_components(_typed(f"+experiment={preset}", f"+arm={arm}"))
 
