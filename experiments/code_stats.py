@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from implicit_ham.diagnostics.table import markdown_table
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("implicit_ham", "experiments")
 START, END = "<!-- code-stats:start -->", "<!-- code-stats:end -->"
@@ -136,15 +138,17 @@ def traced_call() -> tuple[int, int]:
     return len({f for f, _, _ in seen}), len(seen)
 
 
-def _row(name: str, files: list[FileStats]) -> str:
+HEADER = ("package", "files", "code lines", "functions > 60 lines", "functions > 6 parameters")
+
+
+def _row(name: str, files: list[FileStats]) -> tuple[str, int, int, int, int]:
     return (
-        f"| `{name}` | {len(files)} | {sum(f.code_lines for f in files)} | "
-        f"{sum(len(f.long_functions) for f in files)} | "
-        f"{sum(len(f.many_parameters) for f in files)} |"
-    )
+        f"`{name}`", len(files), sum(f.code_lines for f in files),
+        sum(len(f.long_functions) for f in files), sum(len(f.many_parameters) for f in files),
+    )  # fmt: skip
 
 
-def _subpackages(package: str, files: list[FileStats]) -> list[str]:
+def _subpackages(package: str, files: list[FileStats]) -> list[tuple[str, int, int, int, int]]:
     groups: dict[str, list[FileStats]] = {}
     for f in files:
         parts = f.path.relative_to(ROOT / package).parts
@@ -160,12 +164,7 @@ def block() -> str:
     stats = {p: package_stats(p) for p in PACKAGES}
     lib, exp = (sum(f.code_lines for f in stats[p]) for p in PACKAGES)
     files, functions = traced_call()
-    header = [
-        "| package | files | code lines | functions > 60 lines | functions > 6 parameters |",
-        "|---|---|---|---|---|",
-    ]
-    lines = [START, "", *header]
-    lines += [_row(p, stats[p]) for p in PACKAGES]
+    lines = [START, "", markdown_table(HEADER, [_row(p, stats[p]) for p in PACKAGES])]
     lines += [
         "",
         f"- `experiments/` is {exp / lib:.2f}× the library's code lines ({exp} vs {lib}; "
@@ -178,9 +177,11 @@ def block() -> str:
         "",
         "<details><summary>Per sub-package</summary>",
         "",
-        *header,
-        *_subpackages("implicit_ham", stats["implicit_ham"]),
-        *_subpackages("experiments", stats["experiments"]),
+        markdown_table(
+            HEADER,
+            _subpackages("implicit_ham", stats["implicit_ham"])
+            + _subpackages("experiments", stats["experiments"]),
+        ),
         "",
         "</details>",
         "",

@@ -28,6 +28,7 @@ from torch import Tensor
 import implicit_ham as ih
 from experiments.benchmarks.measure import interleaved_medians
 from implicit_ham.adjoints.per_sample import PerSampleDense
+from implicit_ham.diagnostics.table import markdown_table
 
 SIZES = (8, 16, 32, 64, 128, 256)
 BATCHES = (1, 64)
@@ -94,16 +95,18 @@ def markdown(rows: list[dict[str, object]], device: str) -> str:
         f"Measured on {device} by `python -m experiments.benchmarks.dense_threshold`; "
         "milliseconds per backward pass (median), products in brackets.",
         "",
-        "| dtype | B | N | dense | GMRES scaled | GMRES unscaled | dense / scaled GMRES |",
-        "|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        ratio = float(r["dense_ms"]) / float(r["gmres_scaled_ms"])  # type: ignore[arg-type]
-        lines.append(
-            f"| {r['dtype']} | {r['batch']} | {r['n']} | {r['dense_ms']} ({r['dense_vjps']}) | "
-            f"{r['gmres_scaled_ms']} ({r['gmres_scaled_vjps']}) | {r['gmres_ms']} "
-            f"({r['gmres_vjps']}) | {ratio:.2f} |"
+    header = ("dtype", "B", "N", "dense", "GMRES scaled", "GMRES unscaled", "dense / scaled GMRES")
+    body = [
+        (
+            r["dtype"], r["batch"], r["n"], f"{r['dense_ms']} ({r['dense_vjps']})",
+            f"{r['gmres_scaled_ms']} ({r['gmres_scaled_vjps']})",
+            f"{r['gmres_ms']} ({r['gmres_vjps']})",
+            f"{float(r['dense_ms']) / float(r['gmres_scaled_ms']):.2f}",  # type: ignore[arg-type]
         )
+        for r in rows
+    ]
+    lines.append(markdown_table(header, body))
     return "\n".join(lines) + "\n"
 
 
