@@ -56,6 +56,12 @@ class SolverContractError(RuntimeError):
     ``grad_steps`` steps (a plug-in that runs everything without gradient)."""
 
 
+class ExportError(RuntimeError):
+    """A layer was exported (``torch.export`` / ``torch.onnx.export``) in a configuration whose
+    exported graph would not compute what the layer computes (e.g. initial bases drawn at random,
+    or a buffer updated in place); the message names the configuration that exports."""
+
+
 class NotPositiveDefiniteError(BackwardSolveError):
     """A solver that needs a symmetric positive-definite system (CG) met a direction of
     non-positive curvature: the Hessian is indefinite or singular (not a strict minimum)."""

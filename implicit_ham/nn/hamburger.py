@@ -95,6 +95,8 @@ class Hamburger(nn.Module):
         if lower_relu:  # in place, on the conv's fresh output: no second map allocated
             lower.append(nn.ReLU(inplace=True))
         self.lower_bread = nn.Sequential(*lower)
+        for h in hams:  # "fixed" bases become a buffer drawn once (and exportable)
+            h.bind_channels(width)
         self.ham = ham
         self.channel_ham = channel_ham
         if version == "v1":
