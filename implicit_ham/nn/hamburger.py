@@ -120,6 +120,7 @@ class Hamburger(nn.Module):
 
     def forward(self, z: Tensor) -> Tensor:
         """z (B, channels, H, W) -> (B, channels, H, W), any H and W."""
+        self._check_input(z)
         h = self.lower_bread(z)
         if self.channel_ham is None:
             h = self.ham(h)
@@ -132,6 +133,29 @@ class Hamburger(nn.Module):
         if self.version == "v2+":
             return self.act((self.coef_ham * h).add_(self.coef_shortcut * z))
         return self.act(h.add_(z))  # h: the upper bread's fresh output, not saved by it
+
+    def _check_input(self, z: Tensor) -> None:
+        """ValueError / TypeError naming the fix, before the first convolution, for an input
+        that is not (B, channels, H, W), or whose dtype (outside autocast) or device is not
+        the block's (O(1): shape and the lower bread's weight)."""
+        if z.ndim != 4 or z.shape[1] != self.channels:
+            raise ValueError(
+                f"Hamburger(channels={self.channels}) expects a (B, {self.channels}, H, W) map, "
+                f"got shape {tuple(z.shape)}; feed maps with {self.channels} channels or build "
+                "the block with channels equal to the input's."
+            )
+        weight = self.lower_bread[0].weight
+        if z.device != weight.device:
+            raise ValueError(
+                f"Hamburger: the input is on {z.device} but the block's parameters are on "
+                f"{weight.device}; move one of them (block.to(x.device))."
+            )
+        if z.dtype != weight.dtype and not torch.is_autocast_enabled(z.device.type):
+            raise TypeError(
+                f"Hamburger: the input is {z.dtype} but the block's parameters are "
+                f"{weight.dtype}; convert the input (x.to({weight.dtype})) or the block "
+                f"(block.to({z.dtype})), or run under torch.autocast."
+            )
 
     def extra_repr(self) -> str:
         dual = ", dual=True" if self.channel_ham is not None else ""
