@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test quick lint typecheck docs-build docs demo study bench gpu-check generate deq-study clean
+.PHONY: install test quick lint typecheck docs-build docs demo study bench bench-sequence gpu-check generate deq-study clean
 
 install: $(STAMP)
 
@@ -68,6 +68,10 @@ deq-study: install
 # Runs both benchmark scripts and rewrites the tables of docs/benchmarks.md (~30 min on 2 cores).
 bench: install
 	$(PY) -m experiments.bench page
+
+# Token mixers against the sequence length, docs/benchmarks_sequence.md (~3 min on one thread).
+bench-sequence: install
+	OMP_NUM_THREADS=1 $(PY) -m experiments.bench sequence --json docs/benchmarks_sequence/cost.json --page docs/benchmarks_sequence.md
 
 # The CUDA checks of docs/benchmarks_gpu.md (under 8 min on one GPU); without CUDA it says so and
 # exits 0. Never part of `make test`.

@@ -9,6 +9,8 @@ PART is one of
 * ``diagnostics``: the cost of the diagnostics (``experiments.benchmarks.diagnostics``);
 * ``peers``: against the official Hamburger code, torchdeq and TorchOpt
   (``experiments.benchmarks.peers``);
+* ``sequence``: token mixers (ham, SDPA and linear attention) against the sequence length
+  (``experiments.benchmarks.sequence_cost``; writes docs/benchmarks_sequence.md);
 * ``page``: reruns ``blocks`` and ``adjoints`` and rewrites docs/benchmarks.md
   (``experiments.benchmarks.page``; ``make bench``).
 
@@ -26,6 +28,7 @@ PARTS = {
     "compile": "compiled",
     "diagnostics": "diagnostics",
     "peers": "peers",
+    "sequence": "sequence_cost",
     "page": "page",
 }
 

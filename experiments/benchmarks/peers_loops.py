@@ -260,6 +260,7 @@ def ridge_cases(
         tol=1e-12,
         fixed_point_tol=None,
         on_divergence="warn",
+        scaling=False,  # the peer's plain CG, product for product
     )
 
     def ours() -> Tensor:

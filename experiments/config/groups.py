@@ -37,7 +37,7 @@ from implicit_ham._core.registry import Registry, parameter_names
 from implicit_ham.adjoints.modes import ADJOINTS
 from implicit_ham.decompositions.registry import DECOMPOSITIONS
 from implicit_ham.linalg.operator import LINEAR_SOLVERS
-from implicit_ham.nn.context import CONTEXTS
+from implicit_ham.nn.context import CONTEXTS, MIXER_SUFFIX, decomposition_of
 from implicit_ham.solvers.base import SOLVERS
 
 # Set by the experiment when it builds the module, never from the command line.
@@ -51,7 +51,8 @@ def registry_configs(registry: Registry[Any], **options: Any) -> dict[str, type]
 
 def context_configs() -> dict[str, type]:
     """One ``make_context`` config per decomposition (the ``Hamburger`` block's options, then
-    the decomposition's) and per baseline (its own options)."""
+    the decomposition's), per decomposition as a token mixer ("<name>_mixer": the ``HamMixer``'s
+    options, then the decomposition's) and per baseline (its own options)."""
     block = [
         p
         for p in signature_parameters(implicit_ham.make_context)
@@ -68,6 +69,21 @@ def context_configs() -> dict[str, type]:
             exclude=("channels",),
             fixed={"name": name},
             extra=block
+            + [p for p in signature_parameters(decomposition) if p.name not in CONTEXT_RUNTIME],
+        )
+        mixer = [
+            p
+            for p in signature_parameters(implicit_ham.make_context)
+            + signature_parameters(implicit_ham.HamMixer)
+            if p.name not in ("name", "channels", "ham", "dual")
+        ]
+        configs[f"{name}{MIXER_SUFFIX}"] = config_class(
+            implicit_ham.make_context,
+            base=ContextConf,
+            name=f"{decomposition.__name__}MixerContextConf",
+            exclude=("channels", "dual"),
+            fixed={"name": f"{name}{MIXER_SUFFIX}"},
+            extra=mixer
             + [p for p in signature_parameters(decomposition) if p.name not in CONTEXT_RUNTIME],
         )
     for name in CONTEXTS.names():
@@ -275,8 +291,8 @@ def check_components(cfg: TrainConfig) -> None:
         except (TypeError, ValueError, InstantiationException) as error:
             cause = error.__cause__ if isinstance(error, InstantiationException) else None
             raise ValueError(_in_group(group, cause or error)) from error
-    name = cfg.context.name
-    if name not in DECOMPOSITIONS.names():
+    name = decomposition_of(cfg.context.name)
+    if name is None:
         return
     accepted = set(parameter_names(DECOMPOSITIONS.get(name))) - {"channels", "solver", "adjoint"}
     options = {k: v for k, v in dataclasses.asdict(cfg.context).items() if k in accepted}

@@ -26,7 +26,7 @@ from experiments.studies.pretraining import load_backbone
 from implicit_ham._core.sinks import Sink
 from implicit_ham._core.validation import check_choice
 from implicit_ham.adjoints.modes import Adjoint
-from implicit_ham.decompositions.registry import DECOMPOSITIONS
+from implicit_ham.nn.context import decomposition_of
 from implicit_ham.solvers.base import FixedPointSolver
 
 
@@ -68,7 +68,7 @@ def build_context(
     ``channels`` channels; decompositions get ``solver`` and ``adjoint`` (None: the
     decomposition's defaults), baselines have neither."""
     runtime: dict[str, Any] = {"channels": channels}
-    if context.name in DECOMPOSITIONS.names():
+    if decomposition_of(context.name) is not None:  # a Hamburger or a HamMixer
         runtime.update(solver=solver, adjoint=adjoint)
     return instantiate(context, _partial_=True)(**runtime)  # objects, not configs
 

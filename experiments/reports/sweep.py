@@ -28,7 +28,7 @@ import implicit_ham as ih
 from experiments.engine.results import RESULTS_FILE, ResultsError, read_results
 from experiments.engine.resume import RUN_SETTINGS
 from experiments.reports.render import Table, render
-from implicit_ham.decompositions import DECOMPOSITIONS
+from implicit_ham.nn import decomposition_of
 from implicit_ham.reliability import ACTION_MEANINGS, FAILURE_MEANINGS
 
 DEFAULT_METRICS = ("val/miou", "val/blob_acc", "val/pixel_acc", "val/accuracy", "train_time_s")
@@ -176,7 +176,7 @@ def arms_table(rows: Sequence[Row]) -> Table:
     body = []
     for row, config in zip(rows, configs, strict=True):
         context = config.get("context.name")
-        baseline = context is not None and context not in DECOMPOSITIONS.names()
+        baseline = context is not None and decomposition_of(context) is None
         used = [k for k in shown if k in config and not (baseline and k.startswith(HAM_ONLY))]
         text = ", ".join(f"{k}={config[k]}" for k in used)
         if baseline and len(used) < len([k for k in shown if k in config]):

@@ -20,6 +20,8 @@ def warn_ill_conditioned(
     evidence: str,
     *,
     label: str = "I - J",
+    exact: bool = False,
+    residual: float | None = None,
 ) -> bool:
     """Warn ``ConditioningWarning`` when ``kappa > threshold``; return whether it warned.
 
@@ -30,14 +32,20 @@ def warn_ill_conditioned(
         evidence: what the number came from, in parentheses after it (the linear solver's
             name, or the diagnostics' singular values and spectral radius).
         label: the system's name: "I - J" for a fixed point, e.g. "dg/dz" for a root.
+        exact: kappa is κ itself (a dense solve), not a lower bound.
+        residual: the solve's relative residual; with it the message gives the error bound
+            ``κ * residual`` of the solution (relative, an upper bound when κ is exact).
     """
     if threshold is None or not kappa > threshold:
         return False
+    bound = "" if residual is None else f", error bound κ * residual = {kappa * residual:.1e}"
     events().warn(
-        f"{where}: κ({label}) >= {kappa:.3e} exceeds {threshold:.1e} ({evidence}); implicit "
+        f"{where}: κ({label}) {'=' if exact else '>='} {kappa:.3e} exceeds {threshold:.1e} "
+        f"({evidence}{bound}); implicit "
         f"gradients ({label})^-T v are unreliable here. A continuum of fixed points (e.g. "
         "NMF's scaling symmetry) causes this: use OneStep, Phantom or Unroll, or regularise "
-        "the map.",
+        "the map. Unknowns whose sizes differ by orders of magnitude (e.g. a curve fit's "
+        "amplitude and rate) also raise κ: rescale them so that they are of order one.",
         ConditioningWarning,
         residual=kappa,
         where=where,

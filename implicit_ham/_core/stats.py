@@ -173,13 +173,17 @@ class BackwardStats:
         abs_residual: ``||g - J^T g - v||`` at the returned adjoint vector g.
         rel_residual: ``abs_residual / ||v||``.
         converged: whether ``rel_residual <= tol``; None for a fixed truncation (Neumann).
-        cond: κ(I - J) when the solver obtained it (dense: exact; GMRES: a lower bound).
+        cond: κ of the system solved (``I - J``, ``dg/dz``, the Hessian), exact, when the
+            solver obtained it (the dense solvers); None: κ unknown (an iterative solve).
         fallback: True when ``on_divergence="fallback"`` replaced the solve's result (or, at a
             point that is not a fixed point, the solve itself) by the one-step gradient (g = v).
         forward_residual: ``||f(z*) - z*|| / ||f(z*)||`` at the point differentiated (worst
             sample); None when not measured.
         at_fixed_point: whether that residual is within the mode's ``fixed_point_tol`` (None
             when not checked).
+        cond_lower_bound: a lower bound of κ from GMRES's Arnoldi matrices (of the scaled
+            system when the solve was scaled): conclusive when large, no evidence when small
+            (a one-step Krylov space bounds κ by 1); None when not measured.
     """
 
     adjoint: str
@@ -192,6 +196,7 @@ class BackwardStats:
     fallback: bool = False
     forward_residual: float | None = None
     at_fixed_point: bool | None = None
+    cond_lower_bound: float | None = None
 
 
 @dataclass

@@ -125,10 +125,11 @@ class TransformedSolve:
 
         rows = vmap(product)
         if not self.root:
-            return AdjointOperator(product, rows, size)
+            return AdjointOperator(product, rows, size, batch=spec.batch)
         label = "(dg/dz)^T" if transpose else "dg/dz"
         return AdjointOperator(
-            lambda x: x - product(x), lambda r: r - rows(r), size, product, rows, label
+            lambda x: x - product(x), lambda r: r - rows(r), size, product, rows, label,
+            spec.batch,
         )
 
 

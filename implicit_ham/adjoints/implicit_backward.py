@@ -232,7 +232,7 @@ class _AdjointBackward:
     def operator(self, size: int) -> AdjointOperator:
         """``J^T`` of f; for a root, ``A^T = (dg/dz)^T`` as the system (``vjp = I - A^T``)."""
         if self.check.root_of is None:
-            return AdjointOperator(self.vjp, self.vjp_batched, size)
+            return AdjointOperator(self.vjp, self.vjp_batched, size, batch=self.spec.batch)
         return AdjointOperator(
             vjp=lambda x: x - self.vjp(x),
             vjp_batched=lambda rows: rows - self.vjp_batched(rows),
@@ -240,6 +240,7 @@ class _AdjointBackward:
             system=self.vjp,
             system_batched=self.vjp_batched,
             label=self.label,
+            batch=self.spec.batch,
         )
 
     def vjp(self, g: Tensor) -> Tensor:
@@ -425,6 +426,8 @@ def finish_backward(
     cond: float | None,
     on_divergence: str = "warn",
     cond_threshold: float | None = None,
+    cond_lower_bound: float | None = None,
+    cond_label: str | None = None,
 ) -> tuple[Tensor, BackwardStats]:
     """Check the adjoint vector g at its true residual; return it (or its fallback) and stats.
 
@@ -432,11 +435,15 @@ def finish_backward(
     failure ``on_divergence`` decides: "warn" (``ConvergenceWarning``; a non-finite g still
     raises ``NonFiniteError``), "raise" (``BackwardSolveError`` / ``NonFiniteError``), or
     "fallback" (warn and return the one-step gradient g = v instead, flagged in the stats).
-    When the solver reported ``cond`` above ``cond_threshold``, warns ``ConditioningWarning``.
+    ``cond`` is κ exactly (a dense solve), ``cond_lower_bound`` a lower bound of it (GMRES's
+    Arnoldi matrices); either above ``cond_threshold`` warns ``ConditioningWarning`` (the
+    exact one first) with the error bound ``κ * residual``. ``cond_label``: the system κ is of,
+    when not ``op``'s (an exact κ of the unscaled system after a scaled solve).
     """
+    bound = cond_lower_bound
     if not host_checks():  # under vmap / while compiling values cannot be read: no checks
         stats = BackwardStats(adjoint, linear_solver, steps, math.nan, math.nan, None, cond)
-        return g, stats
+        return g, dataclasses.replace(stats, cond_lower_bound=bound)
     finite = bool(torch.isfinite(g).all())
     v_norm = float(torch.linalg.vector_norm(v.detach()))
     if v_norm == 0.0 and finite and not bool(g.any()):
@@ -447,10 +454,15 @@ def finish_backward(
         abs_res = float("inf")
     rel_res = abs_res / v_norm if v_norm > 0 else abs_res
     converged = None if tol is None and finite else finite and (tol is None or rel_res <= tol)
-    if cond is not None:
-        where = f"{adjoint} backward"
-        warn_ill_conditioned(where, cond, cond_threshold, linear_solver, label=op.label)
+    kappa = cond if cond is not None else bound
+    if kappa is not None:
+        label = op.label if cond is None or cond_label is None else cond_label
+        warn_ill_conditioned(
+            f"{adjoint} backward", kappa, cond_threshold, linear_solver, label=label,
+            exact=cond is not None, residual=rel_res if finite else None,
+        )
     stats = BackwardStats(adjoint, linear_solver, steps, abs_res, rel_res, converged, cond)
+    stats = dataclasses.replace(stats, cond_lower_bound=bound)
     if converged is not False:
         return g, stats
     problem = (
@@ -461,7 +473,8 @@ def finish_backward(
             else f"returned a non-finite adjoint after {steps} VJPs (incoming gradient "
             f"{'finite' if bool(torch.isfinite(v).all()) else 'already non-finite'}"
         )
-        + (f", cond({op.label}) >= {cond:.3e}" if cond is not None else "")
+        + (f", κ({op.label}) = {cond:.3e}" if cond is not None else "")
+        + (f", κ({op.label}) >= {bound:.3e}" if bound is not None else "")
         + ")"
     )
     if on_divergence == "fallback":

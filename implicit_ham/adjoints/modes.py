@@ -16,6 +16,7 @@ A backward mode never changes the forward value, only the gradient. Two families
 from __future__ import annotations
 
 import dataclasses
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -41,9 +42,19 @@ from implicit_ham.adjoints.implicit_backward import (
     attach_fixed_point_gradient,
     finish_backward,
 )
-from implicit_ham.linalg.operator import LINEAR_SOLVERS, AdjointOperator, LinearSolver, discounted
+from implicit_ham.linalg.dense import Dense
+from implicit_ham.linalg.operator import (
+    LINEAR_SOLVERS,
+    AdjointOperator,
+    LinearSolver,
+    discounted,
+    meets_tol,
+    row_scales,
+    scaled,
+)
 from implicit_ham.solvers.base import FixedPointSolver, damped
 
+logger = logging.getLogger(__name__)
 ADJOINTS: Registry[Adjoint] = Registry("adjoint")
 _LIBRARY = "implicit_ham."  # the module prefix of the library's own solvers
 make_adjoint = ADJOINTS.make_function("make_adjoint", __name__)
@@ -210,10 +221,14 @@ class Implicit(AtFixedPoint):
     """Implicit differentiation: solve ``g = J^T g + v`` at z*, then ``grad = (df/dθ)^T g``.
 
     Args:
-        linear_solver: a ``LinearSolver`` or its name ("gmres", "fixed_point", "anderson",
-            "broyden", "dense").
+        linear_solver: a ``LinearSolver`` or its name ("auto", "gmres", "cg", "fixed_point",
+            "anderson", "broyden", "dense"). The default ``Auto()`` solves small systems
+            densely (at most 128 unknowns, or 32 per sample as B blocks; exact, with exact κ)
+            and larger ones by scaled GMRES (``implicit_ham.linalg.auto``); an explicit
+            choice is used as given.
         max_steps: budget of VJPs for the linear solve.
-        tol: target relative residual ``||g - J^T g - v|| / ||v||``.
+        tol: target relative residual ``||g - J^T g - v|| / ||v||`` (of the scaled system
+            ``D^-1/2 (I - J^T) D^-1/2`` for a scaled Krylov solve, see ``scaling``).
         on_divergence: when z* is not a fixed point (see ``fixed_point_tol``), or the solve
             misses ``tol`` or returns a non-finite adjoint: "warn" (default; a non-finite
             adjoint still raises), "raise" (``NotFixedPointError`` / ``BackwardSolveError``), or
@@ -224,23 +239,34 @@ class Implicit(AtFixedPoint):
             counts as a fixed point; above it the implicit gradient is wrong and
             ``on_divergence`` applies. None disables the check.
         cond_threshold: warn ``ConditioningWarning`` when the linear solver reports κ(I - J)
-            above this (Dense: exact; GMRES: a lower bound from its Arnoldi matrices); None
-            disables the check.
+            above this (Dense: exact, ``BackwardStats.cond``; GMRES: a lower bound from its
+            Arnoldi matrices, ``BackwardStats.cond_lower_bound``, with ``cond=None``: κ
+            unknown); None disables the check.
         ridge: λ >= 0. With λ > 0 the solve is ``g = J^T g / (1 + λ) + v`` (the Neumann series
             discounted by ``1 / (1 + λ)`` per term): a biased gradient between the implicit one
             (λ = 0) and the one-step one (λ -> inf), for iterations whose ``I - J`` is
             (near-)singular, such as NMF's. If J's spectral radius is ρ <= 1, the system's
             eigenvalues are at least ``1 - ρ / (1 + λ)`` away from zero. Tolerance, residual and
             κ then refer to the regularised system ``I - J / (1 + λ)``.
+        scaling: hand a Krylov solver (GMRES, CG, ``PerSampleCG``: ``scalable``) the
+            symmetrically scaled system ``D^-1/2 A^T D^-1/2``, D equilibrating the rows of
+            ``A^T`` (up to three Ruiz sweeps of row norms estimated from 4 fixed Rademacher
+            probes, ``linalg.operator.row_scales``: 4 more products for a well-scaled system,
+            which is then solved unscaled; 12 at most), as MINPACK scales variables: its
+            residual then weighs every equation by its own size, so a small residual can no
+            longer hide the small rows of an
+            ill-scaled system. ``tol`` and the residuals in the stats refer to the scaled
+            system. False: the unscaled system.
     """
 
-    linear_solver: LinearSolver | str = "gmres"
+    linear_solver: LinearSolver | str = "auto"
     max_steps: int = 100
     tol: float = 1e-5
     on_divergence: str = "warn"
     cond_threshold: float | None = 1e6
     ridge: float = 0.0
     fixed_point_tol: float | None = 1e-3
+    scaling: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -263,24 +289,66 @@ class Implicit(AtFixedPoint):
         )
 
     def backward_solve(self, op: AdjointOperator, v: Tensor) -> tuple[Tensor, BackwardStats]:
+        """Try ``linear_solver.choices(op)`` in turn (scaled where ``scaling`` applies) until
+        one answer meets ``tol`` (the last one in any case); check it (``finish_backward``)
+        with the exact κ of the last dense attempt, if any, and GMRES's bound."""
         solver: LinearSolver = self.linear_solver  # type: ignore[assignment]
         if self.ridge:
             op = discounted(op, 1.0 / (1.0 + self.ridge))
-        if host_checks() and not bool(v.any()):
-            g, steps, cond = torch.zeros_like(v), 0, None
-        else:
-            g, steps, cond = solver.solve(op, v, self.max_steps, self.tol)
+        checks = host_checks()
+        if checks and not bool(v.any()):
+            return self._finish(op, v, torch.zeros_like(v), solver.name, 0, None, None, op)
+        choices = solver.choices(op) if checks else solver.choices(op)[:1]
+        steps, exact = 0, None
+        for chosen in choices:
+            system, rhs, scale = op, v, None
+            if self.scaling and chosen.scalable and checks:
+                scale, probes = row_scales(op, v.dtype, v.device)
+                steps += probes
+                if scale is not None:
+                    system, rhs = scaled(op, scale), v * scale.rsqrt()
+            g, used, cond = chosen.solve(system, rhs, self.max_steps, self.tol)
+            steps += used
+            done = chosen is choices[-1] or meets_tol(system, rhs, g, self.tol)
+            # κ of op itself (dense solvers are never scaled); per-sample blocks' κ is the
+            # system's only when their answer solves it (the samples are independent)
+            if cond is not None and not chosen.cond_is_bound and (done or type(chosen) is Dense):
+                exact = cond
+            if done:
+                break
+            steps += 1
+            logger.debug("Implicit: %s missed tol=%g; next solver", chosen.name, self.tol)
+        name = solver.name if chosen is solver else f"{solver.name}:{chosen.name}"
+        bound = cond if chosen.cond_is_bound else None
+        g, stats = self._finish(system, rhs, g, name, steps, exact, bound, op)
+        if scale is None:
+            return g, stats
+        return (v.clone() if stats.fallback else g * scale.rsqrt()), stats
+
+    def _finish(
+        self,
+        system: AdjointOperator,
+        rhs: Tensor,
+        g: Tensor,
+        name: str,
+        steps: int,
+        cond: float | None,
+        bound: float | None,
+        op: AdjointOperator,
+    ) -> tuple[Tensor, BackwardStats]:
         return finish_backward(
-            op,
-            v,
+            system,
+            rhs,
             g,
             adjoint=self.name,
-            linear_solver=solver.name,
+            linear_solver=name,
             steps=steps,
             tol=self.tol,
             cond=cond,
             on_divergence=self.on_divergence,
             cond_threshold=self.cond_threshold,
+            cond_lower_bound=bound,
+            cond_label=op.label,
         )
 
 

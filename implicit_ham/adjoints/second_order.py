@@ -109,7 +109,7 @@ def graph_operator(
         return torch.stack([product(r) for r in batch])
 
     if not root:
-        return AdjointOperator(product, rows, size, label=label)
+        return AdjointOperator(product, rows, size, label=label, batch=spec.batch)
     return AdjointOperator(
         vjp=lambda x: x - product(x),
         vjp_batched=lambda b: b - rows(b),
@@ -117,6 +117,7 @@ def graph_operator(
         system=product,
         system_batched=rows,
         label=label,
+        batch=spec.batch,
     )
 
 

@@ -1,10 +1,12 @@
 """``Decomposition``: a matrix decomposition as an implicit (fixed-point) layer.
 
-A feature map x (B, C, H, W) is reshaped to X (B*S, d, n) with S groups:
-``spatial=True``: d = C/S channels, n = H*W pixels; ``spatial=False`` (the channel ham): the
-roles are swapped, d = H*W and n = C/S. The iteration state is the tuple (bases D (B*S, d, r),
-coefficients C (B*S, n, r)); X goes in the problem's ``args`` so every backward mode's gradient
-reaches the input through them. A subclass supplies the algorithm:
+A feature map x (B, C, H, W) or a sequence x (B, C, N) is reshaped to X (B*S, d, n) with S
+groups. The one flatten rule: every dimension after the channels is a position, n = H*W for a
+map and n = N for a sequence (so a sequence is the map (B, C, N, 1), with identical output).
+``spatial=True``: d = C/S channels, n positions; ``spatial=False`` (the channel ham): the
+roles are swapped, d = n positions and n = C/S. The iteration state is the tuple (bases D
+(B*S, d, r), coefficients C (B*S, n, r)); X goes in the problem's ``args`` so every backward
+mode's gradient reaches the input through them. A subclass supplies the algorithm:
 
 * ``init(x, bases) -> (D0, C0)`` (default ``C0 = softmax_r(inv_t * X^T D0)``), optionally
   ``init_shared(x, bases) -> ((D0, C0), product)`` handing a product of the initialisation to
@@ -63,8 +65,9 @@ State = tuple[Tensor, Tensor]
 
 
 def _like(y: Tensor, x: Tensor) -> Tensor:
-    """``y`` in ``x``'s memory format (channels_last in, channels_last out)."""
-    if x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last):
+    """``y`` in ``x``'s memory format (channels_last in, channels_last out; a sequence has
+    only the default format)."""
+    if x.ndim != 4 or x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last):
         return y
     return y.contiguous(memory_format=torch.channels_last)
 
@@ -86,7 +89,8 @@ def value_range(x: Tensor, *others: Tensor) -> list[float]:
 
 
 class Decomposition(InitialBases, ABC):
-    """Base of every decomposition layer: x (B, C, H, W) -> its low-rank part, same shape.
+    """Base of every decomposition layer: x (B, C, H, W) or a sequence (B, C, N) -> its
+    low-rank part, same shape (n = H*W or N positions, see the module docstring).
 
     Args:
         rank: r, the number of bases.
@@ -97,7 +101,8 @@ class Decomposition(InitialBases, ABC):
             iteration (the official code's 1e-6).
         norm_eps: the floor of the norms that normalise the input's columns (VQ, CD) and the
             initial and online bases; the official code's ``F.normalize`` default, 1e-12.
-        spatial: True: d = C/S, n = H*W; False: d = H*W, n = C/S (the channel ham).
+        spatial: True: d = C/S, n = H*W (or N); False: d = H*W (or N), n = C/S (the channel
+            ham).
         init: where the initial bases come from in training mode (and in evaluation mode when
             ``eval_init`` is None): "random" (fresh bases drawn by ``sample_bases`` from torch's
             global RNG on x's device at every forward, L2-normalised over d; the paper's),
@@ -329,24 +334,26 @@ class Decomposition(InitialBases, ABC):
         self._register_fixed_bases()
 
     def flatten(self, x: Tensor) -> Tensor:
-        """(B, C, H, W) -> X (B*S, d, n) in this layer's layout."""
-        if x.ndim != 4:
+        """(B, C, H, W) or (B, C, N) -> X (B*S, d, n) in this layer's layout, n = H*W or N."""
+        if x.ndim not in (3, 4):
             raise ValueError(
-                f"{type(self).__name__} expects a feature map (B, C, H, W), got shape "
-                f"{tuple(x.shape)}; reshape the input to 4 dimensions."
+                f"{type(self).__name__} expects a feature map (B, C, H, W) or a sequence "
+                f"(B, C, N), got shape {tuple(x.shape)}; reshape the input to one of them "
+                "(tokens (B, N, C) are x.transpose(1, 2))."
             )
-        batch, channels, height, width = x.shape
+        batch, channels = x.shape[:2]
+        positions = math.prod(x.shape[2:])
         self._check_groups(channels)
         if self.channels is not None and channels != self.channels:
             raise ValueError(
                 f"{type(self).__name__} was built for channels={self.channels}, got an input "
                 f"with {channels}; pass matching channels (or channels=None with init='random')."
             )
-        grouped = x.reshape(batch * self.groups, channels // self.groups, height * width)
+        grouped = x.reshape(batch * self.groups, channels // self.groups, positions)
         return grouped if self.spatial else grouped.transpose(1, 2)
 
     def unflatten(self, y: Tensor, shape: torch.Size | tuple[int, ...]) -> Tensor:
-        """Inverse of ``flatten``: (B*S, d, n) -> ``shape`` (B, C, H, W)."""
+        """Inverse of ``flatten``: (B*S, d, n) -> ``shape`` (B, C, H, W) or (B, C, N)."""
         return (y if self.spatial else y.transpose(1, 2)).reshape(shape)
 
     def active_solver(self) -> FixedPointSolver:
@@ -361,8 +368,9 @@ class Decomposition(InitialBases, ABC):
         return ADJOINTS.resolve(self.adjoint, Adjoint)
 
     def implicit_problem(self, x: Tensor, init: Tensor | None = None) -> FixedPointProblem:
-        """The fixed-point problem ``forward`` solves for x (B, C, H, W): ``f(state, X)`` is one
-        ``step`` (an ``IterationMap``, which computes the loop invariants once per solve),
+        """The fixed-point problem ``forward`` solves for x (B, C, H, W) or (B, C, N):
+        ``f(state, X)`` is one ``step`` (an ``IterationMap``, which computes the loop
+        invariants once per solve),
         ``z0 = init(X, D0)``, ``args = (X,)`` with X (B*S, d, n). With random init, each call
         draws new bases; pass ``init`` for a reproducible problem."""
         flat = self.flatten(x)
@@ -380,10 +388,11 @@ class Decomposition(InitialBases, ABC):
         return tuple(self.kernel("step")(x, state))
 
     def forward(self, x: Tensor, init: Tensor | None = None) -> Tensor:
-        """x (B, C, H, W) -> its low-rank reconstruction (B, C, H, W).
+        """x (B, C, H, W) -> its low-rank reconstruction (B, C, H, W); a sequence (B, C, N)
+        -> (B, C, N), the same values as for the map (B, C, N, 1).
 
         Args:
-            x: the feature map.
+            x: the feature map or sequence.
             init: optional explicit initial bases (B*S, d, r), e.g. for reproducible runs.
         """
         self.last_solution = None  # the previous forward's state is released before this solve
@@ -464,6 +473,7 @@ class Decomposition(InitialBases, ABC):
             raise ValueError(
                 f"{type(self).__name__}: rank={self.rank} must be smaller than min(d, n) = "
                 f"min({d}, {n}) (layout {'spatial' if self.spatial else 'channel'}: d x n = "
-                f"{d} x {n}); a rank-{self.rank} factorisation is then not low-rank. Lower "
-                "the rank or the groups, or feed a larger feature map."
+                f"{d} x {n}, X of shape {tuple(x.shape)}); a rank-{self.rank} factorisation is "
+                "then not low-rank. Lower the rank or the groups, or feed a larger feature map "
+                "or a longer sequence (n = H*W of a map, N of a sequence)."
             )

@@ -167,6 +167,8 @@ class DiagnosticsCallback:
                 out[f"backward/{name}/rel_residual"] = back.rel_residual
                 if back.cond is not None:
                     out[f"backward/{name}/cond"] = back.cond
+                if back.cond_lower_bound is not None:
+                    out[f"backward/{name}/cond_lower_bound"] = back.cond_lower_bound
         return out
 
     def _conditioning_metrics(self) -> dict[str, Any]:

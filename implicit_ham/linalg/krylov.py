@@ -49,13 +49,20 @@ class GMRES(LinearSolver):
     equals a float64 least-squares solve of the same Hessenberg system.
 
     Reports κ of its Arnoldi Hessenberg matrices (largest over cycles) as ``cond``: a free lower
-    bound of κ(I - J), so a large value is conclusive evidence of an ill-conditioned system.
+    bound of κ(I - J), so a large value is conclusive evidence of an ill-conditioned system,
+    and a small one no evidence at all (a one-step Krylov space bounds κ by 1 whatever the
+    system): ``Implicit`` reports it as ``BackwardStats.cond_lower_bound`` with ``cond=None``
+    (κ unknown). A small residual of an ill-scaled system can hide a large error (the residual
+    is dominated by the large rows); ``Implicit`` hands GMRES the scaled system
+    (``scalable``).
 
     Args:
         restart: Krylov dimension before a restart.
     """
 
     restart: int = 30
+    scalable: ClassVar[bool] = True
+    cond_is_bound: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         check_positive_int("GMRES", "restart", self.restart)
@@ -172,6 +179,7 @@ class CG(LinearSolver):
 
     curvature_tol: float = 0.0
     requires_spd: ClassVar[bool] = True
+    scalable: ClassVar[bool] = True
 
     def solve(
         self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float

@@ -25,7 +25,8 @@ def init_block_weights(module: nn.Module) -> None:
 
 
 class Hamburger(nn.Module):
-    """A Hamburger context block, z (B, channels, H, W) -> (B, channels, H, W).
+    """A Hamburger context block, z (B, channels, H, W) -> (B, channels, H, W), or a sequence
+    (B, channels, N) -> (B, channels, N) (run as the map (B, channels, N, 1)).
 
     * lower bread: ``Conv1x1(channels -> width, bias)``, followed by a ReLU only for hams that
       need a non-negative input (NMF), as in the official code; VQ, CD and SVD get the plain
@@ -119,7 +120,17 @@ class Hamburger(nn.Module):
         init_block_weights(self)
 
     def forward(self, z: Tensor) -> Tensor:
-        """z (B, channels, H, W) -> (B, channels, H, W), any H and W."""
+        """z (B, channels, H, W) -> (B, channels, H, W), any H and W; a sequence z
+        (B, channels, N) runs as the map (B, channels, N, 1) (the decompositions' flatten
+        rule: n = N positions), so its output equals that map's with the last axis dropped."""
+        if z.ndim == 3:
+            return self.forward(z.unsqueeze(-1)).squeeze(-1)
+        if z.ndim != 4:
+            raise ValueError(
+                f"Hamburger expects a feature map (B, {self.channels}, H, W) or a sequence "
+                f"(B, {self.channels}, N), got shape {tuple(z.shape)}; for tokens (B, N, C) use "
+                "ih.HamMixer (or z.transpose(1, 2))."
+            )
         self._check_input(z)
         h = self.lower_bread(z)
         if self.channel_ham is None:
@@ -135,14 +146,14 @@ class Hamburger(nn.Module):
         return self.act(h.add_(z))  # h: the upper bread's fresh output, not saved by it
 
     def _check_input(self, z: Tensor) -> None:
-        """ValueError / TypeError naming the fix, before the first convolution, for an input
-        that is not (B, channels, H, W), or whose dtype (outside autocast) or device is not
-        the block's (O(1): shape and the lower bread's weight)."""
-        if z.ndim != 4 or z.shape[1] != self.channels:
+        """ValueError / TypeError naming the fix, before the first convolution, for a map z
+        (B, C, H, W) with C other than ``channels``, or whose dtype (outside autocast) or
+        device is not the block's (O(1): the shape and the lower bread's weight)."""
+        if z.shape[1] != self.channels:
             raise ValueError(
-                f"Hamburger(channels={self.channels}) expects a (B, {self.channels}, H, W) map, "
-                f"got shape {tuple(z.shape)}; feed maps with {self.channels} channels or build "
-                "the block with channels equal to the input's."
+                f"Hamburger(channels={self.channels}) expects (B, {self.channels}, H, W) maps "
+                f"or (B, {self.channels}, N) sequences, got shape {tuple(z.shape)}; feed "
+                f"{self.channels} channels or build the block with the input's channel count."
             )
         weight = self.lower_bread[0].weight
         if z.device != weight.device:

@@ -26,7 +26,8 @@ from torch import Tensor
 from implicit_ham._core.state import BoundStep, State, StateSpec
 from implicit_ham.adjoints.conditions import Condition, differentiate, guarded_inputs
 from implicit_ham.adjoints.modes import ADJOINTS, Adjoint, Implicit
-from implicit_ham.adjoints.per_sample import PerSampleDense
+from implicit_ham.linalg.auto import Auto
+from implicit_ham.linalg.dense import PerSampleDense
 from implicit_ham.linalg.krylov import CG
 from implicit_ham.problems.fixed_point import Solution
 from implicit_ham.problems.minimize import minimize
@@ -59,10 +60,11 @@ def least_squares(
             over).
         solver: ``GaussNewton()`` (default), ``LevenbergMarquardt()``, a name, or any other
             ``Minimizer`` (then ``minimize`` of the cost, the whole batch as one problem).
-        adjoint: default ``Implicit`` with ``PerSampleDense`` blocks (coupled: CG on the
-            whole Hessian); any backward mode, ``Unroll`` / ``Truncated`` / ``OneStep``
-            included (through the Gauss-Newton / LM steps). An at-point mode's
-            ``fixed_point_tol`` bounds the scaled gradient ``||Jᵀ W r|| / (||J||_F ||√W r||)``
+        adjoint: default ``Implicit`` with ``PerSampleDense`` blocks (coupled: ``Auto``,
+            dense for a small Hessian, else scaled CG on the whole Hessian); any backward
+            mode, ``Unroll`` / ``Truncated`` / ``OneStep`` included (through the
+            Gauss-Newton / LM steps). An at-point mode's ``fixed_point_tol`` bounds the
+            scaled gradient ``||Jᵀ W r|| / (||J||_F ||√W r||)``
             (a cosine, scale free; the default is ``max(1e-3, 30 sqrt(eps))``: float32's
             residuals round to about that when the fit is much better than the data's size).
         batch_coupled: solve the batch as one problem (see the module docstring).
@@ -87,8 +89,9 @@ def least_squares(
         return minimize(cost, z0, *args, solver=resolved, adjoint=adjoint)
     spec = StateSpec.of(z0)
     if adjoint is None:
+        coupled = Auto(iterative_solver=CG(), block_max=0)  # one problem: no per-sample blocks
         adjoint = Implicit(
-            linear_solver=CG() if batch_coupled else PerSampleDense(spec.batch),
+            linear_solver=coupled if batch_coupled else PerSampleDense(spec.batch),
             fixed_point_tol=max(1e-3, 30 * torch.finfo(spec.dtype).eps ** 0.5),
         )
     adjoint = ADJOINTS.resolve(adjoint, Adjoint)

@@ -29,6 +29,7 @@ from implicit_ham._core.transforms import active_transforms
 from implicit_ham.adjoints.conditions import Condition, differentiate, guarded_inputs
 from implicit_ham.adjoints.modes import ADJOINTS, Adjoint, Implicit
 from implicit_ham.adjoints.per_sample import PerSampleCG
+from implicit_ham.linalg.auto import BLOCK_MAX, Auto
 from implicit_ham.linalg.krylov import CG
 from implicit_ham.problems.fixed_point import Solution
 from implicit_ham.problems.pytree_state import Tree, TreeState
@@ -78,7 +79,9 @@ def minimize(
             state is one problem (one search, CG on the whole Hessian).
         solver: a ``Minimizer`` or a name from ``MINIMIZERS``; default ``LBFGS()``
             (``GradientDescent()`` under a constraint).
-        adjoint: default ``Implicit(linear_solver=CG())``: differentiate ``grad_z loss = 0``
+        adjoint: default ``Implicit(linear_solver=Auto(iterative_solver=CG()))``:
+            differentiate ``grad_z loss = 0``, densely for a small Hessian (``linalg.Auto``:
+            at most 128 unknowns, or 32 per sample; exact, with κ), else by scaled CG
             (Hessian-vector products; CG needs a positive-definite Hessian); for B > 1
             independent problems (``batch_coupled=False``) ``PerSampleCG(B)``: CG on each
             sample's Hessian block, each stopping on its own residual. Its
@@ -119,7 +122,9 @@ def _solve(
     spec, z0_t, args = guarded_inputs(z0, args, f"{where} (adjoint={adjoint.name})")
     if default and constraint is None:  # CG for the symmetric Hessian, per sample if independent
         per_sample = not batch_coupled and spec.batch > 1
-        adjoint = Implicit(linear_solver=PerSampleCG(spec.batch) if per_sample else CG())
+        iterative = PerSampleCG(spec.batch) if per_sample else CG()
+        blocks = BLOCK_MAX if per_sample else 0  # coupled: one problem, no per-sample blocks
+        adjoint = Implicit(linear_solver=Auto(block_max=blocks, iterative_solver=iterative))
     # under a constraint the default is GMRES: the projected map's I - J is not symmetric
 
     def objective_at(inputs: tuple[Any, ...]) -> Objective:

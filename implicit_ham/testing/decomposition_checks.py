@@ -60,7 +60,7 @@ def check_decomposition(
       ``exact_unroll``; VQ sets it False: its readout holds ||X|| constant by design).
     * ``empty_batch``: x (0, C, H, W) gives y (0, C, H, W) and a backward pass.
     * ``non_contiguous_input``: a transposed x gives the same output as its contiguous copy.
-    * ``clear_errors``: NaN in x -> ``ih.NonFiniteError``, a 3-D x -> ValueError, a negative x
+    * ``clear_errors``: NaN in x -> ``ih.NonFiniteError``, a 2-D x -> ValueError, a negative x
       for a ``nonnegative`` layer -> ValueError, each with a message.
     * ``unknown_option_refused``: ``cls(rank=2, no_such_option=1)`` raises TypeError listing
       the valid options.
@@ -230,12 +230,13 @@ def _non_contiguous(layer: Decomposition) -> dict[str, float]:
 
 
 def _clear_errors(layer: Decomposition) -> dict[str, float]:
-    """NaN in x -> NonFiniteError; a 3-D x -> ValueError; a negative x for a non-negative
-    layer -> ValueError; each with a message."""
+    """NaN in x -> NonFiniteError; a 2-D x (neither a map (B, C, H, W) nor a sequence
+    (B, C, N)) -> ValueError; a negative x for a non-negative layer -> ValueError; each with a
+    message."""
     x = feature_map(layer, torch.float64).detach()
     nan = x.clone()
     nan[0, 0, 0, 0] = math.nan
-    cases = [("x holds NaN", nan, NonFiniteError), ("x is 3-D", x[0], ValueError)]
+    cases = [("x holds NaN", nan, NonFiniteError), ("x is 2-D", x[0, 0], ValueError)]
     if layer.nonnegative:
         cases.append(("x is negative", -x, ValueError))
     for what, bad, expected in cases:

@@ -32,6 +32,7 @@ from implicit_ham.testing.report import Checker, ConformanceReport, require, req
 VALUE_ATOL = {torch.float64: 1e-6, torch.float32: 1e-3}
 GRADIENT_RTOL = 1e-7
 EXACT = Implicit(linear_solver="dense", tol=1e-12, on_divergence="raise")
+SUITES = ("panel", "peers", "mgh")
 
 Solve = Callable[[OptProblem, Adjoint], Solution]
 
@@ -66,15 +67,29 @@ def check_root_solver(
     return _run(repr(solver), root_panel(), solve, False, fail_fast)
 
 
-def check_minimizer(minimizer: Minimizer, *, fail_fast: bool = True) -> ConformanceReport:
+def check_minimizer(
+    minimizer: Minimizer, *, fail_fast: bool = True, suite: str = "panel"
+) -> ConformanceReport:
     """Run ``minimizer`` on every argmin-panel problem (``ih.least_squares`` for a solver that
     needs residuals, ``ih.minimize`` of ``½||r||²`` otherwise), with the checks of
     ``check_root_solver`` on the optimality condition ``grad_z loss = 0``.
+
+    ``suite="peers"`` runs it on the peers' own test cases instead (Theseus, jaxopt,
+    optimistix, TorchOpt: ``implicit_ham.testing.peer_cases``), ``suite="mgh"`` on the
+    Moré-Garbow-Hillstrom set (``implicit_ham.testing.mgh``); see ``suite_checks``.
     """
     if not isinstance(minimizer, Minimizer):
         raise TypeError(
             f"check_minimizer expects an ih.plugins.Minimizer, got {type(minimizer).__name__}"
         )
+    if suite not in SUITES:
+        choices = ", ".join(SUITES)
+        raise ValueError(f"check_minimizer: suite must be one of {choices}, got {suite!r}")
+    if suite != "panel":
+        from implicit_ham.testing import suite_checks
+
+        run_suite = suite_checks.peer_suite if suite == "peers" else suite_checks.mgh_suite
+        return run_suite(minimizer, fail_fast)
 
     def solve(problem: OptProblem, adjoint: Adjoint) -> Solution:
         if minimizer.needs_residuals:

@@ -110,7 +110,8 @@ def test_bench_adjoints_runs_at_a_tiny_size_with_every_mode():
     }
     assert finite_numbers(rows)
     by_key = {(r["mode"], r["K"]): r for r in rows}
-    assert by_key[("implicit(gmres,20)", 3)]["bwd_vjps"] == 20
+    # 20 GMRES products and the 4 probes of Implicit's row scaling (a well-scaled system)
+    assert by_key[("implicit(gmres,20)", 3)]["bwd_vjps"] == 24
     assert by_key[("unroll", 2)]["bwd_vjps"] is None
     assert by_key[("unroll", 3)]["saved_MiB"] > by_key[("unroll", 2)]["saved_MiB"]
     assert by_key[("one_step", 3)]["saved_MiB"] == by_key[("one_step", 2)]["saved_MiB"]

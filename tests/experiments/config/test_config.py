@@ -24,6 +24,7 @@ from experiments.config.groups import (
 from experiments.config.typed import typed_config
 from experiments.engine.build import build_context, build_datasets, build_sinks, context_channels
 from experiments.engine.run import run_training
+from implicit_ham.nn import decomposition_of
 
 CONF = Path(__file__).resolve().parents[3] / "conf"
 
@@ -47,7 +48,9 @@ def _options(group: str) -> list[str]:
 
 
 def _builtin(group: str, option: str) -> bool:
-    """Not a plug-in that another test registered."""
+    """Not a plug-in that another test registered (nor a plug-in's token mixer)."""
+    if group == "context":
+        option = decomposition_of(option) or option
     registry = {
         "context": ih.plugins.DECOMPOSITIONS,
         "adjoint": ih.plugins.ADJOINTS,
@@ -89,6 +92,21 @@ def test_context_options_build_a_shape_preserving_module(option: str) -> None:
     context = build_context(cfg.context, 16, ih.FixedPointIteration(), ih.OneStep())
     x = torch.rand(2, 16, 8, 8)
     assert context(x).shape == x.shape
+
+
+@pytest.mark.parametrize("option", ["nmf_mixer", "vq_mixer", "cd_mixer", "sdpa_mixer",
+                                    "linear_attention_mixer"])
+def test_token_mixer_options_build_a_mixer_with_the_runs_adjoint(option: str) -> None:
+    ham = decomposition_of(option) is not None
+    cfg = _typed(f"context={option}", "context.rank=4" if ham else "context.heads=2")
+    context = build_context(cfg.context, 16, ih.FixedPointIteration(), ih.Unroll())
+    x = torch.randn(2, 9, 16)
+    assert context(x).shape == x.shape
+    if ham:
+        assert isinstance(context, ih.HamMixer) and context.ham.rank == 4
+        assert isinstance(context.ham.adjoint, ih.Unroll)  # the run's backward mode reaches it
+    else:
+        assert context.heads == 2
 
 
 def test_builtin_data_options_build_their_splits() -> None:

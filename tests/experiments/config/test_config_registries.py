@@ -30,6 +30,8 @@ OTHER_CHOICE = {
     "online_update": "train",
     "lower_relu": True,
     "eval_init": "random",
+    "singular": "nan",
+    "iterative_solver": "cg",
 }
 # Options the experiments set in conf/ on purpose (the test checks the rest keep the default).
 EXPERIMENT_SETTINGS = {("adjoint", "implicit", "max_steps"), ("adjoint", "truncated", "k")}
@@ -106,6 +108,8 @@ def test_every_linear_solver_parameter_is_settable_nested_in_implicit(name: str)
         assert cfg.adjoint.linear_solver[param] == default
         value = _other(param, default)
         adjoint = instantiate(_compose(*choose, f"adjoint.linear_solver.{param}={value}").adjoint)
+        if param == "iterative_solver":  # Auto's: a name, resolved to the solver it names
+            value = ih.plugins.LINEAR_SOLVERS.resolve(value, ih.plugins.LinearSolver)
         assert getattr(adjoint.linear_solver, param) == value, (name, param)
 
 

@@ -152,7 +152,9 @@ def test_ill_conditioning_warning_text_and_location() -> None:
         "layer: κ(I - J) >= 6.733e+07 exceeds 1.0e+06 (sigma_max 1.428e+00, sigma_min <= "
         "2.121e-08, spectral radius of J 1.0000, fixed-point residual 5.92e-08); implicit "
         "gradients (I - J)^-T v are unreliable here. A continuum of fixed points (e.g. NMF's "
-        "scaling symmetry) causes this: use OneStep, Phantom or Unroll, or regularise the map."
+        "scaling symmetry) causes this: use OneStep, Phantom or Unroll, or regularise the map. "
+        "Unknowns whose sizes differ by orders of magnitude (e.g. a curve fit's amplitude and "
+        "rate) also raise κ: rescale them so that they are of order one."
     )
     assert warning.filename == __file__
     nan_report = dataclasses.replace(report, kappa=math.nan)

@@ -66,11 +66,12 @@ def test_identity_context():
 def test_make_context_builds_every_name():
     names = ih.plugins.context_names()
     assert {"nmf", "vq", "cd", "svd", "self_attention", "sdpa_attention", "none"} <= set(names)
-    x = torch.randn(2, 16, 6, 6)
+    x, tokens = torch.randn(2, 16, 6, 6), torch.randn(2, 36, 16)
     for name in names:
-        kwargs = {"rank": 3} if name in ih.plugins.DECOMPOSITIONS.names() else {}
+        kwargs = {"rank": 3} if ih.nn.decomposition_of(name) is not None else {}
         module = ih.make_context(name, 16, **kwargs)
-        assert module(x).shape == x.shape, name
+        inputs = tokens if name.endswith("_mixer") else x  # token mixers: (B, N, C)
+        assert module(inputs).shape == inputs.shape, name
     block = ih.make_context(
         "cd",
         16,

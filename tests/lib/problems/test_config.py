@@ -50,7 +50,10 @@ def test_make_solver_by_name_with_options() -> None:
 
 def test_implicit_resolves_a_linear_solver_name_to_an_instance() -> None:
     assert ih.Implicit(linear_solver="dense") == ih.Implicit(linear_solver=ih.linalg.Dense())
-    assert isinstance(ih.Implicit().linear_solver, ih.linalg.GMRES)
+    default = ih.Implicit().linear_solver
+    assert isinstance(default, ih.linalg.Auto)
+    assert isinstance(default.iterative_solver, ih.linalg.GMRES)
+    assert ih.Implicit(linear_solver="gmres").linear_solver == ih.linalg.GMRES()  # as given
 
 
 def test_names_and_instances_solve_alike(tanh_problem) -> None:

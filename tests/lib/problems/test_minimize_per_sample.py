@@ -40,17 +40,26 @@ def _closed_form(lam: Tensor, x: Tensor, y: Tensor) -> Tensor:
     return torch.linalg.solve(h, (x.transpose(1, 2) @ y[..., None] / n)[..., 0])
 
 
-def test_default_backward_is_per_sample_cg_and_matches_the_closed_form() -> None:
+@pytest.mark.parametrize(
+    ("adjoint", "name"),
+    [(None, "auto:PerSampleDense"), (ih.Implicit(linear_solver=PerSampleCG(4)), "PerSampleCG")],
+)
+def test_default_and_per_sample_cg_backward_match_the_closed_form(
+    adjoint: ih.Implicit | None, name: str
+) -> None:
+    """The default (``Auto``: 5 unknowns per sample, dense blocks) and ``PerSampleCG``."""
     x, y, lam = _ridge_data()
     gen = torch.Generator().manual_seed(1)
     target = torch.randn(x.shape[0], x.shape[2], dtype=F64, generator=gen)
     lam_a, x_a = lam.clone().requires_grad_(), x.clone().requires_grad_()
     tight = ih.LBFGS(tol=1e-12)  # the forward's error well below the gradients' tolerance
-    sol = ih.minimize(_ridge_loss, torch.zeros(4, 5, dtype=F64), lam_a, x_a, y, solver=tight)
+    sol = ih.minimize(
+        _ridge_loss, torch.zeros(4, 5, dtype=F64), lam_a, x_a, y, solver=tight, adjoint=adjoint
+    )
     outer = (sol.value - target).square().sum()
     grads = torch.autograd.grad(outer, (lam_a, x_a))
     (stats,) = sol.backward_log
-    assert stats.linear_solver == "PerSampleCG" and stats.converged
+    assert stats.linear_solver == name and stats.converged
     lam_r, x_r = lam.clone().requires_grad_(), x.clone().requires_grad_()
     ref = _closed_form(lam_r, x_r, y)
     ref_grads = torch.autograd.grad((ref - target).square().sum(), (lam_r, x_r))
@@ -59,15 +68,16 @@ def test_default_backward_is_per_sample_cg_and_matches_the_closed_form() -> None
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-9)
 
 
-def test_one_sample_and_coupled_batches_keep_whole_system_cg() -> None:
+def test_one_sample_and_coupled_batches_solve_the_whole_system() -> None:
+    """No per-sample blocks: the whole Hessian, dense at this size (``Auto``)."""
     x, y, lam = _ridge_data()
     lam_a = lam.clone().requires_grad_()
     sol = ih.minimize(_ridge_loss, torch.zeros(4, 5, dtype=F64), lam_a, x, y, batch_coupled=True)
     sol.value.sum().backward()
-    assert sol.backward_log[0].linear_solver == "cg"
+    assert sol.backward_log[0].linear_solver == "auto:dense"
     one = ih.minimize(_ridge_loss, torch.zeros(1, 5, dtype=F64), lam_a[:1], x[:1], y[:1])
     one.value.sum().backward()
-    assert one.backward_log[0].linear_solver == "cg"
+    assert one.backward_log[0].linear_solver == "auto:dense"
 
 
 class _BlockOperator:

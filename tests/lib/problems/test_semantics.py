@@ -166,7 +166,7 @@ def test_backward_statistics_are_recorded_after_backward(tanh_problem) -> None:
     problem = tanh_problem(batch=3, width=5)
     tol = 1e-10
     solver = ih.FixedPointIteration(max_steps=100, tol=1e-13)
-    adjoint = ih.Implicit(tol=tol)
+    adjoint = ih.Implicit("gmres", tol=tol)
     sol = ih.fixed_point(problem.f, problem.z0, *problem.args, solver=solver, adjoint=adjoint)
     assert sol.backward_stats is None and sol.backward_log == []
     weights = torch.linspace(-1, 1, sol.value.numel(), dtype=DT).view_as(sol.value)

@@ -191,7 +191,7 @@ def test_raise_names_layer_step_and_residual() -> None:
     guard, _ = _guard(Model(MISS, ih.OneStep()), "raise")
     with pytest.raises(ForwardSolveError, match=r"step 7: forward solve of layer layer .*e-"):
         guard(*_batch(), step=7)
-    guard, _ = _guard(Model(EXACT, ih.Implicit(max_steps=1, tol=1e-14)), "raise")
+    guard, _ = _guard(Model(EXACT, ih.Implicit("gmres", max_steps=1, tol=1e-14)), "raise")
     with pytest.raises(ih.errors.BackwardSolveError, match="layer layer failed"):
         guard(*_batch(), step=0)
     assert guard.monitor.summary()["by_action"] == {"raised": 1}

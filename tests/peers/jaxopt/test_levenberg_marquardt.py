@@ -1,0 +1,15 @@
+"""jaxopt's levenberg_marquardt_test against least_squares(LevenbergMarquardt).
+
+Source: google/jaxopt, `tests/levenberg_marquardt_test.py`
+(the facts: the docstring of `implicit_ham/testing/peer_cases/jaxopt_least_squares.py`).
+"""
+
+import pytest
+from helpers.peer_params import params, run
+
+SOURCE = "tests/levenberg_marquardt_test.py"
+
+
+@pytest.mark.parametrize("case", params("jaxopt", SOURCE))
+def test_case(case) -> None:
+    run(case)
