@@ -123,15 +123,15 @@ class Hamburger(nn.Module):
         """z (B, channels, H, W) -> (B, channels, H, W), any H and W; a sequence z
         (B, channels, N) runs as the map (B, channels, N, 1) (the decompositions' flatten
         rule: n = N positions), so its output equals that map's with the last axis dropped."""
-        if z.ndim == 3:
-            return self.forward(z.unsqueeze(-1)).squeeze(-1)
-        if z.ndim != 4:
+        if z.ndim not in (3, 4):
             raise ValueError(
                 f"Hamburger expects a feature map (B, {self.channels}, H, W) or a sequence "
                 f"(B, {self.channels}, N), got shape {tuple(z.shape)}; for tokens (B, N, C) use "
                 "ih.HamMixer (or z.transpose(1, 2))."
             )
         self._check_input(z)
+        if z.ndim == 3:
+            return self.forward(z.unsqueeze(-1)).squeeze(-1)
         h = self.lower_bread(z)
         if self.channel_ham is None:
             h = self.ham(h)
@@ -147,8 +147,9 @@ class Hamburger(nn.Module):
 
     def _check_input(self, z: Tensor) -> None:
         """ValueError / TypeError naming the fix, before the first convolution, for a map z
-        (B, C, H, W) with C other than ``channels``, or whose dtype (outside autocast) or
-        device is not the block's (O(1): the shape and the lower bread's weight)."""
+        (B, C, H, W) or sequence (B, C, N) with C other than ``channels``, or whose dtype
+        (outside autocast) or device is not the block's (O(1): the shape and the lower
+        bread's weight)."""
         if z.shape[1] != self.channels:
             raise ValueError(
                 f"Hamburger(channels={self.channels}) expects (B, {self.channels}, H, W) maps "
