@@ -3,7 +3,8 @@
 Errors: ``NonFiniteError`` (a NaN / inf value or gradient), ``ForwardSolveError``,
 ``BackwardSolveError`` and its subclasses ``NotFixedPointError`` (an at-fixed-point gradient
 asked at a point that is not one) and ``NotPositiveDefiniteError`` (CG on an indefinite system),
-``SecondOrderError`` (a derivative a mode cannot give), ``SolverContractError`` (a plug-in
+``SecondOrderError`` (a derivative a mode cannot give), ``ExportError`` (an export that
+would not compute what the layer computes), ``SolverContractError`` (a plug-in
 solver that dropped the graph a through-iteration mode differentiates). Warnings:
 ``ConvergenceWarning`` and its subclass ``NotFixedPointWarning``, ``ConditioningWarning``,
 ``BatchCouplingWarning`` (per-sample stopping met an ``f`` that couples the samples).
@@ -14,6 +15,7 @@ from implicit_ham._core.errors import (
     BatchCouplingWarning,
     ConditioningWarning,
     ConvergenceWarning,
+    ExportError,
     ForwardSolveError,
     NonFiniteError,
     NotFixedPointError,
@@ -28,6 +30,7 @@ __all__ = [
     "BatchCouplingWarning",
     "ConditioningWarning",
     "ConvergenceWarning",
+    "ExportError",
     "ForwardSolveError",
     "NonFiniteError",
     "NotFixedPointError",

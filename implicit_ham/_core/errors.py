@@ -56,6 +56,12 @@ class SolverContractError(RuntimeError):
     ``grad_steps`` steps (a plug-in that runs everything without gradient)."""
 
 
+class ExportError(RuntimeError):
+    """A layer was exported (``torch.export`` / ``torch.onnx.export``) in a configuration whose
+    exported graph would not compute what the layer computes (e.g. initial bases drawn at random,
+    or a buffer updated in place); the message names the configuration that exports."""
+
+
 class NotPositiveDefiniteError(BackwardSolveError):
     """A solver that needs a symmetric positive-definite system (CG) met a direction of
     non-positive curvature: the Hessian is indefinite or singular (not a strict minimum)."""
@@ -80,5 +86,21 @@ def name_the_call(
     error.add_note(
         f"implicit_ham.{where}: raised inside {fn}(z, *args), called with z: {state} (z0's "
         f"shape and dtype) and args: {args}; check that they match what {fn} expects (its "
-        "parameters' dtype and device included)"
+        "parameters' dtype and device included)" + _batch_hint(z, inputs)
     )
+
+
+def _batch_hint(z: Sequence[Any], inputs: Sequence[Any]) -> str:
+    """A hint when an arg's first dimension differs from z0's batch: an unbatched arg (a weight)
+    may do so by design, a batched one means z0 was built for another batch."""
+    first = next((t for t in z if isinstance(t, Tensor) and t.ndim), None)
+    if first is None:
+        return ""
+    batch = first.shape[0]
+    for i, a in enumerate(inputs):
+        if isinstance(a, Tensor) and a.ndim and a.shape[0] != batch:
+            return (
+                f". z0's batch is {batch} but args[{i}] has {a.shape[0]} rows: if args[{i}] is "
+                f"batched, build z0 with {a.shape[0]} rows (e.g. torch.zeros(x.shape[0], ...))"
+            )
+    return ""

@@ -24,21 +24,47 @@ class Registry(Generic[T]):
         self._entries: dict[str, type[T]] = {}
         self._names: dict[type, str] = {}  # class -> name (solves look names up on every call)
 
-    def register(self, name: str) -> Callable[[type[T]], type[T]]:
-        """Class decorator: ``@REGISTRY.register("name")``. Re-registering a name is an error."""
+    def register(self, name: str, *, replace: bool = False) -> Callable[[type[T]], type[T]]:
+        """Class decorator: ``@REGISTRY.register("name")``. Registering the very same class
+        again is a no-op; registering another class under a taken name is an error unless
+        ``replace=True`` (e.g. a notebook cell that defines the class run again), which
+        replaces the entry."""
 
         def decorator(cls: type[T]) -> type[T]:
-            if name in self._entries and self._entries[name] is not cls:
-                raise ValueError(
-                    f"{self.kind} name {name!r} is already registered to "
-                    f"{self._entries[name].__qualname__}; choose another name."
-                )
+            current = self._entries.get(name)
+            if current is not None and current is not cls:
+                if not replace:
+                    raise ValueError(
+                        f"{self.kind} name {name!r} is already registered to "
+                        f"{current.__qualname__}; choose another name, pass replace=True to "
+                        f"replace it (e.g. a notebook cell run again), or remove it first "
+                        f"with the registry's unregister({name!r})."
+                    )
+                self._forget(name, current)
             self._entries[name] = cls
             self._names.setdefault(cls, name)
             _list_options_on_error(cls)
             return cls
 
         return decorator
+
+    def unregister(self, name: str) -> type[T]:
+        """Remove ``name`` and return the class it named; an unknown name is a KeyError listing
+        the registered ones. Instances already built keep working; ``make(name)`` and configs
+        naming it fail until it is registered again."""
+        cls = self.get(name)
+        self._forget(name, cls)
+        return cls
+
+    def _forget(self, name: str, cls: type[T]) -> None:
+        """Drop the entry ``name`` -> ``cls`` and, if it was ``cls``'s name, point ``cls`` at
+        another name it is registered under (or none)."""
+        del self._entries[name]
+        if self._names.get(cls) == name:
+            del self._names[cls]
+            other = next((n for n, c in self._entries.items() if c is cls), None)
+            if other is not None:
+                self._names[cls] = other
 
     def names(self) -> list[str]:
         """The registered names, sorted."""
@@ -83,18 +109,21 @@ class Registry(Generic[T]):
 
     def register_function(
         self, function: str, module: str
-    ) -> Callable[[str], Callable[[type[T]], type[T]]]:
-        """A module-level ``register_<kind>(name)`` class decorator for this registry."""
+    ) -> Callable[..., Callable[[type[T]], type[T]]]:
+        """A module-level ``register_<kind>(name, *, replace=False)`` class decorator for this
+        registry."""
 
-        def register(name: str) -> Callable[[type[T]], type[T]]:
-            return self.register(name)
+        def register(name: str, *, replace: bool = False) -> Callable[[type[T]], type[T]]:
+            return self.register(name, replace=replace)
 
         return _module_function(
             register,
             function,
             module,
             f"Class decorator: register a {self.kind} under ``name`` (usable from configs and "
-            "``make_*``); re-registering a name to another class is an error.",
+            "``make_*``). Registering the same class again is a no-op; registering another "
+            "class under a taken name is an error unless ``replace=True`` (a notebook cell run "
+            "again); the registry's ``unregister(name)`` removes a name.",
         )
 
     def resolve(self, spec: T | str, base: type) -> T:

@@ -31,3 +31,10 @@ def host_checks() -> bool:
     """Whether checks that read tensor values on the host may run: not under ``vmap`` and not
     while ``torch.compile`` traces (there they would break the graph)."""
     return not torch.compiler.is_compiling() and not under_vmap()
+
+
+def exporting() -> bool:
+    """Whether the current call is being exported (``torch.export``, and ``torch.onnx.export``
+    with ``dynamo=True`` or the TorchScript exporter): the graph keeps operations, not values,
+    so a layer whose forward is not a fixed function of its inputs and buffers must refuse."""
+    return torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export()

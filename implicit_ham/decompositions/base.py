@@ -109,8 +109,9 @@ class Decomposition(InitialBases, ABC):
             "fixed" (bases drawn once by ``sample_bases`` from a generator seeded with
             ``init_seed``, L2-normalised, shared by the batch and never updated: the buffer
             ``fixed_bases`` (S, d, r), saved in the state dict, when d is known at construction
-            (``channels`` given, ``spatial=True``); otherwise drawn again from the same seed at
-            each forward) or "online" (a buffer ``bases`` (S, d, r) shared by the batch,
+            (``channels`` given, or handed by a ``Hamburger`` block: ``bind_channels``;
+            ``spatial=True``); otherwise drawn again from the same seed at each forward, which
+            an export refuses) or "online" (a buffer ``bases`` (S, d, r) shared by the batch,
             updated outside autograd by ``D <- normalize_d(D + eta * (mean_batch(D_K) - D))``,
             see ``online_update``).
         eval_init: the same choice for evaluation mode; None (default) follows ``init``.
@@ -315,6 +316,23 @@ class Decomposition(InitialBases, ABC):
                 )
 
     # ------------------------------------------------------------------------ the layer
+    def bind_channels(self, channels: int) -> None:
+        """Adopt C = ``channels`` as this layer's input channels (what a block that knows its
+        width does: ``Hamburger``). A layer built without ``channels`` validates it against
+        ``groups`` and, with "fixed" bases and ``spatial=True``, registers the ``fixed_bases``
+        buffer (S, C/S, r) once, instead of drawing the seeded bases at every forward (the
+        same values; exportable). A layer built with other channels raises ValueError."""
+        owner = type(self).__name__
+        check_positive_int(owner, "channels", channels)
+        if self.channels is not None and self.channels != channels:
+            raise ValueError(
+                f"{owner} was built for channels={self.channels} but receives {channels} "
+                "channels; make them equal (or leave the layer's channels unset)."
+            )
+        self._check_groups(channels)
+        self.channels = channels
+        self._register_fixed_bases()
+
     def flatten(self, x: Tensor) -> Tensor:
         """(B, C, H, W) or (B, C, N) -> X (B*S, d, n) in this layer's layout, n = H*W or N."""
         if x.ndim not in (3, 4):

@@ -16,6 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from implicit_ham._core.errors import ExportError
+from implicit_ham._core.transforms import exporting
+
 INIT_MODES = ("random", "online", "fixed")
 ONLINE_UPDATES = ("eval", "train", "always")
 
@@ -63,6 +66,8 @@ class InitialBases(nn.Module):
                 )
             return init.to(device=x.device, dtype=x.dtype)
         mode = self.active_init()
+        if exporting():
+            self._check_exportable(mode)
         if mode == "fixed":
             fixed = self._fixed_bases(d).to(device=x.device, dtype=x.dtype)
             return fixed.repeat(count // self.groups, 1, 1)
@@ -86,8 +91,55 @@ class InitialBases(nn.Module):
         modes = (self.init_mode, self.eval_init_mode)
         if "online" in modes:
             self._register_online_bases()
-        if "fixed" in modes and self.channels is not None and self.spatial:
+        self._register_fixed_bases()
+
+    def _register_fixed_bases(self) -> None:
+        """The "fixed" buffer (S, d, r), drawn once from ``init_seed``, when a mode is "fixed"
+        and d = C/S is known (``channels`` set, ``spatial=True``) and it is not there yet."""
+        fixed = "fixed" in (self.init_mode, self.eval_init_mode)
+        if fixed and self.channels is not None and self.spatial and not self._has_fixed_buffer():
             self.register_buffer("fixed_bases", self._seeded_bases(self.channels // self.groups))
+
+    def _has_fixed_buffer(self) -> bool:
+        return "fixed_bases" in self._buffers
+
+    def _check_exportable(self, mode: str) -> None:
+        """ExportError unless the initial bases of ``mode`` are a buffer the exported graph
+        holds as a constant: "fixed" with its buffer. "random" bases would export as a
+        random-number node (draws that are not PyTorch's), "online" ones as a constant whose
+        in-place update the graph drops, and "fixed" ones without a buffer (d unknown at
+        construction) as a seeded draw the exporter records as a random-number node."""
+        name = type(self).__name__
+        if mode == "fixed" and self._has_fixed_buffer():
+            return
+        if mode == "fixed":
+            why = (
+                "its 'fixed' bases are drawn from init_seed at each forward (d is not known at "
+                "construction: channels not given"
+                + ("" if self.spatial else ", and d = H*W for spatial=False")
+                + "), which the exporter records as a random-number node"
+            )
+            fix = (
+                "build it with channels=C (a Hamburger block passes its width), or pass "
+                "explicit bases: ham(x, init=bases)"
+                if self.spatial
+                else "a channel ham (spatial=False) cannot hold them as a buffer; export a "
+                "block without channel_ham, or pass explicit bases: ham(x, init=bases)"
+            )
+        elif mode == "online":
+            why = (
+                "its 'online' bases are updated in place after each forward, state that an "
+                "exported graph does not keep"
+            )
+            fix = "use eval_init='fixed' with channels=C"
+        else:
+            why = (
+                "its 'random' bases would export as a random-number node whose draws are not "
+                "PyTorch's, so the exported outputs would differ from the layer's"
+            )
+            fix = "use eval_init='fixed' (with channels=C, or inside a Hamburger block)"
+        where = "training" if self.training else "evaluation"
+        raise ExportError(f"{name} cannot be exported faithfully in {where} mode: {why}; {fix}.")
 
     def _load_from_state_dict(
         self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
@@ -96,14 +148,14 @@ class InitialBases(nn.Module):
         or by a random-init model, e.g. a converted mmseg one) keeps this layer's seeded bases
         instead of failing a strict load: they are a function of ``init_seed`` alone."""
         key = f"{prefix}fixed_bases"
-        if hasattr(self, "fixed_bases") and key not in state_dict:
+        if self._has_fixed_buffer() and key not in state_dict:
             state_dict[key] = self.fixed_bases
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _fixed_bases(self, d: int) -> Tensor:
         """The "fixed" bases (S, d, r): the buffer, or (d unknown at construction) the seeded
         draw for this d."""
-        if not hasattr(self, "fixed_bases"):
+        if not self._has_fixed_buffer():
             return self._seeded_bases(d)
         if self.fixed_bases.shape[1] != d:
             raise ValueError(

@@ -17,9 +17,12 @@ from implicit_ham.decompositions.base import Decomposition
 class DecompositionRegistry(Registry[Decomposition]):
     """A ``Registry`` of ``Decomposition`` classes (see the module docstring)."""
 
-    def register(self, name: str) -> Callable[[type[Decomposition]], type[Decomposition]]:
-        """Class decorator; the class must subclass ``Decomposition``."""
-        inner = super().register(name)
+    def register(
+        self, name: str, *, replace: bool = False
+    ) -> Callable[[type[Decomposition]], type[Decomposition]]:
+        """Class decorator; the class must subclass ``Decomposition`` (``replace`` as in
+        ``Registry.register``)."""
+        inner = super().register(name, replace=replace)
 
         def decorator(cls: type[Decomposition]) -> type[Decomposition]:
             if not (isinstance(cls, type) and issubclass(cls, Decomposition)):
@@ -35,10 +38,15 @@ class DecompositionRegistry(Registry[Decomposition]):
 DECOMPOSITIONS = DecompositionRegistry("decomposition")
 
 
-def register_decomposition(name: str) -> Callable[[type[Decomposition]], type[Decomposition]]:
+def register_decomposition(
+    name: str, *, replace: bool = False
+) -> Callable[[type[Decomposition]], type[Decomposition]]:
     """Class decorator registering a ``Decomposition`` subclass under ``name``; it then works
-    with ``make_decomposition``, ``make_context`` and every solver / backward mode."""
-    return DECOMPOSITIONS.register(name)
+    with ``make_decomposition``, ``make_context`` and every solver / backward mode.
+    Registering the same class again is a no-op; another class under a taken name is an error
+    unless ``replace=True`` (a notebook cell run again); ``DECOMPOSITIONS.unregister(name)``
+    removes a name."""
+    return DECOMPOSITIONS.register(name, replace=replace)
 
 
 def make_decomposition(name: str, **kwargs: Any) -> Decomposition:

@@ -26,7 +26,7 @@ from implicit_ham._core.events import (
     label_layers,
 )
 from implicit_ham._core.sinks import MultiSink, Sink
-from implicit_ham.adjoints.layers import find_implicit_layers
+from implicit_ham.adjoints.layers import ImplicitLayer, find_implicit_layers
 from implicit_ham.diagnostics.attribution import attribute_events
 from implicit_ham.diagnostics.callback import DiagnosticsCallback
 from implicit_ham.diagnostics.conditioning import (
@@ -60,6 +60,7 @@ __all__ = [
     "EventLabels",
     "EventLedger",
     "FixedPointJacobian",
+    "ImplicitLayer",
     "LayerGradientHooks",
     "MultiSink",
     "Rows",

@@ -15,7 +15,8 @@ Steps that log nothing cost one modulo test: the backward hooks of the implicit 
 attached only for the forward/backward of a logged step (armed at the end of the previous
 ``on_backward``, or at construction for the first step), and removed right after.
 
-Implicit layers are the submodules with an ``adjoint`` attribute. From those that also have
+Implicit layers are the submodules with an ``adjoint`` attribute (``ImplicitLayer`` lists what
+the callback reads). From those that also have
 ``last_solution`` (a ``Solution``) the forward statistics are logged; from those that also have
 ``implicit_problem(*inputs) -> FixedPointProblem`` the conditioning of ``I - J`` at
 ``last_solution.value`` is estimated on ``conditioning_every`` steps (the inputs of the layer's

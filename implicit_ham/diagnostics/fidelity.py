@@ -20,8 +20,16 @@ import torch
 from torch import Tensor, nn
 
 from implicit_ham._core.errors import NonFiniteError
+from implicit_ham._core.stats import BackwardStats
 from implicit_ham.adjoints.modes import ADJOINTS, Adjoint, Implicit, Unroll
 from implicit_ham.diagnostics.measure import SavedTensorBytes, Stopwatch, fork_rng_on
+from implicit_ham.diagnostics.reference import (
+    REFERENCE_FIXED_POINT_TOL,
+    backward_logs,
+    distrust_of,
+    vouch,
+    vouched_reason,
+)
 from implicit_ham.diagnostics.table import Row, Rows
 from implicit_ham.linalg.dense import Dense
 
@@ -57,6 +65,7 @@ class _Run:
     forward_s: float
     backward_s: float
     saved_bytes: int
+    backward: list[BackwardStats]
 
 
 def _flat_outputs(out: Any) -> list[Tensor]:
@@ -81,6 +90,7 @@ def _run_mode(
     params: Sequence[Tensor],
     seed: int,
     device: torch.device,
+    module: nn.Module | None,
 ) -> _Run:
     leaves = [
         x.detach().clone().requires_grad_()
@@ -102,7 +112,8 @@ def _run_mode(
         for g, w in zip(grads, wrt, strict=True)
     ]
     grad = torch.cat(flat).detach()
-    return _Run(_flat_outputs(out), grad, fwd.seconds, bwd.seconds, saved.total)
+    logs = backward_logs(out, module)
+    return _Run(_flat_outputs(out), grad, fwd.seconds, bwd.seconds, saved.total, logs)
 
 
 def _caller(layer_or_fn: nn.Module | LayerFn) -> Callable[[Adjoint, Sequence[Any]], Any]:
@@ -134,24 +145,35 @@ def _caller(layer_or_fn: nn.Module | LayerFn) -> Callable[[Adjoint, Sequence[Any
 
 def _reference_run(
     run: Callable[[Adjoint], _Run], reference: Adjoint | str
-) -> tuple[Adjoint, _Run]:
-    """Run the reference mode ("auto": dense Implicit, else Unroll); return it and its run."""
+) -> tuple[Adjoint, _Run, str]:
+    """The reference mode, its run and why it is the reference. "auto": the dense implicit
+    gradient when the library vouches for it (``diagnostics.reference``), else Unroll."""
     if reference != "auto":
         ref = ADJOINTS.resolve(reference, Adjoint)
-        return ref, run(ref)
-    dense = Implicit(linear_solver=Dense(), tol=1e-8)
+        chosen = run(ref)
+        objections = distrust_of(chosen.backward)
+        why = "chosen by the caller"
+        if objections:
+            why += "; its implicit gradient is not vouched for: " + "; ".join(objections)
+            logger.warning("compare_adjoints: the reference %s: %s", describe_adjoint(ref), why)
+        return ref, chosen, why
+    dense = Implicit(linear_solver=Dense(), tol=1e-8, fixed_point_tol=REFERENCE_FIXED_POINT_TOL)
     try:
-        return dense, run(dense)
+        tried, objections = vouch(lambda: run(dense), lambda r: r.backward)
     except (ValueError, NonFiniteError) as err:
-        logger.warning(
-            "compare_adjoints: dense implicit reference unavailable (%s); using Unroll "
-            "through all forward steps",
-            err,
-        )
-        return Unroll(), run(Unroll())
+        objections = [f"it is unavailable: {err}"]
+    else:
+        if not objections:
+            return dense, tried, "dense implicit gradient: " + vouched_reason(tried.backward)
+    why = (
+        "unroll: the exact gradient of the forward steps the layer ran; the dense implicit "
+        "gradient is not vouched for: " + "; ".join(objections)
+    )
+    logger.warning("compare_adjoints: reference %s", why)
+    return Unroll(), run(Unroll()), why
 
 
-def _compare(label: str, run: _Run, ref: _Run, is_reference: bool) -> Row:
+def _compare(label: str, run: _Run, ref: _Run, why: str | None) -> Row:
     ref_norm = float(torch.linalg.vector_norm(ref.grad))
     norm = float(torch.linalg.vector_norm(run.grad))
     err = float(torch.linalg.vector_norm(run.grad - ref.grad))
@@ -164,9 +186,9 @@ def _compare(label: str, run: _Run, ref: _Run, is_reference: bool) -> Row:
     same = len(run.output) == len(ref.output) and all(
         torch.equal(a, b) for a, b in zip(run.output, ref.output, strict=True)
     )
-    return {
+    row: Row = {
         "adjoint": label,
-        "reference": is_reference,
+        "reference": why is not None,
         "cosine": cosine,
         "rel_error": err / ref_norm if ref_norm > 0 else math.nan,
         "norm_ratio": norm / ref_norm if ref_norm > 0 else math.nan,
@@ -177,6 +199,9 @@ def _compare(label: str, run: _Run, ref: _Run, is_reference: bool) -> Row:
         "same_forward": same,
         "forward_max_diff": max(diffs, default=0.0),
     }
+    if why is not None:
+        row["why"] = why
+    return row
 
 
 def compare_adjoints(
@@ -201,10 +226,14 @@ def compare_adjoints(
             gradient (they are cloned; the originals are untouched).
         loss_fn: output -> scalar loss.
         adjoints: the backward modes to compare (instances or registry names).
-        reference: the reference mode. "auto": ``Implicit`` with the dense solver (exact, and
-            κ(I - J) is logged by it); when the state is too large for it (over 4096 entries)
-            or I - J is singular, ``Unroll`` through all forward steps, which is the fixed-point
-            gradient when the layer's forward solve runs to convergence.
+        reference: the reference mode. "auto": ``Implicit`` with the dense solver when the
+            library vouches for it: at a fixed point (relative forward residual <=
+            ``REFERENCE_FIXED_POINT_TOL``, 1e-5), its backward solve converged, no
+            conditioning warning (``implicit_ham.diagnostics.reference``); otherwise (also
+            when the state is too large for it, over 4096 entries, or I - J is singular)
+            ``Unroll`` through all forward steps, the exact gradient of the computation the
+            layer ran. The warnings of the rejected attempt are not shown: the reference row's
+            ``why`` quotes them and a log line repeats it. A mode given here is used as is.
         params: tensors whose gradient is compared too; default: the module's parameters that
             require grad (none for a function).
         seed: seed set (in a forked RNG) before every mode's forward, so random inits coincide.
@@ -216,7 +245,8 @@ def compare_adjoints(
         ``Rows`` (a list of dicts; prints as a table), the reference first, one row per mode:
         adjoint, reference, cosine, rel_error (``||g - g_ref|| / ||g_ref||``), norm_ratio,
         grad_norm, forward_ms, backward_ms, saved_bytes, same_forward (outputs bitwise equal
-        to the reference's), forward_max_diff. A forward mismatch is also logged as a warning.
+        to the reference's), forward_max_diff; the reference row also ``why``: why that mode
+        is the reference, with the numbers. A forward mismatch is also logged as a warning.
     """
     call = _caller(layer_or_fn)
     args = [inputs] if isinstance(inputs, Tensor) else list(inputs)
@@ -233,10 +263,11 @@ def compare_adjoints(
             "a module with trainable parameters, or params=[...]"
         )
     device = (tensors or list(params))[0].device
+    module = layer_or_fn if isinstance(layer_or_fn, nn.Module) else None
 
     def run(adjoint: Adjoint) -> _Run:
         runs = [
-            _run_mode(call, adjoint, args, loss_fn, params, seed, device)
+            _run_mode(call, adjoint, args, loss_fn, params, seed, device, module)
             for _ in range(max(repeats, 1))
         ]
         best = min(runs, key=lambda r: r.forward_s + r.backward_s)
@@ -247,14 +278,14 @@ def compare_adjoints(
             saved_bytes=best.saved_bytes,
         )
 
-    ref_adjoint, ref = _reference_run(run, reference)
+    ref_adjoint, ref, why = _reference_run(run, reference)
     if warmup:
         ref = run(ref_adjoint)
     ref_label = describe_adjoint(ref_adjoint)
-    rows = Rows([_compare(ref_label, ref, ref, is_reference=True)])
+    rows = Rows([_compare(ref_label, ref, ref, why)])
     for adjoint in adjoints:
         resolved = ADJOINTS.resolve(adjoint, Adjoint)
-        row = _compare(describe_adjoint(resolved), run(resolved), ref, is_reference=False)
+        row = _compare(describe_adjoint(resolved), run(resolved), ref, None)
         if not row["same_forward"]:
             logger.warning(
                 "compare_adjoints: %s changed the forward value (max abs diff %.3e vs %s); "

@@ -70,7 +70,15 @@ def grad_norms(
 
 class LayerGradientHooks:
     """Records the norm of the gradient arriving at each implicit layer's output and leaving
-    through its tensor inputs (``register_full_backward_hook``).
+    through its tensor inputs.
+
+    Tensor hooks, not ``register_full_backward_hook`` (which warns when no input of the layer
+    requires gradient, e.g. a first layer fed with data): a forward pre-hook passes each
+    positional input that requires gradient through an identity view and hooks the view (so it
+    sees the gradient through this layer only, as a full backward hook does), and a forward
+    hook hooks each output tensor (a Tensor, or the tensors of a tuple / list or of a
+    ``Solution``'s value) that requires gradient. An input that needs no gradient has none to
+    report; its key is then absent.
 
     Attach before the forward pass of a step to measure, read with ``pop()`` after backward,
     then detach (hooks cost a little on every forward while attached). A layer called several
@@ -97,7 +105,8 @@ class LayerGradientHooks:
         if self.attached:
             return
         for name, module in self.layers.items():
-            self._handles.append(module.register_full_backward_hook(self._hook_for(name)))
+            self._handles.append(module.register_forward_pre_hook(self._inputs_hook(name)))
+            self._handles.append(module.register_forward_hook(self._outputs_hook(name)))
 
     def detach(self) -> None:
         """Remove the hooks."""
@@ -105,17 +114,33 @@ class LayerGradientHooks:
             handle.remove()
         self._handles.clear()
 
-    def _hook_for(self, name: str) -> Any:
-        def hook(
-            module: nn.Module,
-            grad_input: tuple[Tensor | None, ...],
-            grad_output: tuple[Tensor | None, ...],
-        ) -> None:
-            for side, grads in (("output", grad_output), ("input", grad_input)):
-                present = [g.detach() for g in grads if g is not None]
-                if present:
-                    sq = sum(torch.linalg.vector_norm(g).square() for g in present)
-                    self._squares.setdefault(f"{self.prefix}{name}/{side}", []).append(sq)
+    def _recorder(self, key: str) -> Any:
+        def record(grad: Tensor) -> None:
+            self._squares.setdefault(key, []).append(torch.linalg.vector_norm(grad).square())
+
+        return record
+
+    def _inputs_hook(self, name: str) -> Any:
+        record = self._recorder(f"{self.prefix}{name}/input")
+
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+            if not torch.is_grad_enabled() or not any(_needs_grad(a) for a in args):
+                return None
+            hooked = tuple(a.view_as(a) if _needs_grad(a) else a for a in args)
+            for a in hooked:
+                if _needs_grad(a):
+                    a.register_hook(record)
+            return hooked
+
+        return hook
+
+    def _outputs_hook(self, name: str) -> Any:
+        record = self._recorder(f"{self.prefix}{name}/output")
+
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            for t in _output_tensors(output):
+                if t.requires_grad:
+                    t.register_hook(record)
 
         return hook
 
@@ -129,3 +154,18 @@ class LayerGradientHooks:
         device = totals[0].device
         values = torch.stack([t.to(device) for t in totals]).sqrt().tolist()
         return dict(zip(keys, values, strict=True))
+
+
+def _needs_grad(value: Any) -> bool:
+    return isinstance(value, Tensor) and value.requires_grad
+
+
+def _output_tensors(output: Any) -> list[Tensor]:
+    """The tensors of a layer's output: a Tensor, those of a tuple / list, or those of the
+    ``value`` of a ``Solution``-like object."""
+    if isinstance(output, Tensor):
+        return [output]
+    if isinstance(output, (tuple, list)):
+        return [t for item in output for t in _output_tensors(item)]
+    value = getattr(output, "value", None)
+    return [] if value is None else _output_tensors(value)

@@ -96,6 +96,8 @@ class Hamburger(nn.Module):
         if lower_relu:  # in place, on the conv's fresh output: no second map allocated
             lower.append(nn.ReLU(inplace=True))
         self.lower_bread = nn.Sequential(*lower)
+        for h in hams:  # "fixed" bases become a buffer drawn once (and exportable)
+            h.bind_channels(width)
         self.ham = ham
         self.channel_ham = channel_ham
         if version == "v1":
@@ -121,14 +123,15 @@ class Hamburger(nn.Module):
         """z (B, channels, H, W) -> (B, channels, H, W), any H and W; a sequence z
         (B, channels, N) runs as the map (B, channels, N, 1) (the decompositions' flatten
         rule: n = N positions), so its output equals that map's with the last axis dropped."""
-        if z.ndim == 3:
-            return self.forward(z.unsqueeze(-1)).squeeze(-1)
-        if z.ndim != 4:
+        if z.ndim not in (3, 4):
             raise ValueError(
                 f"Hamburger expects a feature map (B, {self.channels}, H, W) or a sequence "
                 f"(B, {self.channels}, N), got shape {tuple(z.shape)}; for tokens (B, N, C) use "
                 "ih.HamMixer (or z.transpose(1, 2))."
             )
+        self._check_input(z)
+        if z.ndim == 3:
+            return self.forward(z.unsqueeze(-1)).squeeze(-1)
         h = self.lower_bread(z)
         if self.channel_ham is None:
             h = self.ham(h)
@@ -141,6 +144,30 @@ class Hamburger(nn.Module):
         if self.version == "v2+":
             return self.act((self.coef_ham * h).add_(self.coef_shortcut * z))
         return self.act(h.add_(z))  # h: the upper bread's fresh output, not saved by it
+
+    def _check_input(self, z: Tensor) -> None:
+        """ValueError / TypeError naming the fix, before the first convolution, for a map z
+        (B, C, H, W) or sequence (B, C, N) with C other than ``channels``, or whose dtype
+        (outside autocast) or device is not the block's (O(1): the shape and the lower
+        bread's weight)."""
+        if z.shape[1] != self.channels:
+            raise ValueError(
+                f"Hamburger(channels={self.channels}) expects (B, {self.channels}, H, W) maps "
+                f"or (B, {self.channels}, N) sequences, got shape {tuple(z.shape)}; feed "
+                f"{self.channels} channels or build the block with the input's channel count."
+            )
+        weight = self.lower_bread[0].weight
+        if z.device != weight.device:
+            raise ValueError(
+                f"Hamburger: the input is on {z.device} but the block's parameters are on "
+                f"{weight.device}; move one of them (block.to(x.device))."
+            )
+        if z.dtype != weight.dtype and not torch.is_autocast_enabled(z.device.type):
+            raise TypeError(
+                f"Hamburger: the input is {z.dtype} but the block's parameters are "
+                f"{weight.dtype}; convert the input (x.to({weight.dtype})) or the block "
+                f"(block.to({z.dtype})), or run under torch.autocast."
+            )
 
     def extra_repr(self) -> str:
         dual = ", dual=True" if self.channel_ham is not None else ""

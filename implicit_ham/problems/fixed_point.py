@@ -17,6 +17,7 @@ from implicit_ham._core.solve_scope import solve_scope
 from implicit_ham._core.state import BoundStep, State, StateSpec
 from implicit_ham._core.stats import BackwardStats, SolverStats
 from implicit_ham.adjoints.modes import ADJOINTS, Adjoint, OneStep
+from implicit_ham.problems.input_checks import check_state_against_parameters
 from implicit_ham.problems.states import StateRecorder, attach_states, state_indices
 from implicit_ham.solvers.base import SOLVERS, FixedPointSolver
 from implicit_ham.solvers.iteration import FixedPointIteration
@@ -109,6 +110,7 @@ def fixed_point(
     solver = SOLVERS.resolve(_DEFAULT_SOLVER if solver is None else solver, FixedPointSolver)
     adjoint = ADJOINTS.resolve(_DEFAULT_ADJOINT if adjoint is None else adjoint, Adjoint)
     spec = StateSpec.of(z0)
+    check_state_against_parameters(f, spec.as_tuple(z0), "fixed_point")
     if torch.is_grad_enabled():  # without grad mode no gradient can reach a guard
         where = f"fixed_point (adjoint={adjoint.name})"
         args = tuple(guard_gradient(a, f"{where}, args[{i}]") for i, a in enumerate(args))

@@ -48,9 +48,11 @@ from implicit_ham.testing.references import (
     vjp_of_step,
 )
 from implicit_ham.testing.report import (
+    AllowSkips,
     Checker,
     ConformanceReport,
     NotApplicableError,
+    NotCheckedError,
     require_close,
 )
 
@@ -66,6 +68,7 @@ def check_adjoint(
     reference: Adjoint | None = None,
     rtol: float | None = None,
     fail_fast: bool = True,
+    allow_skips: AllowSkips = False,
 ) -> ConformanceReport:
     """Run ``adjoint`` with ``FixedPointIteration(max_steps=40)`` on every panel problem.
 
@@ -80,7 +83,8 @@ def check_adjoint(
       Neumann(k, tau): ``(df/dθ)^T tau sum_{i<k} (B^T)^i v``, ``B = tau J + (1 - tau) I``;
       Implicit: ``(df/dθ)^T (I - J^T / (1 + ridge))^{-1} v`` (J by ``torch.func.jacrev``).
       Tolerance ``rtol``: default 1e-9, for Implicit ``max(1e-9, 10 * tol)`` (its own solve
-      tolerance). A mode of unknown type without ``reference`` skips this check.
+      tolerance). A mode of unknown type without ``reference`` cannot be checked: the check
+      is skipped, and the report is not ok unless ``allow_skips`` accepts it.
     * ``unroll_matches_finite_differences`` (Unroll) / ``implicit_matches_finite_differences``
       (Implicit without ridge; a ridge biases the gradient on purpose): against central
       differences (eps 1e-6, 3 random directions) of the K-step loop / the converged fixed
@@ -91,7 +95,8 @@ def check_adjoint(
     * ``second_derivative_or_refusal`` (tanh_f64; Unroll and at-fixed-point modes): under
       ``create_graph=True`` the mode either refuses with an error that says so, or its second
       derivative is the derivative of its own gradient (central differences, rel. <= 1e-5).
-      Truncated / OneStep / Phantom are not checked: theirs is the surrogate's by design.
+      Truncated / OneStep / Phantom: not applicable, theirs is the surrogate's by design; a
+      mode of unknown type without ``reference``: skipped (not checked).
     * ``clear_errors`` (tanh_f64): ValueError / TypeError / NonFiniteError on bad input.
 
     Args:
@@ -99,7 +104,11 @@ def check_adjoint(
         reference: the built-in mode whose gradient ``adjoint`` must reproduce (e.g.
             ``Implicit()`` for a new implicit-differentiation mode).
         rtol: the tolerance of ``gradient_relation`` (see above for the default).
-        fail_fast: raise ``ConformanceError`` at the first failure; else collect all.
+        fail_fast: raise ``ConformanceError`` at the first failure, and at the end when a
+            check was skipped that ``allow_skips`` does not accept; else collect all.
+        allow_skips: accept skipped checks explicitly: True, or their names (e.g.
+            ``{"gradient_relation", "second_derivative_or_refusal"}``); they stay listed in
+            ``summary()``.
     """
     if not isinstance(adjoint, Adjoint):
         raise TypeError(
@@ -108,7 +117,7 @@ def check_adjoint(
     reference = adjoint if reference is None else reference
     rtol = default_rtol(reference) if rtol is None else rtol
     solver = FixedPointIteration(max_steps=STEPS)
-    checker = Checker(repr(adjoint), fail_fast)
+    checker = Checker(repr(adjoint), fail_fast, allow_skips)
     for problem in panel():
         runs: list[Run] = []
 
@@ -152,7 +161,7 @@ def relation_name(reference: Adjoint) -> str:
 
 def expected_gradient(reference: Adjoint, problem: Problem, z_star: tuple[Tensor, ...]) -> Gradient:
     """The input gradient ``reference`` defines on ``problem`` after ``STEPS`` plain steps
-    (z* their result); NotApplicableError for a mode of unknown type."""
+    (z* their result); NotCheckedError for a mode of unknown type."""
     solver = FixedPointIteration(max_steps=STEPS)
     if isinstance(reference, Unroll):
         return detach_then_steps(problem, STEPS, STEPS)
@@ -167,9 +176,9 @@ def expected_gradient(reference: Adjoint, problem: Problem, z_star: tuple[Tensor
         return gradient_from_adjoint(
             problem, z_star, implicit_adjoint(problem, z_star, reference.ridge)
         )
-    raise NotApplicableError(
-        f"no reference gradient is known for {type(reference).__name__}; pass reference=<the "
-        "built-in mode whose gradient it must reproduce>"
+    raise NotCheckedError(
+        f"no reference gradient is known for {type(reference).__name__}, so its gradient was "
+        "never compared; pass reference=<the built-in mode whose gradient it must reproduce>"
     )
 
 
@@ -214,6 +223,11 @@ def _gradient_checks(
 
 
 def _second_order(problem: Problem, adjoint: Adjoint, reference: Adjoint) -> dict[str, float]:
+    if not isinstance(reference, (ThroughIterations, Phantom, AtFixedPoint)):
+        raise NotCheckedError(
+            f"which second derivative {type(reference).__name__} must give is not known; pass "
+            "reference=<the built-in mode whose gradient it must reproduce>"
+        )
     if not isinstance(reference, (Unroll, AtFixedPoint)):
         raise NotApplicableError(
             "a truncated / phantom gradient's second derivative is its surrogate's (the "

@@ -1,5 +1,6 @@
 """``converged_flag_honest``: a solver's ``stats.converged`` is checked against the residual
-recomputed independently at the value it returns.
+recomputed independently at the value it returns; ``converged_none_without_tolerance``: without
+a tolerance it is None.
 
 A solver that reports ``converged=True`` lets every caller (``GuardedStep``, the implicit
 backward's fixed-point check, the failure reports) trust its value as a fixed point. The check
@@ -26,7 +27,7 @@ from implicit_ham.adjoints.modes import OneStep
 from implicit_ham.problems.fixed_point import fixed_point
 from implicit_ham.solvers.base import FixedPointSolver
 from implicit_ham.testing.problems import Problem, as_tuple
-from implicit_ham.testing.report import NotApplicableError, require
+from implicit_ham.testing.report import NotApplicableError, NotCheckedError, require
 
 HONEST_TOL = {torch.float64: 1e-8, torch.float32: 1e-4}
 HONEST_MIN_STEPS = 100
@@ -72,8 +73,9 @@ def converged_flag_honest(problem: Problem, solver: FixedPointSolver) -> dict[st
     if tightened is not None:
         variants.append((f"tol={tol:g}", tightened))
     if not variants:
-        raise NotApplicableError(
-            f"{solver!r} has no tolerance and dataclasses.replace cannot set one"
+        raise NotCheckedError(
+            f"{solver!r} has no tolerance and dataclasses.replace cannot set one; make it a "
+            "dataclass with max_steps and tol fields"
         )
     eps = torch.finfo(problem.dtype).eps
     worst_ratio, claimed_total = 0.0, 0
@@ -119,3 +121,32 @@ def converged_flag_honest(problem: Problem, solver: FixedPointSolver) -> dict[st
             steps=float(sol.stats.steps),
         )
     return {"worst_residual_over_tol": worst_ratio, "samples_claimed": float(claimed_total)}
+
+
+def converged_none_without_tolerance(
+    problem: Problem, solver: FixedPointSolver
+) -> dict[str, float]:
+    """Require ``stats.converged is None`` from a solve without a tolerance (the solver as
+    given when its ``tol`` is None, else with ``tol=None`` set by ``dataclasses.replace``): a
+    fixed budget has nothing to have converged to, and a flag there would be trusted by every
+    caller (``GuardedStep``, the failure reports) as if it had been measured."""
+    variant = solver
+    if solver.tol is not None:
+        try:
+            variant = dataclasses.replace(solver, tol=None)  # type: ignore[type-var]
+        except (TypeError, ValueError) as err:
+            raise NotCheckedError(
+                f"cannot run {solver!r} without a tolerance (dataclasses.replace: {err}); make "
+                "it a dataclass with a tol field"
+            ) from err
+    with torch.no_grad():
+        sol = fixed_point(problem.f, problem.z0, *problem.args, solver=variant, adjoint=OneStep())
+    flag = sol.stats.converged
+    shown = None if flag is None else f"a {flag.dtype} tensor of shape {tuple(flag.shape)}"
+    require(
+        flag is None,
+        f"{variant!r} has tol=None but reports converged={shown}: the contract says converged "
+        "is None without a tolerance (a fixed budget has nothing to converge to); return None",
+        steps=float(sol.stats.steps),
+    )
+    return {"steps": float(sol.stats.steps)}

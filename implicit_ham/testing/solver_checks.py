@@ -29,10 +29,19 @@ from implicit_ham.testing.common import (
     solve_and_differentiate,
     solve_or_skip,
 )
-from implicit_ham.testing.convergence_checks import converged_flag_honest
+from implicit_ham.testing.convergence_checks import (
+    converged_flag_honest,
+    converged_none_without_tolerance,
+)
 from implicit_ham.testing.problems import Problem, panel
 from implicit_ham.testing.references import directional_errors, relative_error
-from implicit_ham.testing.report import Checker, ConformanceReport, NotApplicableError, require
+from implicit_ham.testing.report import (
+    AllowSkips,
+    Checker,
+    ConformanceReport,
+    NotCheckedError,
+    require,
+)
 from implicit_ham.testing.value_checks import value_independent
 
 UNROLL_FD_RTOL = 1e-6
@@ -55,7 +64,11 @@ def default_modes() -> list[Adjoint]:
 
 
 def check_solver(
-    solver: FixedPointSolver, *, adjoints: Sequence[Adjoint] | None = None, fail_fast: bool = True
+    solver: FixedPointSolver,
+    *,
+    adjoints: Sequence[Adjoint] | None = None,
+    fail_fast: bool = True,
+    allow_skips: AllowSkips = False,
 ) -> ConformanceReport:
     """Run ``solver`` on every panel problem and check the solver contract.
 
@@ -69,11 +82,14 @@ def check_solver(
     * ``converged_flag_honest``: every sample the solver calls converged has, recomputed at
       the returned value, the residual its tolerance promises (as given, and with a tolerance
       set; ``implicit_ham.testing.convergence_checks``).
+    * ``converged_none_without_tolerance``: without a tolerance (the solver as given, or with
+      ``tol=None`` set by ``dataclasses.replace``) ``stats.converged`` is None: there is no
+      tolerance to have converged to.
     * ``dtype_device_shape`` and ``no_dead_inputs`` under every accepted mode.
     * ``unroll_matches_finite_differences``: the Unroll gradient against central differences
       (eps 1e-6, 3 random directions) of the solver's own value; rel. error <= 1e-6.
     * ``implicit_matches_finite_differences``: the solver with ``tol=1e-12`` (and at least
-      300 steps, via ``dataclasses.replace``; skipped if that fails) lands within 1e-9
+      300 steps, via ``dataclasses.replace``; skipped, not checked, if that fails) lands within 1e-9
       (relative) of the fixed point of an independent plain loop, and Implicit(Dense) at its
       solution agrees with central differences of that fixed point, rel. error <= 1e-6.
     * ``clear_errors`` (tanh_f64): a wrong-shaped f -> ValueError, a dtype change ->
@@ -82,10 +98,12 @@ def check_solver(
     Args:
         solver: the solver under test (its own settings are used, except for the tight solve).
         adjoints: the backward modes to compare; default ``default_modes()``.
-        fail_fast: raise ``ConformanceError`` at the first failure; else collect all.
+        fail_fast: raise ``ConformanceError`` at the first failure, and at the end when a
+            check was skipped (not checked) that ``allow_skips`` does not accept.
+        allow_skips: accept skipped checks explicitly: True, or their names.
 
     Returns:
-        The ``ConformanceReport`` (all checks passed when ``fail_fast``).
+        The ``ConformanceReport`` (``ok`` when ``fail_fast``).
     """
     if not isinstance(solver, FixedPointSolver):
         raise TypeError(
@@ -93,7 +111,7 @@ def check_solver(
             f"{type(solver).__name__}"
         )
     modes = list(default_modes() if adjoints is None else adjoints)
-    checker = Checker(repr(solver), fail_fast)
+    checker = Checker(repr(solver), fail_fast, allow_skips)
     for problem in panel():
         runs: list[Run] = []
         accepted: list[Adjoint] = []
@@ -110,6 +128,11 @@ def check_solver(
             )
         checker.run(
             "converged_flag_honest", problem.name, partial(converged_flag_honest, problem, solver)
+        )
+        checker.run(
+            "converged_none_without_tolerance",
+            problem.name,
+            partial(converged_none_without_tolerance, problem, solver),
         )
         for run in runs:
             checker.run(
@@ -181,7 +204,10 @@ def tightened(solver: FixedPointSolver) -> FixedPointSolver:
         )
         return tight
     except (TypeError, ValueError) as err:
-        raise NotApplicableError(f"cannot tighten {solver!r} (dataclasses.replace: {err})") from err
+        raise NotCheckedError(
+            f"cannot tighten {solver!r} (dataclasses.replace: {err}); make it a dataclass with "
+            "max_steps and tol fields"
+        ) from err
 
 
 def _tight_implicit_vs_fd(problem: Problem, solver: FixedPointSolver) -> dict[str, float]:

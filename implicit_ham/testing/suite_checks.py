@@ -4,8 +4,8 @@ set (``mgh``).
 
 * ``peers``: each case with the peer's solver replaced by the plug-in (check = the peer,
   problem = the case's name): the case's own assertion at the peer's tolerance. A case that
-  minimises a general loss does not apply to a minimizer that needs residuals (skipped, with
-  that reason).
+  minimises a general loss does not apply to a minimizer that needs residuals (not
+  applicable, with that reason).
 * ``mgh``: check ``solves_mgh_problem`` per problem, float64 from the paper's start:
   ``ih.least_squares`` (a minimizer that needs residuals) or ``ih.minimize`` of ``Σ r²``;
   solved is Moré & Wild's ``f - f* <= 1e-6 (f0 - f*)``; stopping at another minimum the paper

@@ -5,9 +5,9 @@ facts; ``PeerCase.source`` names the test each case comes from; a case without a
 listed with its reason (``PeerCase.reason``, no body).
 
 ``all_cases()`` lists them all; ``run_cases(cases, minimizer=None)`` runs them into a
-``ConformanceReport`` (check = the peer, problem = the case's name; a not-applicable case is a
-skipped check whose detail is its reason). The tests in ``tests/peers/<peer>/`` and
-``check_minimizer(..., suite="peers")`` run the same cases.
+``ConformanceReport`` (check = the peer, problem = the case's name; a case without a
+counterpart is a "not applicable" check whose detail is its reason). The tests in
+``tests/peers/<peer>/`` and ``check_minimizer(..., suite="peers")`` run the same cases.
 """
 
 from __future__ import annotations

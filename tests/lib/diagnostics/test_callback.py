@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -217,3 +218,54 @@ def test_callback_conditioning_threshold_warns() -> None:
 def test_callback_rejects_bad_frequency() -> None:
     with pytest.raises(ValueError, match="every must be an integer >= 1"):
         DiagnosticsCallback(_model(), JSONLSinkNull(), every=0)
+
+
+def test_a_layer_fed_with_data_is_watched_without_pytorch_s_backward_hook_warning() -> None:
+    """The implicit layer first, on data that needs no gradient: PyTorch's full backward hook
+    warned "Full backward hook is firing when gradients are computed with respect to module
+    outputs since no inputs require gradients"; the tensor hooks do not, and the output norm
+    is the direct one (no input norm: the input has no gradient)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(TinyDEQ(3), nn.Linear(3, 2, dtype=F64))
+    sink = RowSink()
+    cb = DiagnosticsCallback(model, sink, every=1)
+    x = torch.randn(5, 3, dtype=F64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        z = model[0](x)
+        z.retain_grad()
+        model[1](z).pow(2).sum().backward()
+        cb.on_backward(0)
+    cb.close()
+    (row,) = sink.rows
+    assert row["grad_norm/layer/0/output"] == pytest.approx(float(z.grad.norm()), rel=1e-12)
+    assert "grad_norm/layer/0/input" not in row
+    assert row["solver/0/converged"] is True
+
+
+def test_a_layer_called_twice_reports_both_calls_and_only_its_own_input_gradient() -> None:
+    torch.manual_seed(0)
+    deq, head = TinyDEQ(3), nn.Linear(3, 3, dtype=F64)
+    hooks = LayerGradientHooks({"deq": deq})
+    hooks.attach()
+    h = head(torch.randn(4, 3, dtype=F64))
+    h.retain_grad()
+    first, second = deq(h), deq(2 * h)
+    (first.sum() + second.pow(2).sum() + h.pow(3).sum()).backward()  # h is used outside too
+    got = hooks.pop()
+    hooks.detach()
+    # the input gradients through deq alone: d/dh of the two calls' losses, by autograd
+    hh = h.detach().requires_grad_()
+    g1 = torch.autograd.grad(deq(hh).sum(), hh)[0]
+    hh2 = (2 * h).detach().requires_grad_()
+    g2 = torch.autograd.grad(deq(hh2).pow(2).sum(), hh2)[0]
+    expected_input = math.sqrt(float(g1.square().sum() + g2.square().sum()))
+    expected_output = math.sqrt(first.numel() + float((2 * second.detach()).square().sum()))
+    assert got["grad_norm/layer/deq/input"] == pytest.approx(expected_input, rel=1e-10)
+    assert got["grad_norm/layer/deq/output"] == pytest.approx(expected_output, rel=1e-10)
+
+
+def test_the_implicit_layer_protocol_names_what_the_callback_reads() -> None:
+    assert isinstance(TinyDEQ(3), ih.diagnostics.ImplicitLayer)
+    assert isinstance(ih.NMF(rank=2), ih.diagnostics.ImplicitLayer)
+    assert not isinstance(nn.Linear(2, 2), ih.diagnostics.ImplicitLayer)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import pytest
 import torch
@@ -188,3 +189,73 @@ def test_describe_adjoint_labels() -> None:
         describe_adjoint(ih.Implicit(linear_solver="anderson"))
         == "implicit(linear_solver=anderson)"
     )
+
+
+def test_auto_never_crowns_an_implicit_gradient_the_library_flags(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """NMF after 6 steps is not at a fixed point (relative residual ~3e-2) and its dense backward
+    solve misses its tolerance (κ(I - J) ~1e5): the dense implicit gradient is not the layer's
+    gradient there. The reference is Unroll, the exact gradient of the 6 steps it ran, and the
+    table says why with the numbers."""
+    torch.manual_seed(0)
+    layer = ih.NMF(rank=4, steps=6)
+    x = torch.rand(2, 16, 8, 8)
+    loss = lambda y: y.square().sum()  # noqa: E731
+    with caplog.at_level(logging.WARNING, logger="implicit_ham.diagnostics.fidelity"):
+        rows = compare_adjoints(layer, x, loss, ["one_step"], warmup=False)
+    reference, one_step = rows
+    assert reference["adjoint"] == "unroll" and reference["reference"]
+    assert layer.last_solution is not None
+    assert float(layer.last_solution.stats.rel_residual.min()) > 1e-2  # the last step moved
+    quoted = re.search(r"not a fixed point \(relative residual (\S+) > 1e-05\)", reference["why"])
+    assert quoted is not None and float(quoted.group(1)) > 1e-2
+    assert "backward solve did not converge" in reference["why"]
+    assert "not vouched for" in caplog.text
+
+    def gradient(adjoint: ih.plugins.Adjoint) -> torch.Tensor:  # the same seed, directly
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            layer.adjoint = adjoint
+            xx = x.clone().requires_grad_()
+            (g,) = torch.autograd.grad(loss(layer(xx)), [xx])
+        return g.reshape(-1)
+
+    unroll, one = gradient(ih.Unroll()), gradient(ih.OneStep())
+    assert reference["grad_norm"] == pytest.approx(float(unroll.norm()), rel=1e-6)
+    cosine = float(unroll @ one / (unroll.norm() * one.norm()))
+    assert one_step["cosine"] == pytest.approx(cosine, abs=1e-6)
+
+
+def test_auto_keeps_an_implicit_gradient_it_can_vouch_for_and_says_why() -> None:
+    """At a verified fixed point (tolerance 1e-12) with a converged dense solve, the reference is
+    the dense implicit gradient; a returned Solution lets the reason quote its numbers."""
+    w, x = _contractive_problem()
+    solver = ih.FixedPointIteration(max_steps=200, tol=1e-12)
+
+    def layer(adjoint: ih.plugins.Adjoint, x: torch.Tensor) -> ih.Solution:
+        f = lambda z, x: torch.tanh(z @ w.T + x)  # noqa: E731
+        return ih.fixed_point(f, torch.zeros_like(x), x, solver=solver, adjoint=adjoint)
+
+    rows = compare_adjoints(layer, x, lambda sol: sol.value.sum(), ["unroll"])
+    reference = rows[0]
+    assert reference["adjoint"].startswith("implicit(linear_solver=dense")
+    assert reference["why"].startswith("dense implicit gradient: at a fixed point (relative resid")
+    assert "converged backward solves" in reference["why"] and "κ(I - J) = " in reference["why"]
+    assert rows[1]["cosine"] == pytest.approx(1.0, abs=1e-9)
+    assert "why" not in rows[1]
+
+
+def test_a_reference_the_caller_chose_is_used_and_flagged_when_distrusted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    torch.manual_seed(0)
+    layer = ih.NMF(rank=4, steps=6)
+    logs = caplog.at_level(logging.WARNING, logger="implicit_ham.diagnostics.fidelity")
+    with logs, pytest.warns(ih.NotFixedPointWarning):  # the caller's mode warns as usual
+        rows = compare_adjoints(
+            layer, torch.rand(2, 16, 8, 8), lambda y: y.sum(), [], reference="implicit"
+        )
+    assert rows[0]["adjoint"] == "implicit"
+    assert rows[0]["why"].startswith("chosen by the caller; its implicit gradient is not vouched")
+    assert "not vouched for" in caplog.text

@@ -3,6 +3,7 @@ broken plug-ins written here fail it with a ``ConformanceError`` naming the fail
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from implicit_ham.testing import (
 )
 
 # --- every built-in, enumerated from the registries ------------------------------------------
+
 
 def test_the_enumeration_covers_the_known_builtins() -> None:
     assert {"fixed_point", "anderson", "broyden"} <= set(builtin_names(ih.plugins.SOLVERS))
@@ -170,12 +172,70 @@ def test_collecting_every_failure_instead_of_stopping_at_the_first() -> None:
 
 
 def test_an_unknown_mode_is_held_to_the_reference_it_names() -> None:
-    alone = check_adjoint(DelegatingImplicit())
+    alone = check_adjoint(DelegatingImplicit(), fail_fast=False)
     assert any(r.check.startswith("gradient_relation") for r in alone.skipped)
+    assert not alone.ok  # its gradient was never compared
     named = check_adjoint(DelegatingImplicit(), reference=ih.Implicit(linear_solver="dense"))
     assert any(r.check == "gradient_relation[implicit]" for r in named.passed)
     with pytest.raises(ConformanceError, match="gradient_relation"):
         check_adjoint(DelegatingImplicit(), reference=ih.OneStep())
+
+
+@dataclass(frozen=True)
+class ScaledOneStep(ih.plugins.Adjoint):
+    """A new mode of unknown type: the one-step gradient times ``scale`` (so wrong, unless a
+    reference says what it must be)."""
+
+    scale: float = 0.9
+
+    def run(self, f, z0, spec, solver):
+        z, stats, log = ih.OneStep().run(f, z0, spec, solver)
+        scaled = tuple(t + (self.scale - 1) * (t - t.detach()) for t in z)  # same value
+        return scaled, stats, log
+
+
+def test_a_mode_whose_gradient_was_never_compared_is_not_ok() -> None:
+    with pytest.raises(ConformanceError, match=r"could not run.*\n.*gradient_relation") as info:
+        check_adjoint(ScaledOneStep())  # the default fail_fast raises at the end
+    assert "allow_skips={'gradient_relation', 'second_derivative_or_refusal'}" in str(info.value)
+    report = check_adjoint(ScaledOneStep(), fail_fast=False)
+    assert not report.ok and not report.failed
+    assert {r.check for r in report.unchecked} == {
+        "gradient_relation[ScaledOneStep]",
+        "second_derivative_or_refusal",
+    }
+    summary = report.summary()
+    assert summary.splitlines()[0].endswith("5 skipped (not checked), 1 not applicable; ok=False")
+    assert "not checked (ok is False until they run" in summary
+    assert "gradient_relation[ScaledOneStep]: 4 (tanh_f64, tuple_f64, batch_f64, noncont" in summary
+    with pytest.raises(ConformanceError, match="could not run"):
+        report.raise_if_failed()
+    accepted = check_adjoint(
+        ScaledOneStep(), allow_skips={"gradient_relation", "second_derivative_or_refusal"}
+    )
+    assert accepted.ok and len(accepted.skipped) == 5
+    assert "not checked, accepted by allow_skips:" in accepted.summary()
+    assert check_adjoint(ScaledOneStep(), allow_skips=True).ok
+    with pytest.raises(ConformanceError, match=r"gradient_relation\[one_step\]"):
+        check_adjoint(ScaledOneStep(), reference=ih.OneStep())  # compared: 10% off
+
+
+@dataclass(frozen=True)
+class AlwaysConverged(ih.FixedPointIteration):
+    """Broken: reports every sample converged even without a tolerance."""
+
+    def solve(self, f, z0, spec, grad_steps=0):
+        z, stats = super().solve(f, z0, spec, grad_steps)
+        if self.tol is None:
+            batch = z[0].shape[0]
+            stats = dataclasses.replace(stats, converged=torch.ones(batch, dtype=torch.bool))
+        return z, stats
+
+
+def test_a_converged_flag_without_a_tolerance_fails() -> None:
+    with pytest.raises(ConformanceError, match="converged_none_without_tolerance") as info:
+        check_solver(AlwaysConverged())
+    assert "has tol=None but reports converged=a torch.bool tensor" in str(info.value)
 
 
 def test_a_crash_inside_a_plugin_is_a_named_failure() -> None:

@@ -155,7 +155,8 @@ def test_the_summary_counts_and_groups_failures_the_details_list_every_check() -
     head = summary.splitlines()[0]
     assert head == (
         f"{report.plugin}: {len(report.results)} checks, {len(report.passed)} passed, "
-        f"{len(report.failed)} failed, {len(report.skipped)} skipped"
+        f"{len(report.failed)} failed, {len(report.skipped)} skipped (not checked), "
+        f"{len(report.not_applicable)} not applicable; ok=False"
     )
     by_check = report.failures_by_check()
     assert by_check["converged_flag_honest"] == [
@@ -166,7 +167,9 @@ def test_the_summary_counts_and_groups_failures_the_details_list_every_check() -
         "tanh_f32",
     ]
     assert "  converged_flag_honest: 5 (tanh_f64, tuple_f64, batch_f64" in summary
-    assert len(summary.splitlines()) == 2 + 2 * len(by_check)
+    not_applicable = {r.check for r in report.not_applicable}  # e.g. the empty batch's
+    assert "not applicable (by design):" in summary and not report.skipped
+    assert len(summary.splitlines()) == 3 + 2 * len(by_check) + 2 * len(not_applicable)
     assert len(report.details().splitlines()) == len(report.results)
 
 
