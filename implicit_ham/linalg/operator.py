@@ -112,8 +112,8 @@ def row_scales(
     the sweeps stop when every row is within the band, after ``SCALE_SWEEPS`` at most. One
     sweep is not enough for a row dominated by its off-diagonal entry: on the Hessian of an
     exponential curve fit (b1 ~ 240, b2 ~ 5e-4; κ = 1.1e13) three sweeps give κ = 4.8e4
-    (Jacobi scaling: 3.2e2, but a diagonal needs one product per unknown). A row whose estimate is zero or not
-    finite keeps its scale, so the scaling never divides by zero.
+    (Jacobi scaling: 3.2e2, but a diagonal needs one product per unknown). A row whose
+    estimate is zero or not finite keeps its scale, so the scaling never divides by zero.
     """
     generator = torch.Generator().manual_seed(_SCALE_SEED)
     signs = torch.randint(0, 2, (SCALE_PROBES, op.size), generator=generator)
