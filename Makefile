@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test quick lint typecheck docs-build docs demo study bench bench-sequence gpu-check generate deq-study clean
+.PHONY: install test quick lint typecheck docs-build docs demo study study-v4 bench bench-sequence gpu-check generate deq-study clean
 
 install: $(STAMP)
 
@@ -46,6 +46,11 @@ demo: install
 study: install
 	PY=$(PY) bash experiments/scripts/study.sh
 	@echo "results: docs/results.md (figures and the paper-regime CSV in docs/results/; runs in multirun/study/)"
+
+# Study v4 alone (docs/results.md's first section): resumable, rows committed as jobs end.
+study-v4: install
+	OMP_NUM_THREADS=1 $(PY) -m experiments.studies.paper_v4.run multirun/study/paper_v4 --csv docs/results/paper_v4.csv --workers 2
+	$(PY) -m experiments.studies.paper_v4.report --csv docs/results/paper_v4.csv --out docs
 
 # The GAN comparison of docs/generation.md (experiments/generation/study.py): the pilot gate (no
 # context vs self-attention, 3 seeds), then 5 arms x 5 seeds (the pilot's jobs reused; skipped

@@ -32,6 +32,7 @@ from implicit_ham.decompositions import (
     register_decomposition,
 )
 from implicit_ham.nn import (
+    GlobalPoolContext,
     Hamburger,
     HamMixer,
     IdentityContext,
@@ -87,6 +88,7 @@ __all__ = [
     "FixedPointIteration",
     "FixedPointProblem",
     "GaussNewton",
+    "GlobalPoolContext",
     "GradientDescent",
     "HamMixer",
     "Hamburger",

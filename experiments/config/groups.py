@@ -240,6 +240,8 @@ class TrainConfig:
     ``lr_poly_power``: when set, the paper's poly schedule: before step t (of T in the run) every
     parameter group's learning rate is its initial one times ``(1 - t / T) ** lr_poly_power``
     (None, the default: constant learning rate).
+    ``clip_grad_norm``: when set, after every backward pass the gradients' joint 2-norm is
+    clipped to it (``experiments.engine.clipping``); None (the default): no clipping.
     ``penalty``: a term added to the training loss, None (the default) or ``penalty=jacobian``
     (``experiments.models.jacobian_penalty.JacobianPenalty``: ``penalty.weight``,
     ``penalty.every``, ``penalty.samples``), for a model with an implicit layer.
@@ -263,6 +265,7 @@ class TrainConfig:
     progress: bool = True
     checkpoint: str | None = None
     lr_poly_power: float | None = None
+    clip_grad_norm: float | None = None
     penalty: TargetConf | None = None
     study: StudyConf = field(default_factory=StudyConf)
     reliability: ReliabilityConf = field(default_factory=ReliabilityConf)

@@ -32,6 +32,7 @@ from experiments.engine.build import (
     context_channels,
 )
 from experiments.engine.checkpoint import write_checkpoint
+from experiments.engine.clipping import clip_grad_hooks
 from experiments.engine.determinism import configure_determinism
 from experiments.engine.distributed import DistributedContext, state_digest
 from experiments.engine.failure_log import RankFailureLog
@@ -197,6 +198,8 @@ def _train(
     if cfg.lr_poly_power is not None:
         total = cfg.epochs * len(train_loader)
         hooks = poly_lr_hooks(hooks, optimizer, total, cfg.lr_poly_power)
+    if cfg.clip_grad_norm is not None:
+        hooks = clip_grad_hooks(hooks, unwrap(model), cfg.clip_grad_norm)
     if callback is not None and state is not None:
         callback.close()
         callback.prepare(state.step)

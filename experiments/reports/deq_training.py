@@ -11,6 +11,7 @@ from the job files.
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import math
@@ -22,6 +23,7 @@ from typing import Any
 
 import jinja2
 from matplotlib.figure import Figure
+from scipy import stats
 
 from experiments.studies.deq_training import ARMS, DEFAULT_OUT, median_step_time
 
@@ -89,6 +91,7 @@ class ArmRow:
     backward_missed: float
     warnings: dict[str, float]
     step_ms: float
+    by_seed: tuple[tuple[int, float], ...] = ()  # (seed, final test accuracy) per finished job
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,11 @@ def arm_row(arm: str, jobs: Sequence[Job]) -> ArmRow:
         backward_missed=mean([_share(j, "backward_converged") for j in jobs]),
         warnings=warned,
         step_ms=1e3 * mean([median_step_time(j) for j in jobs]),
+        by_seed=tuple(
+            (int(j["seed"]), float(j["final_test_accuracy"]))
+            for j in jobs
+            if j["final_test_accuracy"] is not None
+        ),
     )
 
 
@@ -171,12 +179,34 @@ def _pct(value: float) -> str:
     return "n/a" if not math.isfinite(value) else f"{100 * value:.0f}%"
 
 
-def _resolvable(a: ArmRow, b: ArmRow) -> bool:
-    """Whether two arms' mean accuracies differ by more than two standard errors."""
-    if min(a.seeds, b.seeds) < 2 or not math.isfinite(a.accuracy_std + b.accuracy_std):
-        return False
-    se = math.sqrt(a.accuracy_std**2 / a.seeds + b.accuracy_std**2 / b.seeds)
-    return abs(a.accuracy - b.accuracy) > 2 * se
+@dataclass(frozen=True)
+class Paired:
+    """A paired (by seed) comparison of two arms' final test accuracy: the mean difference a − b,
+    the seeds both finished (n) and the two-sided paired t-test's p-value (None below n = 2)."""
+
+    difference: float
+    n: int
+    p: float | None
+
+    def text(self) -> str:
+        """ "paired by seed: −0.009, n = 3, p = 0.10, unresolved at 0.05"."""
+        if self.p is None or not math.isfinite(self.p):
+            return f"paired by seed: {self.difference:+.3f}, n = {self.n}, no test (unresolved)"
+        state = "resolved" if self.p < 0.05 else "unresolved"
+        return (f"paired by seed: {self.difference:+.3f}, n = {self.n}, p = {self.p:.2g}, "
+                f"{state} at 0.05")  # fmt: skip
+
+
+def paired(a: ArmRow, b: ArmRow) -> Paired:
+    """Arm ``a`` − arm ``b`` in final test accuracy over the seeds both finished."""
+    other = dict(b.by_seed)
+    diffs = [acc - other[seed] for seed, acc in a.by_seed if seed in other]
+    difference = statistics.fmean(diffs) if diffs else math.nan
+    if len(diffs) < 2:
+        return Paired(difference, len(diffs), None)
+    if statistics.stdev(diffs) == 0:
+        return Paired(difference, len(diffs), 1.0 if difference == 0 else 0.0)
+    return Paired(difference, len(diffs), float(stats.ttest_1samp(diffs, 0.0).pvalue))
 
 
 def findings(rows: Sequence[ArmRow]) -> list[str]:
@@ -205,10 +235,7 @@ def findings(rows: Sequence[ArmRow]) -> list[str]:
             continue
         above = (f"above 1 in {row.seeds_above_one} of {row.seeds} seeds"
                  if row.seeds_above_one else "below 1 in every seed")  # fmt: skip
-        accuracy = (
-            "a resolvable accuracy difference" if _resolvable(row, base)
-            else "no accuracy difference resolvable at two standard errors"
-        )  # fmt: skip
+        accuracy = paired(row, base).text()
         out.append(
             f"{row.title[0].upper()}{row.title[1:]}: ρ(J) at most {row.rho_max:.2f} ({above}; "
             f"no stabilisation {base.rho_max:.2f}), implicit gradients at a non-fixed point in "
@@ -221,10 +248,20 @@ def findings(rows: Sequence[ArmRow]) -> list[str]:
     if rows:
         fewest = min(rows, key=lambda r: (r.backward_not_fixed_point, r.rho_max))
         best = max(rows, key=lambda r: r.accuracy if math.isfinite(r.accuracy) else -1.0)
+        tests = [paired(best, r) for r in rows if r is not best]
+        resolved = [t for t in tests if t.p is not None and t.p < 0.05]
+        ps = [t.p for t in tests if t.p is not None]
+        ranking = (
+            f"resolved (paired by seed, p < 0.05) against {len(resolved)} of {len(tests)} arms"
+            if resolved else "no difference from another arm is resolved (paired by seed, "
+            f"n = {min((t.n for t in tests), default=0)}, smallest p = "
+            f"{min(ps):.2g})" if ps else "no paired test possible"
+        )  # fmt: skip
         out.append(
             f"Fewest non-fixed-point gradients: {fewest.title} "
             f"({_pct(fewest.backward_not_fixed_point)} of steps, ρ(J) at most "
-            f"{fewest.rho_max:.2f}). Highest test accuracy: {best.title} ({best.accuracy:.3f})."
+            f"{fewest.rho_max:.2f}). Highest mean test accuracy: {best.title} "
+            f"({best.accuracy:.3f}); {ranking}."
         )
     return out
 
@@ -338,10 +375,47 @@ def render(page: DEQPage) -> str:
     return env.get_template("deq_training.md.j2").render(page=page, kinds=WARNING_KINDS)
 
 
+JOB_COLUMNS = (
+    "arm", "seed", "final_test_accuracy", "rho_start", "rho_max", "rho_final", "kappa_max",
+    "kappa_final", "forward_steps", "forward_missed", "backward_not_fixed_point",
+    "backward_missed", "step_ms", "wall_s", "failure",
+)  # fmt: skip
+
+
+def job_rows(jobs: Sequence[Job]) -> list[dict[str, Any]]:
+    """One row per job (``JOB_COLUMNS``): the per-seed numbers behind the page's means."""
+    out = []
+    for job in jobs:
+        row = arm_row(job["arm"], [job])
+        out.append({
+            "arm": job["arm"], "seed": job["seed"],
+            "final_test_accuracy": job["final_test_accuracy"], "rho_start": row.rho_start,
+            "rho_max": row.rho_max, "rho_final": row.rho_final, "kappa_max": row.kappa_max,
+            "kappa_final": row.kappa_final, "forward_steps": row.forward_steps,
+            "forward_missed": row.forward_missed,
+            "backward_not_fixed_point": row.backward_not_fixed_point,
+            "backward_missed": row.backward_missed, "step_ms": row.step_ms,
+            "wall_s": job["wall_s"], "failure": job["failure"] or "",
+        })  # fmt: skip
+    return out
+
+
+def write_job_rows(jobs: Sequence[Job], path: Path) -> Path:
+    """The per-job rows as a CSV at ``path`` (committed beside the page's figures)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(JOB_COLUMNS), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(job_rows(jobs))
+    return path
+
+
 def write_deq_report(study_dir: str | Path, out: str | Path = "docs/deq_training.md") -> Path:
-    """Write the page to ``out`` and its figures to ``<out's folder>/deq_training/``."""
+    """Write the page to ``out``, its figures and its per-job rows (``jobs.csv``) to
+    ``<out's folder>/deq_training/``."""
     out = Path(out)
     page = build_page(study_dir, out.parent / out.stem)
+    write_job_rows(load_jobs(study_dir), out.parent / out.stem / "jobs.csv")
     out.write_text(render(page))
     logger.info("DEQ training page: %s (%d of %d jobs)", out, page.jobs_found, page.jobs_planned)
     return out

@@ -29,7 +29,6 @@ END = "<!-- paper_v3:end -->"
 FIGURE = "paper_v3_fidelity.png"
 VAL_FIGURE = "paper_v3_val_curves.png"
 BASES = ("none", "sdpa")  # the arms drawn in every ham's panel
-_BLOCK = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.DOTALL)
 
 
 def plot_fidelity(doc: PaperV3, path: Path) -> Path | None:
@@ -99,12 +98,18 @@ def render_closing(doc: PaperV3) -> str:
     return environment().get_template("study/paper_v3.md.j2").module.closing(doc)  # type: ignore[attr-defined]
 
 
-def splice(path: Path, content: str) -> None:
-    """Put ``content`` between the markers in ``path`` (appended, or a new file, without them)."""
-    block = content if content.startswith(BEGIN) else marked(content)
+def splice(path: Path, content: str, begin: str = BEGIN, end: str = END, top: bool = False) -> None:
+    """Put ``content`` between the markers ``begin`` / ``end`` in ``path``; a file without them
+    gets the marked block appended (``top``: inserted after the file's first line), a missing
+    file is created."""
+    block = content if content.startswith(begin) else f"{begin}\n{content.strip()}\n{end}"
     text = path.read_text(encoding="utf-8") if path.exists() else ""
-    if _BLOCK.search(text):
-        text = _BLOCK.sub(lambda _: block, text)
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text)
+    elif top and text.strip():
+        first, _, rest = text.partition("\n")
+        text = f"{first}\n\n{block}\n\n{rest.lstrip()}"
     else:
         text = (text.rstrip() + "\n\n" if text.strip() else "") + block + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)

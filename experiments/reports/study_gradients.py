@@ -83,11 +83,14 @@ class Norms:
 @dataclass(frozen=True)
 class Closer:
     """At K = ``k``, the (ham, model) studies whose one-step gradient is closer (cosine) to the
-    reference than BPTT's, out of ``pairs`` studies with both."""
+    reference than BPTT's by at least ``TIE``, those within ``TIE`` of it (``ties``), out of
+    ``pairs`` studies with both. The one-step here differentiates through the whole state
+    (D, C) of one image at one seed: the through-bases variant, not the paper's one-step."""
 
     k: int
     studies: tuple[str, ...]
     pairs: int
+    ties: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -221,8 +224,11 @@ def _one_step_k1(studies: Any) -> tuple[float, float, int] | None:
     return min(values), max(values), k
 
 
+TIE = 1e-3  # cosines closer than this count as a tie (the page prints three decimals)
+
+
 def _closer(runs: StudyRuns) -> Closer | None:
-    closer, pairs = [], 0
+    closer, ties, pairs = [], [], 0
     for context in CONTEXTS:
         for point in POINTS:
             res = runs.study("grad", point, context)
@@ -231,9 +237,11 @@ def _closer(runs: StudyRuns) -> Closer | None:
             if at_k.get("unroll") is None or at_k.get("one_step") is None:
                 continue
             pairs += 1
-            if at_k["one_step"] > at_k["unroll"]:
+            if abs(at_k["one_step"] - at_k["unroll"]) < TIE:
+                ties.append(f"{context} ({point})")
+            elif at_k["one_step"] > at_k["unroll"]:
                 closer.append(f"{context} ({point})")
-    return Closer(REFERENCE_K, tuple(closer), pairs) if pairs else None
+    return Closer(REFERENCE_K, tuple(closer), pairs, tuple(ties)) if pairs else None
 
 
 def _remedy(runs: StudyRuns) -> Remedy:

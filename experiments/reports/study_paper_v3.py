@@ -136,13 +136,20 @@ class Verdict:
     p: float
     holm_p: float
     holm_verdict: str
+    reference_collapsed: tuple[int, int] = (0, 0)  # BPTT runs below no context, of replicates
 
     def sentence(self) -> str:
-        """ "VQ at inv_t 10: one-step (paper) − BPTT +0.004 [...] (n=5), non-inferior (Holm: …)"."""
+        """ "VQ at inv_t 10: one-step (paper) − BPTT +0.004 [...] (n=5), non-inferior (Holm: …)",
+        with a caveat when BPTT collapsed below the no-context arm."""
         where = self.ham.upper() + ("" if self.inv_t is None else f" at inv_t {self.inv_t:g}")
+        low, of = self.reference_collapsed
+        meaning = ("so this compares against a failed reference, not the gradients' quality"
+                   if low == of else "and those replicates weigh on the difference")  # fmt: skip
+        caveat = (f"; caveat: BPTT scored below the no-context arm in {low} of {of} "
+                  f"replicates, {meaning}" if low else "")  # fmt: skip
         return (
             f"{where}: {GRADIENT_NAMES[self.arm]} − BPTT {fmt_interval(self.interval)}, "
-            f"{self.verdict} (after Holm: {self.holm_verdict})"
+            f"{self.verdict} (after Holm: {self.holm_verdict}){caveat}"
         )
 
 
@@ -290,9 +297,14 @@ def _verdicts(
     plan: Plan, rows: Mapping[str, Mapping[str, Any]], main: Sequence[Job]
 ) -> list[Verdict]:
     raw: list[tuple[str, float | None, str, Interval, float]] = []
+    none_scores = _by_replicate(rows, _arm_jobs(main, "none", NO_GRADIENT, None))
+    collapsed: dict[tuple[str, float | None], tuple[int, int]] = {}
     for ham in HAMS:
         for inv_t in plan.inv_ts_of(ham):
             reference = _by_replicate(rows, _arm_jobs(main, ham, BPTT, inv_t))
+            paired_none = [r for r in reference if r in none_scores]
+            low = sum(reference[r] < none_scores[r] for r in paired_none)
+            collapsed[(ham, inv_t)] = (low, len(paired_none))
             for arm in (ONE_STEP, THROUGH_BASES):
                 values = _by_replicate(rows, _arm_jobs(main, ham, arm, inv_t))
                 diffs = [values[r] - reference[r] for r in sorted(values) if r in reference]
@@ -301,7 +313,7 @@ def _verdicts(
     adjusted = holm([p for *_, p in raw])
     return [
         Verdict(ham, inv_t, arm, interval, verdict(interval, MARGIN), p, q,
-                holm_verdict(interval, q, MARGIN))
+                holm_verdict(interval, q, MARGIN), collapsed[(ham, inv_t)])
         for (ham, inv_t, arm, interval, p), q in zip(raw, adjusted, strict=True)
     ]  # fmt: skip
 

@@ -23,10 +23,9 @@ import argparse
 import logging
 import resource
 import time
-from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from hydra import compose, initialize_config_dir
@@ -35,6 +34,7 @@ from experiments.config.groups import TrainConfig, register_configs
 from experiments.config.typed import typed_config
 from experiments.engine.run import run_training
 from experiments.studies import paper_v3_eval as job_eval
+from experiments.studies.job_runner import Schedule, run_schedule
 from experiments.studies.paper_v3_plan import (
     REGIME,
     STUDY,
@@ -45,6 +45,7 @@ from experiments.studies.paper_v3_plan import (
     tune_jobs,
 )
 from experiments.studies.paper_v3_table import (
+    COLUMNS,
     append_session,
     encode_curve,
     read_rows,
@@ -59,12 +60,26 @@ DEFAULT_OUT = Path("multirun/study_v3")
 DEFAULT_CSV = Path("docs/results/paper_v3.csv")
 
 
+class StudyPlan(Protocol):
+    """What the shared pieces read of a study's plan (v3's or v4's)."""
+
+    @property
+    def pretrain_steps(self) -> int: ...
+
+    @property
+    def pretrain_images(self) -> int: ...
+
+    def data_seed(self, replicate: int) -> int: ...
+
+    def digest(self) -> str: ...
+
+
 def backbone_path(out_dir: Path, replicate: int) -> Path:
     """Where a replicate's pretrained backbone lives (absolute)."""
     return (out_dir / "pretrain" / f"replicate{replicate}.pt").resolve()
 
 
-def pretrain_conf(plan: Plan, replicate: int) -> PretrainConf:
+def pretrain_conf(plan: StudyPlan, replicate: int) -> PretrainConf:
     """The replicate's pretraining: its own seed and its own train scans."""
     return PretrainConf(
         images=plan.pretrain_images,
@@ -74,12 +89,15 @@ def pretrain_conf(plan: Plan, replicate: int) -> PretrainConf:
     )
 
 
-def job_overrides(job: Job, plan: Plan, out_dir: Path) -> list[str]:
-    """The Hydra overrides that make ``job`` out of the paper_v3 preset and its arm."""
+def job_overrides(
+    job: Job, plan: StudyPlan, out_dir: Path, preset: str = "paper_v3", arm: str | None = None
+) -> list[str]:
+    """The Hydra overrides that make ``job`` out of a study preset (``+experiment=<preset>``)
+    and its arm (default ``job.arm``), before the plan's own ``overrides``."""
     data_seed = plan.data_seed(job.replicate)
     overrides = [
-        "+experiment=paper_v3",
-        f"+arm={job.arm}",
+        f"+experiment={preset}",
+        f"+arm={arm or job.arm}",
         f"seed={job.replicate}",
         f"data.seed={data_seed}",
         f"data.scan_seed={data_seed}",
@@ -87,19 +105,24 @@ def job_overrides(job: Job, plan: Plan, out_dir: Path) -> list[str]:
         f"optim.lr={job.lr}",
         f"epochs={job.epochs}",
     ]
-    if job.context not in ("none", "sdpa"):
+    if job.context not in ("none", "sdpa", "gap"):
         overrides += [f"context.steps={job.K}", f"context.eval_steps={job.K}"]
     if job.inv_t is not None:
         overrides.append(f"context.inv_t={job.inv_t}")
-    return overrides + list(plan.overrides)
+    return overrides
+
+
+def compose_overrides(overrides: Sequence[str]) -> TrainConfig:
+    """The typed config of ``conf/config.yaml`` with ``overrides``."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides))
+    return typed_config(cfg, TrainConfig)
 
 
 def compose_job(job: Job, plan: Plan, out_dir: Path) -> TrainConfig:
     """The typed config of a training job."""
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=job_overrides(job, plan, out_dir))
-    return typed_config(cfg, TrainConfig)
+    return compose_overrides([*job_overrides(job, plan, out_dir), *plan.overrides])
 
 
 def _reset_peak_memory() -> bool:
@@ -139,7 +162,7 @@ def _base_row(job: Job, plan: Plan) -> dict[str, Any]:
     }
 
 
-def _pretrain(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
+def pretrain_row(job: Job, plan: StudyPlan, out_dir: Path) -> dict[str, Any]:
     artefact = ensure_pretrained(
         backbone_path(out_dir, job.replicate), pretrain_conf(plan, job.replicate)
     )
@@ -150,18 +173,19 @@ def _pretrain(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
     }
 
 
-def _train(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
-    cfg = compose_job(job, plan, out_dir)
-    job_dir = out_dir / "jobs" / job.key
+def train_row(cfg: TrainConfig, job_dir: Path, fidelity: str | None) -> dict[str, Any]:
+    """Train ``cfg`` in ``job_dir`` and read its row: final val metrics, test metrics, val
+    curve, train time and, with ``fidelity`` (ONE_STEP or THROUGH_BASES), the gradient
+    fidelity along training; then prune the step checkpoints."""
     results = run_training(cfg, job_dir)
     if results.get("status") != "ok":
         raise RuntimeError(f"run_training ended with status {results.get('status')!r}")
     metrics = results["metrics"]
     splits = job_eval.build_splits(cfg)
     curve = job_eval.val_curve(job_dir)
-    fidelity: list[tuple[int, float]] = []
-    if job.gradient in ("one_step", THROUGH_BASES):
-        fidelity = job_eval.fidelity_curve(cfg, job_dir, splits, job.gradient == THROUGH_BASES)
+    fidelity_points: list[tuple[int, float]] = []
+    if fidelity is not None:
+        fidelity_points = job_eval.fidelity_curve(cfg, job_dir, splits, fidelity == THROUGH_BASES)
     row = {
         "steps": curve[-1][0] if curve else None,
         "val_miou": metrics["val/miou"],
@@ -169,36 +193,52 @@ def _train(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
         "val_loss": metrics["val/loss"],
         **job_eval.test_metrics(cfg, job_dir, splits),
         "val_curve": curve,
-        "fidelity": fidelity,
+        "fidelity": fidelity_points,
         "train_s": results["train_time_s"],
     }
     job_eval.prune_checkpoints(job_dir)
     return row
 
 
-def run_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
-    """Run one job (in a worker process) and return its CSV row; an exception becomes a row
-    with ``status: failed`` and the error (the study goes on; a resumed study retries it)."""
+def _train(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
+    fidelity = job.gradient if job.gradient in ("one_step", THROUGH_BASES) else None
+    return train_row(compose_job(job, plan, out_dir), out_dir / "jobs" / job.key, fidelity)
+
+
+def measured_row(
+    row: dict[str, Any], job_key: str, work: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
+    """``row`` updated with ``work()``'s result (curves encoded) and ``status: ok``, or, when
+    it raises, ``status: failed`` and the error (the study goes on; a resumed study retries
+    it); plus start / end time and peak memory. Runs on one thread."""
     torch.set_num_threads(1)
     reset = _reset_peak_memory()
     started = time.time()
-    row = _base_row(job, plan)
     try:
-        result = (
-            _pretrain(job, plan, out_dir) if job.stage == "pretrain" else _train(job, plan, out_dir)
-        )
+        result = work()
         for name in ("val_curve", "fidelity"):
             if name in result:
                 result[name] = encode_curve(result[name])
         row.update(result, status="ok")
     except Exception as error:  # recorded in the row; the study continues
-        logger.exception("%s failed", job.key)
+        logger.exception("%s failed", job_key)
         row.update(status="failed", error=f"{type(error).__name__}: {error}"[:300])
     row.update(started=started, finished=time.time(), peak_mem_mb=_peak_memory_mb(reset))
     return row
 
 
-def _ready(job: Job, out_dir: Path, settled_pretrain: set[int]) -> bool:
+def run_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
+    """Run one job (in a worker process) and return its CSV row (``measured_row``)."""
+
+    def work() -> dict[str, Any]:
+        if job.stage == "pretrain":
+            return pretrain_row(job, plan, out_dir)
+        return _train(job, plan, out_dir)
+
+    return measured_row(_base_row(job, plan), job.key, work)
+
+
+def ready(job: Job, out_dir: Path, settled_pretrain: set[int]) -> bool:
     """A training job can start once its replicate's backbone exists."""
     if job.stage == "pretrain":
         return True
@@ -209,10 +249,18 @@ def pending_jobs(plan: Plan, rows: dict[str, dict[str, Any]], out_dir: Path) -> 
     """The jobs still to run: every known job without an ``ok`` row, and the pretraining of
     each replicate whose backbone is missing while such a job (or a main / K-axis job not yet
     known, before tuning is settled) needs it."""
-    jobs = all_jobs(plan, rows)
-    todo = [j for j in jobs if j.stage != "pretrain" and rows.get(j.key, {}).get("status") != "ok"]
     tuned = all(k.key in rows for k in tune_jobs(plan, rows))
-    needed = {j.replicate for j in todo} | (set() if tuned else set(range(plan.replicates)))
+    return pending(all_jobs(plan, rows), rows, out_dir,
+                   set() if tuned else set(range(plan.replicates)))  # fmt: skip
+
+
+def pending(
+    jobs: Sequence[Job], rows: dict[str, dict[str, Any]], out_dir: Path, needed: set[int]
+) -> list[Job]:
+    """Of ``jobs``: the training jobs without an ``ok`` row, and the pretraining of each
+    replicate that one of them (or ``needed``) trains on whose backbone is missing."""
+    todo = [j for j in jobs if j.stage != "pretrain" and rows.get(j.key, {}).get("status") != "ok"]
+    needed = needed | {j.replicate for j in todo}
 
     def missing(job: Job) -> bool:
         ok = rows.get(job.key, {}).get("status") == "ok"
@@ -222,7 +270,7 @@ def pending_jobs(plan: Plan, rows: dict[str, dict[str, Any]], out_dir: Path) -> 
     return pretrain + todo
 
 
-def _check_plan(rows: dict[str, dict[str, Any]], plan: Plan, csv_path: Path) -> None:
+def check_plan(rows: dict[str, dict[str, Any]], plan: StudyPlan, csv_path: Path) -> None:
     other = sorted({str(r["plan"]) for r in rows.values()} - {plan.digest()})
     if other:
         raise ValueError(
@@ -234,58 +282,43 @@ def _check_plan(rows: dict[str, dict[str, Any]], plan: Plan, csv_path: Path) -> 
 def run_study(plan: Plan, out_dir: Path, csv_path: Path, workers: int = 2) -> dict[str, int]:
     """Run every job not yet ``ok`` in ``csv_path``, ``workers`` at a time (1: in this
     process), writing each row as its job ends. Returns counts: ran, failed, skipped."""
+    return run_csv_study(
+        plan, out_dir, csv_path, workers, pending=pending_jobs, run=run_job, columns=COLUMNS,
+        # pretraining first, then the longest jobs: no long job is left alone at the end
+        order=lambda job: (job.stage != "pretrain", -job.epochs),
+    )  # fmt: skip
+
+
+def run_csv_study(
+    plan: Any, out_dir: Path, csv_path: Path, workers: int, *,
+    pending: Callable[[Any, dict[str, dict[str, Any]], Path], list[Job]],
+    run: Callable[[Job, Any, Path], dict[str, Any]],
+    order: Callable[[Job], Any],
+    columns: Sequence[str],
+) -> dict[str, int]:  # fmt: skip
+    """A paper study's run (``job_runner.run_schedule``) on its CSV of ``columns``: its rows
+    read (refused when of another plan), ``pending(plan, rows, out_dir)`` jobs started in
+    ``order`` once their backbone exists, each ``run(job, plan, out_dir)`` row written as it
+    ends, and the invocation appended to the sessions sidecar."""
     out_dir, csv_path = Path(out_dir).resolve(), Path(csv_path)
-    rows = read_rows(csv_path)
-    _check_plan(rows, plan, csv_path)
-    started = time.time()
-    # this session's settled jobs: a failed job is retried only by the next session
-    settled: set[str] = set()
-    settled_pretrain: set[int] = set()
-    counts = {"ran": 0, "failed": 0, "skipped": 0}
-    skipped_at_start = {k for k, r in rows.items() if r.get("status") == "ok"}
-    pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
-    running: dict[Future[dict[str, Any]], Job] = {}
+    rows = read_rows(csv_path, columns)
+    check_plan(rows, plan, csv_path)
 
-    def record(job: Job, row: dict[str, Any]) -> None:
-        rows[job.key] = row
-        settled.add(job.key)
-        if job.stage == "pretrain" and row["status"] == "ok":
-            settled_pretrain.add(job.replicate)
-        counts["ran"] += 1
-        counts["failed"] += row["status"] != "ok"
-        write_rows(csv_path, rows)
-        logger.info("%s: %s (%d ran)", job.key, row["status"], counts["ran"])
+    def session(started: float, finished: float, ran: int) -> None:
+        append_session(csv_path, {"started": started, "finished": finished, "jobs_run": ran,
+                                  "workers": workers, "plan": plan.digest(),
+                                  "main_epochs": plan.main_epochs})  # fmt: skip
 
-    try:
-        while True:
-            in_flight = {j.key for j in running.values()}
-            todo = [j for j in pending_jobs(plan, rows, out_dir)
-                    if j.key not in settled and j.key not in in_flight]  # fmt: skip
-            ready = [j for j in todo if _ready(j, out_dir, settled_pretrain)]
-            # pretraining first, then the longest jobs: no long job is left alone at the end
-            ready.sort(key=lambda j: (j.stage != "pretrain", -j.epochs))
-            if not ready and not running:
-                break
-            if pool is None:
-                if not ready:
-                    break
-                record(ready[0], run_job(ready[0], plan, out_dir))
-                continue
-            for job in ready[: max(workers - len(running), 0)]:
-                running[pool.submit(run_job, job, plan, out_dir)] = job
-            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
-            for future in done:
-                record(running.pop(future), future.result())
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-        counts["skipped"] = len(skipped_at_start)
-        if counts["ran"]:
-            append_session(csv_path, {"started": started, "finished": time.time(),
-                                      "jobs_run": counts["ran"], "workers": workers,
-                                      "plan": plan.digest(),
-                                      "main_epochs": plan.main_epochs})  # fmt: skip
-    return counts
+    schedule = Schedule(
+        pending=lambda current: pending(plan, dict(current), out_dir),
+        ready=lambda job, settled: ready(job, out_dir, settled),
+        order=order,
+        run=run,
+        args=(plan, out_dir),
+        write=lambda current: write_rows(csv_path, current, columns),
+        session=session,
+    )
+    return run_schedule(schedule, rows, workers)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -300,13 +333,23 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "reads the default plan's)")  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    plan = Plan(main_epochs=args.main_epochs)
+    run_command(Plan(main_epochs=args.main_epochs), args, pending_jobs, run_study, COLUMNS)
+
+
+def run_command(
+    plan: Any, args: argparse.Namespace,
+    pending: Callable[[Any, dict[str, dict[str, Any]], Path], list[Job]],
+    run: Callable[[Any, Path, Path, int], dict[str, int]],
+    columns: Sequence[str],
+) -> None:  # fmt: skip
+    """A study runner's command line: ``--list`` logs the pending jobs, else ``run(plan,
+    out_dir, csv, workers)`` and its counts."""
     if args.list:
-        rows = read_rows(args.csv)
-        for job in pending_jobs(plan, rows, Path(args.out_dir).resolve()):
+        rows = read_rows(args.csv, columns)
+        for job in pending(plan, rows, Path(args.out_dir).resolve()):
             logger.info("%s %s", job.stage, job.key)
         return
-    counts = run_study(plan, Path(args.out_dir), Path(args.csv), args.workers)
+    counts = run(plan, Path(args.out_dir), Path(args.csv), args.workers)
     logger.info("ran %(ran)d jobs (%(failed)d failed); %(skipped)d already ok", counts)
     if counts["failed"]:
         logger.warning("some jobs failed; run the same command again to retry them")

@@ -30,7 +30,7 @@ FLOAT_COLUMNS = (
     "inv_t", "lr", "val_miou", "val_pixel_acc", "val_loss", "test_miou", "test_pixel_acc",
     "test_loss", "train_s", "peak_mem_mb", "started", "finished",
 )  # fmt: skip
-INT_COLUMNS = ("K", "replicate", "data_seed", "model_seed", "epochs", "steps")
+INT_COLUMNS = ("K", "replicate", "data_seed", "model_seed", "epochs", "steps", "threads")
 
 
 def sessions_path(csv_path: str | Path) -> Path:
@@ -72,24 +72,27 @@ def _parse(column: str, text: str) -> Any:
     return text
 
 
-def write_rows(path: str | Path, rows: Mapping[str, Mapping[str, Any]]) -> None:
+def write_rows(
+    path: str | Path, rows: Mapping[str, Mapping[str, Any]], columns: Sequence[str] = COLUMNS
+) -> None:
     """Rewrite the CSV with ``rows`` (job key -> row), sorted by stage order then key."""
     order = {"pretrain": 0, "tune": 1, "main": 2, "k_axis": 3}
     ordered = sorted(rows.values(), key=lambda r: (order.get(str(r.get("stage")), 9), r["job"]))
-    _write_atomic(Path(path), COLUMNS, ordered)
+    _write_atomic(Path(path), columns, ordered)
 
 
-def read_rows(path: str | Path) -> dict[str, dict[str, Any]]:
-    """The CSV's rows (job key -> row with typed values); {} when the file does not exist."""
+def read_rows(path: str | Path, columns: Sequence[str] = COLUMNS) -> dict[str, dict[str, Any]]:
+    """The CSV's rows (job key -> row with typed values); {} when the file does not exist.
+    ``columns``: the study's columns (a study v4 CSV has provenance columns beyond v3's)."""
     path = Path(path)
     if not path.exists():
         return {}
     with path.open(encoding="utf-8", newline="") as fh:
         reader = csv.DictReader(fh)
-        missing = set(COLUMNS) - set(reader.fieldnames or ())
+        missing = set(columns) - set(reader.fieldnames or ())
         if missing:
-            raise ValueError(f"{path}: columns {sorted(missing)} missing; is it a study v3 CSV?")
-        rows = [{c: _parse(c, row[c]) for c in COLUMNS} for row in reader]
+            raise ValueError(f"{path}: columns {sorted(missing)} missing; is it this study's CSV?")
+        rows = [{c: _parse(c, row[c]) for c in columns} for row in reader]
     return {row["job"]: row for row in rows}
 
 

@@ -13,6 +13,7 @@ from implicit_ham.nn.context import (
     register_context,
 )
 from implicit_ham.nn.dropout import VariationalDropout, VariationalDropout2d
+from implicit_ham.nn.global_pool import GlobalPoolContext
 from implicit_ham.nn.ham_mixer import HamMixer
 from implicit_ham.nn.hamburger import Hamburger
 from implicit_ham.nn.identity import IdentityContext
@@ -23,6 +24,7 @@ from implicit_ham.nn.normalization import NORM_KINDS, apply_norm, remove_norm
 __all__ = [
     "CONTEXTS",
     "NORM_KINDS",
+    "GlobalPoolContext",
     "HamMixer",
     "Hamburger",
     "IdentityContext",

@@ -2,7 +2,8 @@
 
 Map contexts, (B, C, H, W) -> (B, C, H, W): every registered decomposition ("nmf", "vq", "cd",
 "svd", and user plug-ins), built as a ``Hamburger`` block around the ham, plus the baselines
-"self_attention", "sdpa_attention" and "none" (``IdentityContext``).
+"self_attention", "sdpa_attention", "none" (``IdentityContext``) and "gap"
+(``GlobalPoolContext``: z + a projection of the spatial mean).
 
 Token mixers, tokens (B, N, C) -> the mixing term (B, N, C) of a pre-norm transformer block:
 "<decomposition>_mixer" for every registered decomposition ("nmf_mixer", "vq_mixer", ...),
@@ -20,6 +21,7 @@ from implicit_ham._core.registry import Registry, parameter_names
 from implicit_ham.decompositions.registry import DECOMPOSITIONS, make_decomposition
 from implicit_ham.nn.attention import SDPAttention2d, SelfAttention2d
 from implicit_ham.nn.attention_mixers import LinearAttentionMixer, SDPAMixer
+from implicit_ham.nn.global_pool import GlobalPoolContext
 from implicit_ham.nn.ham_mixer import HamMixer
 from implicit_ham.nn.hamburger import Hamburger
 from implicit_ham.nn.identity import IdentityContext
@@ -31,6 +33,7 @@ CONTEXTS.register("sdpa_attention")(SDPAttention2d)
 CONTEXTS.register("none")(IdentityContext)
 CONTEXTS.register("sdpa_mixer")(SDPAMixer)
 CONTEXTS.register("linear_attention_mixer")(LinearAttentionMixer)
+CONTEXTS.register("gap")(GlobalPoolContext)
 
 BLOCK_OPTIONS = ("version", "ham_channels", "lower_relu", "norm_layer", "act_layer")
 MIXER_OPTIONS = ("ham_channels", "lower_relu", "bias")

@@ -26,3 +26,25 @@ def test_the_task_names_are_the_presets_datasets() -> None:
     paper = _config("+experiment=paper_v3", "+arm=nmf_unroll")
     assert stress["data"]["_target_"].rsplit(".", 1)[-1] == STRESS_TASK
     assert paper["data"]["_target_"].rsplit(".", 1)[-1] == PAPER_TASK
+
+
+def test_the_one_step_closer_count_separates_ties_from_wins() -> None:
+    """The Q2 line counts a (ham, model) case for the one-step only when its cosine beats BPTT's
+    by at least 0.001 (the page's three decimals); closer ones are ties, listed apart."""
+    from experiments.reports import study_gradients as sg
+
+    cosines = {("nmf", "init"): (0.9004, 0.9), ("nmf", "trained"): (0.95, 0.9),
+               ("vq", "init"): (0.8, 0.9)}  # fmt: skip
+
+    class Runs:
+        def study(self, kind: str, point: str, context: str) -> dict[str, object] | None:
+            pair = cosines.get((context, point))
+            if kind != "grad" or pair is None:
+                return None
+            k = sg.REFERENCE_K
+            return {"grad_vs_k": [{"adjoint": "one_step", "K": k, "cosine": pair[0]},
+                                  {"adjoint": "unroll", "K": k, "cosine": pair[1]}]}  # fmt: skip
+
+    closer = sg._closer(Runs())  # type: ignore[arg-type]
+    assert closer is not None and closer.pairs == 3
+    assert closer.studies == ("nmf (trained)",) and closer.ties == ("nmf (init)",)

@@ -4,6 +4,7 @@ files, the resume (finished jobs are skipped, a changed configuration is refused
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import shutil
@@ -11,6 +12,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+from scipy import stats
 
 from experiments import report
 from experiments.reports import deq_training as page_module
@@ -104,6 +106,38 @@ def test_the_page_numbers_equal_a_recomputation_from_the_job_files(
     assert built.rows[0].arm == "none"
     assert built.rows[0].rho_max == max(p["spectral_radius"] for p in none["probes"])
     assert all(sentence in text for sentence in built.findings)
+    # the per-job rows beside the figures: one per job, its accuracy the job's own
+    with (tmp_path / "deq_training" / "jobs.csv").open() as fh:
+        committed = {(r["arm"], int(r["seed"])): r for r in csv.DictReader(fh)}
+    assert set(committed) == {(arm, 0) for arm in TINY.arms}
+    for arm in TINY.arms:
+        job = json.loads(job_path(study, arm, 0).read_text())
+        assert float(committed[(arm, 0)]["final_test_accuracy"]) == job["final_test_accuracy"]
+
+
+def test_accuracy_comparisons_are_paired_t_tests_by_seed() -> None:
+    def arm(name: str, by_seed: dict[int, float]) -> page_module.ArmRow:
+        values = list(by_seed.values())
+        return page_module.ArmRow(
+            arm=name, title=name, seeds=len(values), failed=0,
+            accuracy=statistics.fmean(values), accuracy_std=statistics.stdev(values),
+            rho_start=0.3, rho_final=0.5, rho_max=0.6, seeds_above_one=0, first_above_one=None,
+            kappa_final=2.0, kappa_max=3.0, forward_steps=10.0, forward_missed=0.0,
+            backward_not_fixed_point=0.0, backward_missed=0.0, warnings={}, step_ms=10.0,
+            by_seed=tuple(by_seed.items()),
+        )  # fmt: skip
+
+    a = arm("a", {0: 0.97, 1: 0.975, 2: 0.96, 3: 0.99})
+    b = arm("b", {1: 0.98, 2: 0.985, 0: 0.981, 5: 0.5})  # seed 5 has no partner
+    result = page_module.paired(a, b)
+    expected = stats.ttest_rel([0.97, 0.975, 0.96], [0.981, 0.98, 0.985])
+    assert result.n == 3 and result.p == pytest.approx(float(expected.pvalue), rel=1e-12)
+    assert result.difference == pytest.approx((0.97 + 0.975 + 0.96 - 0.981 - 0.98 - 0.985) / 3)
+    assert f"n = 3, p = {result.p:.2g}" in result.text()
+    assert page_module.paired(a, arm("c", {7: 0.9, 8: 0.8})).p is None
+    sentences = page_module.findings([arm("none", {0: 0.98, 1: 0.97, 2: 0.99}), a])
+    assert "paired by seed" in sentences[1] and "two standard errors" not in " ".join(sentences)
+    assert "Highest mean test accuracy" in sentences[-1]
 
 
 def test_the_page_refuses_an_empty_study(tmp_path: Path) -> None:

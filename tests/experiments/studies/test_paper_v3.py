@@ -374,3 +374,20 @@ def test_length_jobs_rerun_the_main_arms_longer_on_the_length_replicates() -> No
         Plan(replicates=2, length_replicates=(2,))
     with pytest.raises(ValueError, match="length_factor"):
         Plan(length_factor=1)
+
+
+def test_a_verdict_against_a_collapsed_bptt_arm_carries_the_caveat() -> None:
+    from experiments.reports.study_paper_v3 import _verdicts
+
+    rows = synthetic_rows()
+    main = main_jobs(PLAN, rows)
+    # VQ BPTT at inv_t 10 below the no-context arm on replicates 0 and 1 (of 3)
+    for job in main:
+        if (job.context, job.gradient, job.inv_t) == ("vq", BPTT, 10.0) and job.replicate < 2:
+            rows[job.key] = {**rows[job.key], "test_miou": 0.1}
+    verdicts = {(v.ham, v.inv_t, v.arm): v for v in _verdicts(PLAN, rows, main)}
+    hit = verdicts[("vq", 10.0, ONE_STEP)]
+    assert hit.reference_collapsed == (2, 3)
+    assert "BPTT scored below the no-context arm in 2 of 3 replicates" in hit.sentence()
+    assert verdicts[("vq", 1.0, ONE_STEP)].reference_collapsed == (0, 3)
+    assert "caveat" not in verdicts[("vq", 1.0, ONE_STEP)].sentence()

@@ -1,0 +1,261 @@
+"""Study v4: the plan (primary arms, disjoint tuning replicates, one rate per ham), the verdict
+and power arithmetic against independent computations (scipy's t-test, a brute-force Holm, a
+Monte-Carlo power), the page with zero, partial and complete rows, and the rows' provenance
+with a bit-for-bit re-run of a tiny job."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from experiments.studies.paper_v3_plan import BPTT, NO_GRADIENT, ONE_STEP, Job
+from experiments.studies.paper_v3_table import read_rows, write_rows
+from experiments.studies.paper_v4 import report, run
+from experiments.studies.paper_v4.plan import (
+    HAMS,
+    MARGIN,
+    PAPER_EFFECT,
+    Plan,
+    all_jobs,
+    main_jobs,
+    pretrain_jobs,
+    select_lr,
+    start_order,
+    tune_jobs,
+)
+from experiments.studies.paper_v4.power import power, replicates_for
+
+PLAN = Plan(replicates=6, tune_replicates=(50, 51), lrs=(0.025, 0.05, 0.1),
+            length_replicates=(0, 1), secondary_replicates=(0,), ks=(1,))  # fmt: skip
+# per ham: the true one-step - BPTT difference of the synthetic rows
+TRUE = {"nmf": -0.05, "vq": 0.002, "cd": -0.012}
+
+
+def _row(job: Job, plan: Plan = PLAN, **values: Any) -> dict[str, Any]:
+    return {"job": job.key, "study": "paper_v4", "stage": job.stage, "context": job.context,
+            "gradient": job.gradient, "K": job.K, "inv_t": job.inv_t, "lr": job.lr,
+            "replicate": job.replicate, "epochs": job.epochs, "status": "ok",
+            "plan": plan.digest(), "started": 0.0, "finished": 60.0 * max(job.epochs, 1) / 32,
+            "cpu": "Test CPU", "threads": 1, "commit": "abc", **values}  # fmt: skip
+
+
+def _tuning_rows(plan: Plan = PLAN) -> dict[str, dict[str, Any]]:
+    # by rate (ascending): one-step peaks at the third, BPTT at the first, their mean at the
+    # second: one rate for both, the second
+    peak = {ONE_STEP: (0.70, 0.78, 0.80), BPTT: (0.80, 0.79, 0.60)}
+    rows = {}
+    for job in tune_jobs(plan):
+        assert job.lr is not None
+        score = peak.get(job.gradient, (0.5, 0.6, 0.55))[sorted(plan.lrs).index(job.lr)]
+        rows[job.key] = _row(job, plan, val_miou=score)
+    return rows
+
+
+def _full_rows(
+    replicates: int, seed: int = 0
+) -> tuple[dict[str, dict[str, Any]], dict[str, list[float]]]:
+    rng = random.Random(seed)
+    rows = _tuning_rows()
+    diffs: dict[str, list[float]] = {h: [] for h in HAMS}
+    scores: dict[tuple[str, str, int], float] = {}
+    for job in main_jobs(PLAN, rows):
+        if job.replicate >= replicates:
+            continue
+        base = 0.6 if job.context == "none" else 0.7 if job.context == "gap" else 0.8
+        noise = rng.gauss(0, 0.01)
+        value = base + (TRUE[job.context] if job.gradient == ONE_STEP else 0.0) + noise
+        if (job.context, job.gradient, job.replicate) == ("cd", BPTT, 2):
+            value = 0.5  # a collapse: below the no-context arm
+        scores[(job.context, job.gradient, job.replicate)] = value
+        rows[job.key] = _row(job, test_miou=value, val_miou=value)
+    for ham in HAMS:
+        diffs[ham] = [
+            scores[(ham, ONE_STEP, r)] - scores[(ham, BPTT, r)] for r in range(replicates)
+        ]
+    return rows, diffs
+
+
+def test_the_plan_fixes_the_primary_arms_and_keeps_tuning_off_the_test_replicates() -> None:
+    plan = Plan()
+    assert plan.replicates >= 20 and plan.primary_inv_t == 1.0 and plan.main_k == 6
+    assert set(plan.tune_replicates).isdisjoint(range(plan.replicates))
+    rows = _tuning_rows(plan)
+    main = main_jobs(plan, rows)
+    assert {j.replicate for j in main} == set(range(plan.replicates))
+    per_replicate = {(j.context, j.gradient, j.K, j.inv_t) for j in main if j.replicate == 0}
+    assert per_replicate == {("none", NO_GRADIENT, 0, None), ("gap", NO_GRADIENT, 0, None),
+                             ("nmf", ONE_STEP, 6, None), ("nmf", BPTT, 6, None),
+                             ("vq", ONE_STEP, 6, 1.0), ("vq", BPTT, 6, 1.0),
+                             ("cd", ONE_STEP, 6, 1.0), ("cd", BPTT, 6, 1.0)}  # fmt: skip
+    assert {j.epochs for j in tune_jobs(plan)} == {plan.main_epochs}  # tuned at full length
+    assert {j.replicate for j in tune_jobs(plan)} == set(plan.tune_replicates)
+    # before tuning has settled only pretraining and tuning are known
+    assert {j.stage for j in all_jobs(plan, {})} == {"pretrain", "tune"}
+    assert [j.replicate for j in pretrain_jobs(plan)][:2] == list(plan.tune_replicates)
+    with pytest.raises(ValueError, match="disjoint"):
+        Plan(replicates=3, tune_replicates=(2,))
+    with pytest.raises(ValueError, match="not test replicates"):
+        Plan(replicates=3, tune_replicates=(9,), length_replicates=(5,))
+
+
+def test_one_rate_per_ham_for_both_gradients_from_their_mean() -> None:
+    rows = _tuning_rows()
+    assert select_lr(PLAN, rows, "vq") == 0.05
+    for ham in HAMS:
+        rates = {j.lr for j in main_jobs(PLAN, rows) if j.context == ham}
+        assert rates == {0.05}
+    assert select_lr(PLAN, rows, "gap") == 0.05
+    # a failed tuning job scores -inf: its rate is not selected
+    failed = dict(rows)
+    for job in tune_jobs(PLAN):
+        if job.context == "vq" and job.lr == 0.05 and job.gradient == BPTT:
+            failed[job.key] = {**failed[job.key], "status": "failed"}
+    assert select_lr(PLAN, failed, "vq") != 0.05
+
+
+def test_the_runner_starts_tuning_first_and_whole_replicates_in_order() -> None:
+    rows = _tuning_rows()
+    jobs = sorted(all_jobs(PLAN, rows), key=lambda j: start_order(PLAN, j))
+    stages = [j.stage for j in jobs]
+    # the tuning replicates' backbones, the tuning, then each test replicate's backbone and arms
+    assert [j.replicate for j in jobs[:2]] == [50, 51] and set(stages[:2]) == {"pretrain"}
+    first_main = stages.index("main")
+    assert set(stages[2 : first_main - 1]) == {"tune"} and jobs[first_main - 1].key == "pretrain-r0"
+    rest = [(j.stage, j.replicate) for j in jobs[first_main - 1 :]]
+    replicates = [r for stage, r in rest if stage in ("pretrain", "main")]
+    assert replicates == sorted(replicates) and stages[-1] == "secondary"
+    assert stages.index("length") > max(i for i, s in enumerate(stages) if s == "main")
+
+
+def _holm(p: list[float]) -> list[float]:
+    """Holm by its definition: p_(i) adjusted = max over j <= i of (m - j) p_(j), capped at 1."""
+    m = len(p)
+    ranked = sorted(p)
+    out = []
+    for value in p:
+        i = ranked.index(value)
+        out.append(min(1.0, max((m - j) * ranked[j] for j in range(i + 1))))
+    return out
+
+
+def test_primary_verdicts_match_scipy_and_holm_with_the_paper_effect_and_collapses() -> None:
+    rows, diffs = _full_rows(PLAN.replicates)
+    doc = report.paper_v4(rows, PLAN, "x.csv", {})
+    ps = [float(stats.ttest_1samp(diffs[h], -MARGIN).pvalue) for h in HAMS]
+    for v, ham, q in zip(doc.primary, HAMS, _holm(ps), strict=True):
+        d = np.array(diffs[ham])
+        low, high = stats.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
+        assert v.interval is not None and v.complete
+        assert v.interval.mean == pytest.approx(d.mean(), abs=1e-12)
+        assert (v.interval.lower, v.interval.upper) == pytest.approx((low, high), abs=1e-12)
+        assert v.p == pytest.approx(ps[HAMS.index(ham)], rel=1e-9)
+        assert v.holm_p == pytest.approx(q, rel=1e-9)
+        decided = q < 0.05
+        expected = (
+            ("non-inferior" if d.mean() > -MARGIN else "inferior") if decided else "undecided"
+        )
+        assert v.verdict == expected
+        assert v.excludes_effect == (not low <= PAPER_EFFECT[ham] <= high)
+    nmf, _, cd = doc.primary
+    assert nmf.verdict == "inferior"  # -0.05 with noise 0.01 on 6 replicates
+    assert (cd.collapsed_one_step, cd.collapsed_bptt) == (0, 1)
+    kept = [d for r, d in enumerate(diffs["cd"]) if r != 2]
+    assert cd.without_collapses is not None
+    assert cd.without_collapses.mean == pytest.approx(float(np.mean(kept)), abs=1e-12)
+
+
+def test_power_matches_a_monte_carlo_of_the_paired_test() -> None:
+    rng = np.random.default_rng(0)
+    n, sd, trials = 20, 0.0125, 20000
+    d = rng.normal(0.0, sd, size=(trials, n))
+    t = (d.mean(1) + MARGIN) / (d.std(1, ddof=1) / math.sqrt(n))
+    simulated = float((t > stats.t.ppf(1 - 0.05 / 3 / 2, n - 1)).mean())
+    assert power(n, sd, MARGIN) == pytest.approx(simulated, abs=0.015)
+    need = replicates_for(sd, MARGIN)
+    assert need is not None and power(need, sd, MARGIN) >= 0.8 > power(need - 1, sd, MARGIN)
+
+
+def _write_page(rows: dict[str, dict[str, Any]], tmp_path: Path) -> tuple[str, str]:
+    csv = tmp_path / "v4.csv"
+    write_rows(csv, rows, run.COLUMNS)
+    docs = tmp_path / "docs"
+    (docs / "results").mkdir(parents=True, exist_ok=True)
+    (docs / "results.md").write_text("# Results\n\nolder text\n")
+    (docs / "results" / "findings.md").write_text("<!-- header -->\n\n- older finding\n")
+    v3 = tmp_path / "v3.csv"  # no v3 CSV: the page still renders (costs from this CSV)
+    page = report.write(csv, docs, PLAN, v3_csv=v3)
+    return page.read_text(), (docs / "results" / "findings.md").read_text()
+
+
+@pytest.mark.parametrize("replicates", [1, 3])
+def test_the_page_renders_partial_rows_with_verdicts_pending(
+    replicates: int, tmp_path: Path
+) -> None:
+    rows, _ = _full_rows(replicates)
+    page, findings = _write_page(rows, tmp_path)
+    assert f"{replicates} of {PLAN.replicates} test replicates" in page
+    assert "verdicts are pending" in page and "older text" in page
+    assert page.index(report.BEGIN) < page.index("older text")  # at the top
+    table = page[page.index("### Primary comparisons") : page.index("### Every primary arm")]
+    assert "non-inferior after Holm" not in table and "inferior after Holm" not in table
+    assert "verdicts pending" in findings and "older finding" in findings
+    # regenerating gives the same page
+    assert _write_page(rows, tmp_path)[0] == page
+
+
+def test_the_page_renders_complete_rows_and_no_rows(tmp_path: Path) -> None:
+    rows, _ = _full_rows(PLAN.replicates)
+    page, findings = _write_page(rows, tmp_path)
+    assert "all 6 test replicates" in page and "NMF inferior" in page
+    assert "NMF one-step − BPTT (inv_t 1, K 6)" in findings
+    with pytest.raises(ValueError, match="no measured job time"):
+        _write_page({}, tmp_path / "empty")
+
+
+@pytest.mark.slow
+def test_a_tiny_job_reruns_bit_for_bit_and_its_row_records_where_it_ran(tmp_path: Path) -> None:
+    plan = Plan(replicates=2, tune_replicates=(7,), length_replicates=(0,),
+                secondary_replicates=(0,), ks=(1,), main_epochs=1, test_size=4,
+                pretrain_steps=2, pretrain_images=8,
+                overrides=("data.train_size=4", "data.val_size=2", "batch_size=2"))  # fmt: skip
+    job = Job("main", "vq", ONE_STEP, 6, 1.0, 0.1, 0, 1)
+    pre = pretrain_jobs(plan)[1]
+    rows = []
+    for attempt in ("a", "b"):
+        out = tmp_path / attempt
+        assert run.run_job(pre, plan, out)["status"] == "ok"
+        rows.append(run.run_job(job, plan, out))
+    first, second = rows
+    assert first["status"] == "ok", first.get("error")
+    for column in ("val_miou", "val_loss", "test_miou", "test_pixel_acc", "test_loss", "val_curve"):
+        assert first[column] == second[column], column  # bit for bit
+    assert first["cpu"] and first["cpu"] != "unknown" and first["threads"] == 1
+    assert first["commit"] != "" and first["torch"]
+    csv = tmp_path / "rows.csv"
+    write_rows(csv, {first["job"]: first}, run.COLUMNS)
+    back = read_rows(csv, run.COLUMNS)[first["job"]]
+    assert (back["cpu"], back["threads"], back["test_miou"]) == (
+        first["cpu"], 1, first["test_miou"])  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_tiny_study_runs_end_to_end_resumes_and_renders(tmp_path: Path) -> None:
+    plan = Plan(replicates=2, tune_replicates=(7,), lrs=(0.1,), length_replicates=(0,),
+                secondary_replicates=(0,), secondary_inv_ts=(10.0,), ks=(1,), main_epochs=1,
+                test_size=2, pretrain_steps=2, pretrain_images=8,
+                overrides=("data.train_size=4", "data.val_size=2", "batch_size=2"))  # fmt: skip
+    csv = tmp_path / "v4.csv"
+    counts = run.run_study(plan, tmp_path / "out", csv, workers=1)
+    rows = read_rows(csv, run.COLUMNS)
+    assert counts["failed"] == 0 and counts["ran"] == len(rows) == len(all_jobs(plan, rows))
+    assert all(r["status"] == "ok" and r["cpu"] and r["threads"] == 1 for r in rows.values())
+    assert run.run_study(plan, tmp_path / "out", csv, workers=1)["ran"] == 0
+    docs = tmp_path / "docs"
+    page = report.write(csv, docs, plan, v3_csv=tmp_path / "absent.csv").read_text()
+    assert "all 2 test replicates" in page
