@@ -103,9 +103,15 @@ LOGGER_TARGETS = {"files": sinks.file_sinks, "wandb": sinks.wandb_sinks, "none":
 DATA_TARGETS = {
     name: getattr(splits, name)
     for name in (
-        "legend_seg", "digits", "digit_seg", "cifar10", "voc2012",
-        "h3_induction", "h3_associative_recall", "mnist1d",
-    )  # fmt: skip
+        "legend_seg",
+        "digits",
+        "digit_seg",
+        "cifar10",
+        "voc2012",
+        "h3_induction",
+        "h3_associative_recall",
+        "mnist1d",
+    )
 }
 
 

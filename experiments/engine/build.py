@@ -103,9 +103,10 @@ def build_model(
 ) -> nn.Module:
     """A segmenter (``model.arch``) or a classifier (by ``task.kind``) around ``context``,
     which must take ``context_channels(task, model)`` channels (a sequence arch: see
-    ``_sequence_network``; ``solver`` and ``adjoint`` are the ``deq1d``'s); in the channels-last memory
-    format when ``model.channels_last`` (one thread, the paper_v3 segmenter's training step at
-    batch 16, 64x64: 30 vs 44 ms with the identity as context)."""
+    ``_sequence_network``; ``solver`` and ``adjoint`` are the ``deq1d``'s); in the
+    channels-last memory format when ``model.channels_last`` (one thread, the paper_v3
+    segmenter's training step at batch 16, 64x64: 30 vs 44 ms with the identity as
+    context)."""
     if model.arch in SEQUENCE_ARCHS:
         return _sequence_network(task, context, model, solver, adjoint)
     network = _network(task, context, model)

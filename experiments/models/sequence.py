@@ -56,8 +56,7 @@ class TokenTransformer(nn.Module):
         """tokens (B, N) int64, N = ``length`` -> logits (B, num_classes)."""
         if tokens.dim() != 2 or tokens.shape[1] != self.length:
             raise ValueError(
-                f"TokenTransformer expects token ids (B, {self.length}), got "
-                f"{tuple(tokens.shape)}"
+                f"TokenTransformer expects token ids (B, {self.length}), got {tuple(tokens.shape)}"
             )
         x = self.dropout(self.embed(tokens) + self.position)
         for mix_norm, mixer, mlp_norm, mlp in zip(

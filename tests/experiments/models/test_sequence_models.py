@@ -40,7 +40,8 @@ def test_transformer_shapes_and_gradients(name: str) -> None:
     assert isinstance(model, TokenTransformer) and len(model.mixers) == 2
     first, second = model.mixers  # the stacked copy is drawn again, not equal
     assert not torch.equal(
-        next(first.parameters()), next(second.parameters())  # type: ignore[union-attr]
+        next(first.parameters()),
+        next(second.parameters()),  # type: ignore[union-attr]
     )
     tokens = torch.randint(0, 12, (4, 9))
     assert model(tokens).shape == (4, 12)
