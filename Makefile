@@ -78,9 +78,11 @@ bench: install
 # experiments/studies/sequence_benchmarks/plan.py through the engine, two at a time, one thread
 # each, rows committed to the CSV as jobs end (resumable: run it again to continue), then the
 # page. `python -m experiments.studies.sequence_benchmarks.run --cost` prints the projection.
+# PUBLIC_PLAN: the plan's options (--h3-epochs, --mnist-epochs, --benchmarks), given to both.
+PUBLIC_PLAN ?=
 benchmarks-public: install
-	OMP_NUM_THREADS=1 $(PY) -m experiments.studies.sequence_benchmarks.run multirun/sequence_benchmarks --csv docs/benchmarks_public/runs.csv --workers 2
-	$(PY) -m experiments.studies.sequence_benchmarks.report --csv docs/benchmarks_public/runs.csv --out docs/benchmarks_public.md
+	OMP_NUM_THREADS=1 $(PY) -m experiments.studies.sequence_benchmarks.run multirun/sequence_benchmarks --csv docs/benchmarks_public/runs.csv --workers 2 $(PUBLIC_PLAN)
+	$(PY) -m experiments.studies.sequence_benchmarks.report --csv docs/benchmarks_public/runs.csv --out docs/benchmarks_public.md $(PUBLIC_PLAN)
 
 # Token mixers against the sequence length, docs/benchmarks_sequence.md (~3 min on one thread).
 bench-sequence: install

@@ -23,6 +23,7 @@ only (a bidirectional mixer would read the other targets).
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
@@ -39,21 +40,28 @@ DEQ_SOLVER = ("solver=fixed_point", "solver.max_steps=20", "solver.tol=1e-3")
 ADJOINTS = ("one_step", "unroll", "implicit")
 DEQ_ADJOINTS = ("unroll", "one_step", "phantom", "neumann", "implicit")
 
-# Seconds per training epoch (one thread, this session's machine shared with other jobs: an
-# upper bound for 2 idle cores); measured by ``python -m experiments.studies.sequence_benchmarks
-# .run --time-one`` per family. Arms not measured take their family's value.
+# Seconds per training epoch, one thread, measured in this project's session of 2026-12-07 on a
+# 2-core machine shared with other agents' jobs (so an upper bound for 2 idle cores): 1-2 epoch
+# jobs of the plan's own configurations (``--time-one`` is not a command: the numbers were
+# measured with the runner's job settings and typed in here; H3 on the induction head, the
+# associative-recall jobs scaled by ``AR_SHARE``, measured there at 0.64x for attention and
+# 0.59x for NMF one-step). Arms not measured take their family's value (VQ / CD as NMF).
 EPOCH_S = {
     "h3/attention": 4.5,
     "h3/linear_attention": 16.4,
-    "h3/none": 3.0,
+    "h3/none": 6.5,
     "h3/one_step": 18.5,
     "h3/unroll": 33.2,
-    "h3/implicit": 110.0,
-    "mnist/mlp": 1.0,
-    "mnist/cnn": 3.0,
-    "mnist/gru": 8.0,
-    "mnist/deq": 12.0,
-    "mnist/cnn_context": 6.0,
+    "h3/implicit": 110.0,  # CD; NMF 84.9
+    "mnist/mlp": 0.84,
+    "mnist/cnn": 1.05,
+    "mnist/gru": 5.5,
+    "mnist/deq_one_step": 10.3,
+    "mnist/deq_unroll": 21.3,
+    "mnist/deq_phantom": 8.3,
+    "mnist/deq_neumann": 44.6,  # not measured: as implicit
+    "mnist/deq_implicit": 44.6,
+    "mnist/cnn_context": 5.1,
 }
 AR_SHARE = 22 / 31  # associative recall's tokens per sequence / induction head's
 
@@ -86,9 +94,9 @@ class Plan:
     tests' tiny sizes)."""
 
     seeds: tuple[int, ...] = (0, 1, 2)
-    h3_epochs: int = 20
+    h3_epochs: int = 10
     attention_epochs: int | None = None
-    mnist_epochs: int = 30
+    mnist_epochs: int = 20
     benchmarks: tuple[str, ...] = (
         "h3_induction", "h3_associative_recall", "mnist1d", "mnist1d_shuffled",
     )  # fmt: skip
@@ -100,9 +108,33 @@ class Plan:
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def h3_arms() -> dict[str, tuple[str, tuple[str, ...]]]:
+Arms = dict[str, tuple[str, tuple[str, ...]]]
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """The plan's command-line options (the runner and the report must be given the same)."""
+    parser.add_argument(
+        "--h3-epochs",
+        type=int,
+        default=Plan.h3_epochs,
+        help="the equal epoch budget of the non-attention H3 arms",
+    )
+    parser.add_argument("--mnist-epochs", type=int, default=Plan.mnist_epochs)
+    names = list(Plan.benchmarks)
+    parser.add_argument(
+        "--benchmarks", nargs="+", default=names, choices=names, help="run only these"
+    )
+
+
+def plan_of(args: argparse.Namespace) -> Plan:
+    """The plan of the parsed options (``add_plan_arguments``)."""
+    return Plan(h3_epochs=args.h3_epochs, mnist_epochs=args.mnist_epochs,
+                benchmarks=tuple(args.benchmarks))  # fmt: skip
+
+
+def h3_arms() -> Arms:
     """{arm: (family, overrides)} of an H3 task."""
-    arms = {
+    arms: Arms = {
         "attention": ("attention", ("context=sdpa_mixer",)),
         "linear_attention": ("linear_attention", ("context=linear_attention_mixer",)),
         "none": ("none", ("context=none",)),
@@ -113,9 +145,9 @@ def h3_arms() -> dict[str, tuple[str, tuple[str, ...]]]:
     return arms
 
 
-def mnist_arms() -> dict[str, tuple[str, tuple[str, ...]]]:
+def mnist_arms() -> Arms:
     """{arm: (family, overrides)} of MNIST-1D (default data)."""
-    arms = {
+    arms: Arms = {
         "mlp": ("mlp", ("model.arch=mlp", "model.width=100", "context=none")),
         "cnn": ("cnn", ("model.arch=cnn1d", "model.width=32", "context=none")),
         "gru": ("gru", ("model.arch=gru", "model.width=64", "context=none")),
@@ -124,16 +156,16 @@ def mnist_arms() -> dict[str, tuple[str, tuple[str, ...]]]:
         for stabilise in ("none", "spectral"):
             extra = ("model.stabilise=spectral",) if stabilise == "spectral" else ()
             arms[f"deq_{adjoint}_{stabilise}"] = (
-                "deq",
+                f"deq_{adjoint}",
                 ("model.arch=deq1d", "model.width=32", "context=none", *DEQ_SOLVER,
                  f"adjoint={adjoint}", *extra),
             )  # fmt: skip
     return arms
 
 
-def shuffled_arms() -> dict[str, tuple[str, tuple[str, ...]]]:
+def shuffled_arms() -> Arms:
     """{arm: (family, overrides)} of shuffled MNIST-1D: the 1-D CNN with each context."""
-    contexts = {
+    contexts: dict[str, tuple[str, ...]] = {
         "none": ("context=none",),
         "self_attention": ("context=sdpa_attention",),
         "nmf_one_step": ("context=nmf", "adjoint=one_step"),

@@ -22,7 +22,16 @@ import jinja2
 
 from experiments.reports.render import Table, environment
 from experiments.studies.paper_v3_table import read_rows, read_sessions
-from experiments.studies.sequence_benchmarks.plan import H3_TASKS, Plan, cost, jobs
+from experiments.studies.sequence_benchmarks.plan import (
+    EPOCH_S,
+    H3_TASKS,
+    Plan,
+    add_plan_arguments,
+    cost,
+    job_cost_s,
+    jobs,
+    plan_of,
+)
 from experiments.studies.sequence_benchmarks.run import COLUMNS
 
 Rows = Mapping[str, Mapping[str, Any]]
@@ -118,13 +127,17 @@ def _table(plan: Plan, rows: Rows, benchmark: str) -> Table:
         ok = _ok_rows(rows, benchmark, arm)
         times = [float(r["s_per_epoch"]) for r in ok]
         steps = [float(r["forward_steps"]) for r in ok if r.get("forward_steps") not in (None, "")]
+        rho = [
+            float(r["spectral_radius"]) for r in ok if r.get("spectral_radius") not in (None, "")
+        ]
         body.append((
             arm, epochs[arm], mean_sd([a for _, a, _ in got]), per_seed, ran,
             f"{statistics.fmean(times):.1f}" if times else "—",
             f"{statistics.fmean(steps):.1f}" if steps else "—",
+            f"{statistics.fmean(rho):.3f}" if rho else "—",
         ))  # fmt: skip
     header = ("arm", "epoch budget", "test acc. % (mean ± sd)", "per seed", "epochs run",
-              "s / epoch", "forward steps")  # fmt: skip
+              "s / epoch", "forward steps", "ρ(J) at the end")  # fmt: skip
     return Table.of(header, body)
 
 
@@ -185,6 +198,10 @@ def render(page: Page) -> str:
         h3_published=Table.of(("model", "induction head %", "associative recall %"), PUBLISHED_H3),
         mnist_published=Table.of(("model", "MNIST-1D %", "shuffled %"), PUBLISHED_MNIST),
         h3_epochs=H3_TASKS,
+        epoch_s=EPOCH_S,
+        attention_minutes=sum(job_cost_s(j) for j in jobs(page.plan) if j.arm == "attention")
+        / 60
+        / 2,
     )
 
 
@@ -203,8 +220,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--csv", default="docs/benchmarks_public/runs.csv")
     parser.add_argument("--out", default="docs/benchmarks_public.md")
+    add_plan_arguments(parser)
     args = parser.parse_args(argv)
-    print(write(args.csv, args.out))
+    print(write(args.csv, args.out, plan_of(args)))
 
 
 if __name__ == "__main__":

@@ -13,17 +13,34 @@ from __future__ import annotations
 
 import argparse
 import logging
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+from hydra.utils import instantiate
+
+import implicit_ham as ih
+from experiments.config.groups import TrainConfig
+from experiments.engine.build import build_context, build_datasets, build_model, context_channels
+from experiments.engine.checkpoint import read_checkpoint
 from experiments.engine.file_sinks import read_jsonl
 from experiments.engine.run import run_training
+from experiments.models.deq1d import DEQClassifier1d
 from experiments.studies.job_runner import Schedule, run_schedule
 from experiments.studies.paper_v3 import compose_overrides, measured_row
 from experiments.studies.paper_v3_table import append_session, encode_curve, read_rows, write_rows
 from experiments.studies.provenance import provenance
-from experiments.studies.sequence_benchmarks.plan import STUDY, Job, Plan, cost, jobs
+from experiments.studies.sequence_benchmarks.plan import (
+    STUDY,
+    Job,
+    Plan,
+    add_plan_arguments,
+    cost,
+    jobs,
+    plan_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +48,8 @@ DEFAULT_OUT = Path("multirun/sequence_benchmarks")
 DEFAULT_CSV = Path("docs/benchmarks_public/runs.csv")
 COLUMNS = (
     "job", "study", "stage", "benchmark", "arm", "seed", "epochs", "plan", "status", "error",
-    "accuracy", "epochs_run", "train_s", "s_per_epoch", "forward_steps", "failures", "curve",
+    "accuracy", "epochs_run", "train_s", "s_per_epoch", "forward_steps", "spectral_radius",
+    "failures", "curve",
     "parameters", "started", "finished", "peak_mem_mb", "cpu", "threads", "commit", "torch",
 )  # fmt: skip
 JOB_SETTINGS = ("progress=false", "diagnostics.enabled=false", "logger=files")
@@ -42,7 +60,8 @@ def job_row(job: Job, out_dir: Path) -> dict[str, Any]:
     validation split is the test split), epochs run (early stop), time, the accuracy curve
     (epoch: accuracy), forward steps of the last training solve (mean over implicit layers)."""
     job_dir = out_dir / job.key
-    results = run_training(compose_overrides([*job.overrides, *JOB_SETTINGS]), job_dir)
+    cfg = compose_overrides([*job.overrides, *JOB_SETTINGS])
+    results = run_training(cfg, job_dir)
     if results.get("status") != "ok":
         raise RuntimeError(f"run_training ended with status {results.get('status')!r}")
     metrics = results["metrics"]
@@ -57,10 +76,33 @@ def job_row(job: Job, out_dir: Path) -> dict[str, Any]:
         "train_s": float(results["train_time_s"]),
         "s_per_epoch": float(results["train_time_s"]) / max(epochs_run, 1),
         "forward_steps": sum(steps) / len(steps) if steps else None,
+        "spectral_radius": deq_spectral_radius(cfg, job_dir) if cfg.model.arch == "deq1d" else None,
         "failures": int(results["failures"].get("total", 0)),
         "curve": curve,
         "parameters": int(results["parameters"]),
     }
+
+
+def deq_spectral_radius(cfg: TrainConfig, job_dir: Path, probe: int = 64) -> float:
+    """ρ(J) of the trained DEQ's cell at the fixed point of the first ``probe`` test sequences
+    (a tight solve, 100 steps at tolerance 1e-6; ``ih.diagnostics.estimate_conditioning``),
+    the model rebuilt from the job's final checkpoint."""
+    _, test, info = build_datasets(cfg.data)
+    solver, adjoint = instantiate(cfg.solver), instantiate(cfg.adjoint)
+    context = build_context(cfg.context, context_channels(info, cfg.model), solver, adjoint)
+    model = build_model(info, context, cfg.model, solver, adjoint)
+    if not isinstance(model, DEQClassifier1d):
+        raise TypeError(f"{job_dir}: model.arch={cfg.model.arch!r} is not a DEQ (deq1d)")
+    model.load_state_dict(read_checkpoint(job_dir / "checkpoint.pt")["model"])
+    model.eval()
+    x = torch.stack([test[i][0] for i in range(min(probe, len(test)))])  # type: ignore[arg-type]
+    tight = ih.FixedPointIteration(max_steps=100, tol=1e-6)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the probe's own solve is not a training event
+        inj = model.inject(model.stem(x))
+        z = ih.fixed_point(model.cell, torch.zeros_like(inj), inj, solver=tight).value
+        report = ih.diagnostics.estimate_conditioning(model.cell, z, inj)
+    return float(report.spectral_radius)
 
 
 def run_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
@@ -118,9 +160,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2, help="jobs run at once")
     parser.add_argument("--list", action="store_true", help="print the pending jobs and stop")
     parser.add_argument("--cost", action="store_true", help="print the projected minutes")
+    add_plan_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    plan = Plan()
+    plan = plan_of(args)
     if args.cost:
         for name, minutes in cost(plan, args.workers).items():
             print(f"{name}: {minutes:.0f} min (worst case, {args.workers} workers)")

@@ -5,10 +5,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
+import implicit_ham as ih
+from experiments.engine.build import build_datasets, build_model
+from experiments.engine.checkpoint import read_checkpoint
+from experiments.studies.paper_v3 import compose_overrides
 from experiments.studies.paper_v3_table import read_rows
 from experiments.studies.sequence_benchmarks import report
 from experiments.studies.sequence_benchmarks.plan import H3_TASKS, Plan, cost, jobs
-from experiments.studies.sequence_benchmarks.run import COLUMNS, run_study
+from experiments.studies.sequence_benchmarks.run import (
+    COLUMNS,
+    JOB_SETTINGS,
+    deq_spectral_radius,
+    job_row,
+    run_study,
+)
 
 
 def test_plan_arms_seeds_and_equal_budgets() -> None:
@@ -25,7 +37,12 @@ def test_plan_arms_seeds_and_equal_budgets() -> None:
            for s in ("none", "spectral")}  # fmt: skip
     assert by_task["mnist1d"] == {"mlp", "cnn", "gru"} | deq
     assert by_task["mnist1d_shuffled"] == {
-        "none", "self_attention", "nmf_one_step", "nmf_bptt", "vq", "cd"
+        "none",
+        "self_attention",
+        "nmf_one_step",
+        "nmf_bptt",
+        "vq",
+        "cd",
     }
     for task, arms in by_task.items():  # >= 3 seeds of every arm
         for arm in arms:
@@ -77,3 +94,35 @@ def test_verdict_interval_from_rows() -> None:
     line = report._verdict(plan, rows, "mnist1d_shuffled")
     # differences 10, 12, 14: mean 12, sd 2, half-width 4.303 * 2 / sqrt(3) = 4.97
     assert "+12.0 points" in line and "[+7.0, +17.0]" in line and "above" in line
+
+
+def test_deq_row_reports_the_spectral_radius(tmp_path: Path) -> None:
+    """A DEQ job's row: forward steps, and ρ(J) at the end equal to the largest |eigenvalue|
+    of the cell's dense Jacobian at the fixed point (over the probe sequences)."""
+    plan = Plan(seeds=(0,), mnist_epochs=1, benchmarks=("mnist1d",),
+                overrides=("data.num_samples=100", "model.width=8"))  # fmt: skip
+    job = next(j for j in jobs(plan) if j.arm == "deq_one_step_spectral")
+    row = job_row(job, tmp_path)
+    assert row["forward_steps"] is not None and 1 <= row["forward_steps"] <= 20
+    cfg = compose_overrides([*job.overrides, *JOB_SETTINGS])
+    rho = deq_spectral_radius(cfg, tmp_path / job.key, probe=2)
+    _, test, info = build_datasets(cfg.data)
+    model = build_model(info, ih.make_context("none", 8), cfg.model)
+    model.load_state_dict(read_checkpoint(tmp_path / job.key / "checkpoint.pt")["model"])
+    model.eval()
+    dense = []
+    with torch.no_grad():
+        for i in range(2):
+            inj = model.inject(model.stem(test[i][0][None]))
+            z = ih.fixed_point(
+                model.cell,
+                torch.zeros_like(inj),
+                inj,
+                solver=ih.FixedPointIteration(max_steps=200, tol=1e-8),
+            ).value
+            with torch.enable_grad():
+                jac = torch.autograd.functional.jacobian(lambda v, x=inj: model.cell(v, x), z)
+            n = z.numel()
+            dense.append(float(torch.linalg.eigvals(jac.reshape(n, n).double()).abs().max()))
+    assert abs(rho - max(dense)) <= 0.05 * max(dense)
+    assert abs(row["spectral_radius"] - rho) <= 0.5  # 64 probe sequences vs 2: same scale
