@@ -42,10 +42,11 @@ DEQ_ADJOINTS = ("unroll", "one_step", "phantom", "neumann", "implicit")
 
 # Seconds per training epoch, one thread, measured in this project's session of 2026-12-07 on a
 # 2-core machine shared with other agents' jobs (so an upper bound for 2 idle cores): 1-2 epoch
-# jobs of the plan's own configurations (``--time-one`` is not a command: the numbers were
-# measured with the runner's job settings and typed in here; H3 on the induction head, the
-# associative-recall jobs scaled by ``AR_SHARE``, measured there at 0.64x for attention and
-# 0.59x for NMF one-step). Arms not measured take their family's value (VQ / CD as NMF).
+# jobs of the plan's own configurations and the runner's job settings, the numbers typed in
+# here (a projection only; the page's measured wall time is the CSV's). H3 on the induction
+# head, the associative-recall jobs scaled by ``AR_SHARE`` (measured there: 0.64x for attention,
+# 0.59x for NMF one-step). Arms not measured take their family's value (VQ / CD as NMF;
+# VQ one-step measured 24.1 s on the induction head).
 EPOCH_S = {
     "h3/attention": 4.5,
     "h3/linear_attention": 16.4,
@@ -59,7 +60,7 @@ EPOCH_S = {
     "mnist/deq_one_step": 10.3,
     "mnist/deq_unroll": 21.3,
     "mnist/deq_phantom": 8.3,
-    "mnist/deq_neumann": 44.6,  # not measured: as implicit
+    "mnist/deq_neumann": 6.4,
     "mnist/deq_implicit": 44.6,
     "mnist/cnn_context": 5.1,
 }
