@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test quick lint typecheck docs-build docs demo study study-v4 bench bench-sequence gpu-check generate deq-study clean
+.PHONY: install test quick lint typecheck docs-build docs demo study study-v4 bench bench-sequence benchmarks-public gpu-check generate deq-study clean
 
 install: $(STAMP)
 
@@ -73,6 +73,16 @@ deq-study: install
 # Runs both benchmark scripts and rewrites the tables of docs/benchmarks.md (~30 min on 2 cores).
 bench: install
 	$(PY) -m experiments.bench page
+
+# The public benchmarks of docs/benchmarks_public.md (H3 synthetics, MNIST-1D): every job of
+# experiments/studies/sequence_benchmarks/plan.py through the engine, two at a time, one thread
+# each, rows committed to the CSV as jobs end (resumable: run it again to continue), then the
+# page. `python -m experiments.studies.sequence_benchmarks.run --cost` prints the projection.
+# PUBLIC_PLAN: the plan's options (--h3-epochs, --mnist-epochs, --benchmarks), given to both.
+PUBLIC_PLAN ?=
+benchmarks-public: install
+	OMP_NUM_THREADS=1 $(PY) -m experiments.studies.sequence_benchmarks.run multirun/sequence_benchmarks --csv docs/benchmarks_public/runs.csv --workers 2 $(PUBLIC_PLAN)
+	$(PY) -m experiments.studies.sequence_benchmarks.report --csv docs/benchmarks_public/runs.csv --out docs/benchmarks_public.md $(PUBLIC_PLAN)
 
 # Token mixers against the sequence length, docs/benchmarks_sequence.md (~3 min on one thread).
 bench-sequence: install

@@ -103,7 +103,16 @@ def context_configs() -> dict[str, type]:
 LOGGER_TARGETS = {"files": sinks.file_sinks, "wandb": sinks.wandb_sinks, "none": sinks.no_sinks}
 DATA_TARGETS = {
     name: getattr(splits, name)
-    for name in ("legend_seg", "digits", "digit_seg", "cifar10", "voc2012")
+    for name in (
+        "legend_seg",
+        "digits",
+        "digit_seg",
+        "cifar10",
+        "voc2012",
+        "h3_induction",
+        "h3_associative_recall",
+        "mnist1d",
+    )
 }
 
 
@@ -127,6 +136,14 @@ class ModelConf:
     parameters get no gradient and its BatchNorm statistics stay fixed; ``backbone_lr_scale``:
     the backbone's learning rate is the optimiser's times this factor (fine-tuning).
 
+    Sequence models (the public benchmarks, ``experiments.models.sequence`` / ``deq1d``; any
+    task kind "classification" with sequence inputs): ``arch=transformer`` (token ids: a
+    pre-norm transformer of ``layers`` blocks (None: 2) whose mixer is the context, scored on
+    the final position; ``dropout`` on the embeddings, None: 0), ``cnn1d`` (a 1-D CNN with the
+    context as its global block), ``mlp``, ``gru`` (baselines) and ``deq1d`` (a convolutional
+    DEQ under the run's solver and adjoint; ``stabilise`` None or "spectral", ``gain`` the
+    cell's factor, None: 0.5). All new fields default to None so earlier configs compare equal.
+
     ``channels_last``: the network's 4-D weights and activations in the channels-last memory
     format (``torch.channels_last``), which the CPU convolutions run faster in (the paper_v3
     segmenter's training step: 1.46x with the identity as context; whole 4-epoch jobs of the
@@ -146,6 +163,10 @@ class ModelConf:
     freeze_backbone: bool | None = None
     backbone_lr_scale: float | None = None
     channels_last: bool | None = None
+    layers: int | None = None
+    dropout: float | None = None
+    stabilise: str | None = None
+    gain: float | None = None
 
 
 @dataclass
@@ -243,6 +264,8 @@ class TrainConfig:
     (None, the default: constant learning rate).
     ``clip_grad_norm``: when set, after every backward pass the gradients' joint 2-norm is
     clipped to it (``experiments.engine.clipping``); None (the default): no clipping.
+    ``stop_at_accuracy``: when set, training ends after the first epoch whose validation
+    accuracy reaches it (early stopping; a classification task; None, the default: never).
     ``penalty``: a term added to the training loss, None (the default) or ``penalty=jacobian``
     (``experiments.models.jacobian_penalty.JacobianPenalty``: ``penalty.weight``,
     ``penalty.every``, ``penalty.samples``), for a model with an implicit layer.
@@ -268,6 +291,7 @@ class TrainConfig:
     lr_poly_power: float | None = None
     clip_grad_norm: float | None = None
     penalty: TargetConf | None = None
+    stop_at_accuracy: float | None = None
     study: StudyConf = field(default_factory=StudyConf)
     reliability: ReliabilityConf = field(default_factory=ReliabilityConf)
 

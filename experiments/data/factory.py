@@ -35,6 +35,8 @@ class TaskInfo:
         in_channels: channels of the input images.
         ignore_index: label to leave out of losses and metrics, or None.
         image_size: ``(height, width)`` of every input, or None when it varies.
+        length: N of a sequence task's inputs ((B, N) token ids or (B, C, N)), else None.
+        vocab_size: token ids of a token task ((B, N) int64 inputs), else None.
     """
 
     kind: str
@@ -42,6 +44,8 @@ class TaskInfo:
     in_channels: int
     ignore_index: int | None
     image_size: tuple[int, int] | None
+    length: int | None = None
+    vocab_size: int | None = None
 
 
 @dataclass(frozen=True)

@@ -110,3 +110,61 @@ def voc2012(root: str, size: int = 128, resize_mode: str = "center_crop") -> Spl
         make_dataset("voc2012", root=root, split="val", **options),
         task_of("voc2012", **options),
     )
+
+
+def _h3(task: str, num_examples: int | None, num_test_examples: int | None, seed: int) -> Splits:
+    from experiments.data.h3_synthetics import h3_synthetic
+
+    data = h3_synthetic(
+        task, num_examples=num_examples, num_test_examples=num_test_examples, seed=seed
+    )
+    config = data.config
+
+    def final(split: TensorDataset) -> TensorDataset:
+        inputs, targets = split.tensors
+        return TensorDataset(inputs, targets[:, -1].contiguous())
+
+    return Splits(
+        final(data.train),
+        final(data.test),
+        TaskInfo(
+            "classification",
+            config.vocab_size,
+            1,
+            None,
+            None,
+            length=int(data.train.tensors[0].shape[1]),
+            vocab_size=config.vocab_size,
+        ),
+    )
+
+
+def h3_induction(
+    num_examples: int | None = None, num_test_examples: int | None = None, seed: int = 0
+) -> Splits:
+    """The H3 induction-head task at the published configuration
+    (``experiments.data.h3_synthetics.PUBLISHED``; vocabulary 20, 31 input tokens, 5000 train /
+    500 test sequences): token ids (N, 31) int64 and the final position's next token (N,),
+    the reported metric (a classification over the vocabulary). ``val`` is the test split.
+    None keeps a published size."""
+    return _h3("induction_head", num_examples, num_test_examples, seed)
+
+
+def h3_associative_recall(
+    num_examples: int | None = None, num_test_examples: int | None = None, seed: int = 0
+) -> Splits:
+    """The H3 associative-recall task at the published configuration (vocabulary 10, 22 input
+    tokens, 5000 train / 500 test), scored on the final position as ``h3_induction``."""
+    return _h3("associative_recall", num_examples, num_test_examples, seed)
+
+
+def mnist1d(shuffle_seq: bool = False, num_samples: int = 5000, seed: int = 42) -> Splits:
+    """MNIST-1D (``experiments.data.mnist_1d``): sequences (N, 1, 40) float32 and digit labels;
+    the package's 4000 / 1000 split, ``val`` the test split; ``shuffle_seq`` its fixed
+    permutation of the 40 positions."""
+    from experiments.data.mnist_1d import LENGTH, NUM_CLASSES, mnist1d_splits
+
+    data = mnist1d_splits(shuffle_seq=shuffle_seq, num_samples=num_samples, seed=seed)
+    return Splits(
+        data.train, data.test, TaskInfo("classification", NUM_CLASSES, 1, None, None, LENGTH)
+    )

@@ -7,6 +7,7 @@ Functions take the nodes of a ``TrainConfig`` (``experiments.config.typed.typed_
 from __future__ import annotations
 
 from collections.abc import Mapping
+from copy import deepcopy
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,19 @@ from experiments.data.splits import Splits
 from experiments.engine.sampler import EpochBatchSampler
 from experiments.models import ContextClassifier, ContextSegmenter, TwoStreamSegmenter
 from experiments.models import context_channels as two_stream_channels
+from experiments.models.deq1d import DEQClassifier1d
+from experiments.models.sequence import (
+    ConvClassifier1d,
+    GRUClassifier,
+    MLPClassifier,
+    TokenTransformer,
+)
 from experiments.studies.pretraining import load_backbone
 from implicit_ham._core.sinks import Sink
 from implicit_ham._core.validation import check_choice
 from implicit_ham.adjoints.modes import Adjoint
 from implicit_ham.nn.context import decomposition_of
+from implicit_ham.nn.identity import IdentityContext
 from implicit_ham.solvers.base import FixedPointSolver
 
 
@@ -74,26 +83,95 @@ def build_context(
 
 
 SEGMENTER_ARCHS = ("two_stream", "serial")
+SEQUENCE_ARCHS = ("transformer", "cnn1d", "mlp", "gru", "deq1d")
 
 
 def context_channels(task: TaskInfo, model: ModelConf) -> int:
     """Channels of the context module that ``build_model(task, context, model)`` needs."""
-    check_choice("model", "arch", model.arch, SEGMENTER_ARCHS)
+    check_choice("model", "arch", model.arch, SEGMENTER_ARCHS + SEQUENCE_ARCHS)
     if task.kind == "segmentation" and model.arch == "two_stream":
         return two_stream_channels(task.in_channels, model.colour_bins, model.position_grid)
     return model.width
 
 
-def build_model(task: TaskInfo, context: nn.Module, model: ModelConf) -> nn.Module:
+def build_model(
+    task: TaskInfo,
+    context: nn.Module,
+    model: ModelConf,
+    solver: FixedPointSolver | None = None,
+    adjoint: Adjoint | None = None,
+) -> nn.Module:
     """A segmenter (``model.arch``) or a classifier (by ``task.kind``) around ``context``,
-    which must take ``context_channels(task, model)`` channels; in the channels-last memory
-    format when ``model.channels_last`` (one thread, the paper_v3 segmenter's training step at
-    batch 16, 64x64: 30 vs 44 ms with the identity as context)."""
+    which must take ``context_channels(task, model)`` channels (a sequence arch: see
+    ``_sequence_network``; ``solver`` and ``adjoint`` are the ``deq1d``'s); in the
+    channels-last memory format when ``model.channels_last`` (one thread, the paper_v3
+    segmenter's training step at batch 16, 64x64: 30 vs 44 ms with the identity as
+    context)."""
+    if model.arch in SEQUENCE_ARCHS:
+        return _sequence_network(task, context, model, solver, adjoint)
     network = _network(task, context, model)
     if model.channels_last:
         # Module.to takes memory_format at run time; its type stubs do not list it
         network = network.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     return network
+
+
+def _sequence_network(
+    task: TaskInfo,
+    context: nn.Module,
+    model: ModelConf,
+    solver: FixedPointSolver | None,
+    adjoint: Adjoint | None,
+) -> nn.Module:
+    """The public benchmarks' models (``experiments.models.sequence``, ``deq1d``) on a
+    classification task with sequence inputs (``task.length`` set). ``transformer`` needs token
+    ids (``task.vocab_size``); its ``layers`` mixers are ``context`` and fresh copies of it
+    (re-initialised). ``mlp`` / ``gru`` / ``deq1d`` have no context: they take ``none``."""
+    if task.kind != "classification" or task.length is None:
+        raise ValueError(
+            f"model.arch={model.arch!r} needs a sequence classification task (data=h3_induction, "
+            f"h3_associative_recall or mnist1d); this data's task is {task.kind!r} with "
+            f"image_size={task.image_size}"
+        )
+    if model.arch == "transformer":
+        if task.vocab_size is None:
+            raise ValueError(
+                "model.arch=transformer reads token ids; data=mnist1d has real-valued sequences "
+                "(use model.arch=cnn1d, mlp, gru or deq1d)"
+            )
+        mixers = [context] + [_fresh(context) for _ in range((model.layers or 2) - 1)]
+        return TokenTransformer(task.vocab_size, task.length, task.num_classes, mixers,
+                                width=model.width, dropout=model.dropout or 0.0)  # fmt: skip
+    if task.vocab_size is not None:
+        raise ValueError(
+            f"model.arch={model.arch!r} reads real-valued sequences (B, C, N); this data has "
+            "token ids (use model.arch=transformer)"
+        )
+    if model.arch == "cnn1d":
+        return ConvClassifier1d(task.in_channels, task.num_classes, context, width=model.width)
+    if not isinstance(context, IdentityContext):
+        raise ValueError(
+            f"model.arch={model.arch!r} has no context block; got {type(context).__name__} "
+            "(use context=none, or model.arch=cnn1d / transformer)"
+        )
+    if model.arch == "mlp":
+        return MLPClassifier(task.in_channels * task.length, task.num_classes, model.width)
+    if model.arch == "gru":
+        return GRUClassifier(task.in_channels, task.num_classes, model.width)
+    return DEQClassifier1d(task.in_channels, task.num_classes, width=model.width,
+                           gain=0.5 if model.gain is None else model.gain, solver=solver,
+                           adjoint=adjoint, stabilise=model.stabilise)  # fmt: skip
+
+
+def _fresh(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` with every submodule's parameters drawn again
+    (``reset_parameters``), so stacked layers do not start equal."""
+    copy = deepcopy(module)
+    for sub in copy.modules():
+        reset = getattr(sub, "reset_parameters", None)
+        if callable(reset):
+            reset()
+    return copy
 
 
 def _network(task: TaskInfo, context: nn.Module, model: ModelConf) -> nn.Module:

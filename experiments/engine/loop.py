@@ -258,8 +258,13 @@ def fit(
     preempt: Callable[[], int | None] | None = None,
     max_consecutive_skips: int = 0,
     max_skips: int = 0,
+    stop_when: Callable[[dict[str, float]], bool] | None = None,
 ) -> dict[str, float]:
     """Train until ``epochs`` are done and evaluate after each; return the last epoch's metrics.
+
+    Early stopping: when ``stop_when(metrics)`` is true after an epoch's evaluation, training
+    is over at that epoch (``state.epoch`` becomes ``epochs + 1`` before the checkpoint, so a
+    resumed run counts it finished; ``metrics["epoch"]`` says where it stopped).
 
     Starts from ``state`` (a resumed run's position; default the beginning). When
     ``train_batches`` is a DataLoader over an ``EpochBatchSampler`` it is positioned at
@@ -359,6 +364,9 @@ def fit(
                     sink.log(metrics, state.step)
                 logger.info("epoch %d/%d  %s", state.epoch, epochs, _format(metrics))
                 state.finish_epoch(metrics)
+                if stop_when is not None and stop_when(metrics):
+                    logger.info("epoch %d/%d: early stop", metrics["epoch"], epochs)
+                    state.epoch = epochs + 1
                 if checkpoint is not None:
                     checkpoint(state)
                 stop(state, saved=True)

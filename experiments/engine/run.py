@@ -170,7 +170,7 @@ def _train(
     solver, adjoint = instantiate(cfg.solver), instantiate(cfg.adjoint)
     context = build_context(cfg.context, context_channels(info, cfg.model), solver, adjoint)
     dtype = DTYPES[cfg.dtype]
-    model = build_model(info, context, cfg.model).to(device=device, dtype=dtype)
+    model = build_model(info, context, cfg.model, solver, adjoint).to(device=device, dtype=dtype)
     optimizer = build_optimizer(cfg.optim, model, cfg.model.backbone_lr_scale)
     model = dist.wrap(model)
     sinks = build_sinks(cfg.logger, output_dir, config) if dist.is_main else []
@@ -250,6 +250,7 @@ def _train(
             preempt=lambda: guard.signum,
             max_consecutive_skips=reliability.max_consecutive_skips,
             max_skips=reliability.max_skips,
+            stop_when=_stop_when(cfg.stop_at_accuracy),
         )
     except PreemptedError as stopped:  # every rank stops at the same step
         failures = _failure_counts(monitor, dist, state.skipped)
@@ -291,6 +292,13 @@ def _train(
         results["logs"] = log_record(output_dir)  # the rows these results belong to
         write_results(output_dir, results)
     return results
+
+
+def _stop_when(accuracy: float | None) -> Any:
+    """Early stopping at validation accuracy >= ``accuracy`` (None: never)."""
+    if accuracy is None:
+        return None
+    return lambda metrics: metrics.get("val/accuracy", -1.0) >= accuracy
 
 
 def _failure_counts(
