@@ -17,7 +17,11 @@ written for this library's solver contract:
   iterate and residual stay those of its stop) while the others go on; the mixing is per
   sample, so a sample's value and step count do not depend on its batch-mates (torchdeq's
   solvers stop the whole batch on the worst sample and keep updating converged samples'
-  iterates, only their best-so-far choice keeps them from getting worse).
+  iterates, only their best-so-far choice keeps them from getting worse);
+* ``whole_batch=True`` (for an ``f`` that couples the samples): no sample is frozen, and the
+  returned iterate is the evaluated batch with the lowest worst-sample residual, so it is a
+  batch ``f`` was evaluated at as a whole and its residuals are those of that evaluation.
+  ``Iterate.image`` says whether the per-sample result is such a batch.
 
 ``Iterate`` is the shared result; ``anderson`` and ``broyden`` are plain functions of
 ``f: (B, N) -> (B, N)``.
@@ -49,6 +53,10 @@ class Iterate:
             NaN / inf (then ``x`` must not be trusted).
         sample_steps: (B,) int64 evaluations each sample took before it converged and was
             frozen (per-sample stopping); None when no sample stopped before the others.
+        image: (B, N) ``f(x)`` when ``x`` is a batch ``f`` was evaluated at as a whole (the
+            latest evaluation: every sample's best is there, frozen ones held at their stop),
+            so that the residuals of that evaluation are those of ``x`` whatever ``f`` does
+            across samples; None when ``x`` assembles samples from different evaluations.
     """
 
     x: Tensor
@@ -58,6 +66,7 @@ class Iterate:
     rel_residuals: Tensor
     failed_at: int | None
     sample_steps: Tensor | None = None
+    image: Tensor | None = None
 
     @property
     def evaluations(self) -> int:
@@ -72,12 +81,21 @@ class _Tracker:
     residual no longer change (``hold`` keeps its iterate), and it no longer counts in the
     stopping decision or the NaN / inf check, so its value and step count are those of solving
     it alone. One host synchronisation per evaluation (two numbers while no sample is frozen:
-    the smallest and largest residual; then the largest over the running samples)."""
+    the smallest and largest residual; then the largest over the running samples).
+    ``whole_batch``: the batch is one problem: no sample is frozen, and an evaluation is the
+    new best of every sample or of none (by its worst-sample residual)."""
 
     def __init__(
-        self, x0: Tensor, tol: float | None, stop_mode: str, keep_image: bool = False
+        self,
+        x0: Tensor,
+        tol: float | None,
+        stop_mode: str,
+        keep_image: bool = False,
+        whole_batch: bool = False,
     ) -> None:
-        self.tol, self.use_rel = tol, stop_mode == "rel"
+        self.tol, self.use_rel, self.whole_batch = tol, stop_mode == "rel", whole_batch
+        self.best_worst = x0.new_full((), float("inf"))  # whole_batch: the best's worst sample
+        self.latest: tuple[Tensor, Tensor] | None = None  # the latest evaluation's (x, f(x))
         self.best = self.initial = x0
         self.best_image: Tensor | None = x0 if keep_image else None  # f(best)
         self.extra: tuple[Tensor, Tensor] | None = None  # the polish evaluation's residuals
@@ -99,8 +117,13 @@ class _Tracker:
         self.abs.append(abs_res)
         self.rel.append(rel_res)
         metric = rel_res if self.use_rel else abs_res
-        best_metric = self.best_rel if self.use_rel else self.best_abs
-        better = metric < best_metric
+        self.latest = (x, fx)
+        if self.whole_batch:
+            worst = metric.amax()
+            better = (worst < self.best_worst).expand(metric.shape)
+            self.best_worst = torch.minimum(worst, self.best_worst)
+        else:
+            better = metric < (self.best_rel if self.use_rel else self.best_abs)
         if self.active is not None:
             better = better & self.active
         if self.tol is None:
@@ -139,7 +162,7 @@ class _Tracker:
                 (bounds.min, bounds.max, better.all().to(metric.dtype))
             ).tolist()
             every = improved == 1.0
-            done = metric <= tol if low <= tol < high else None
+            done = metric <= tol if low <= tol < high and not self.whole_batch else None
         else:
             high = metric.masked_fill(~self.active, 0.0).max().item()
             done = self.active & (metric <= tol)
@@ -166,7 +189,14 @@ class _Tracker:
         size = torch.linalg.vector_norm(fy, dim=1).clamp_min(torch.finfo(y.dtype).tiny)
         rel_res = abs_res / size
         metric = rel_res if self.use_rel else abs_res
-        better = metric < (self.best_rel if self.use_rel else self.best_abs)
+        if self.whole_batch:
+            better = (metric.amax() < self.best_worst).expand(metric.shape)
+        else:
+            better = metric < (self.best_rel if self.use_rel else self.best_abs)
+        if bool(better.all()):
+            self.latest = (y, fy)
+        elif bool(better.any()):
+            self.latest = None  # best now mixes x_best and y: no batch was evaluated as it is
         self.best = torch.where(better[:, None], y, self.best)
         self.best_abs = torch.where(better, abs_res, self.best_abs)
         self.best_rel = torch.where(better, rel_res, self.best_rel)
@@ -194,8 +224,23 @@ class _Tracker:
             rel = torch.cat([rel, self.extra[1][None]])
             steps = None if steps is None else steps + 1
         return Iterate(
-            self.best, self.best_abs, self.best_rel, residuals, rel, self.failed_at, steps
+            self.best,
+            self.best_abs,
+            self.best_rel,
+            residuals,
+            rel,
+            self.failed_at,
+            steps,
+            self._image(),
         )
+
+    def _image(self) -> Tensor | None:
+        """``f(best)`` when ``best`` is the latest evaluated batch (one host synchronisation
+        unless it is that batch by reference), else None."""
+        if self.latest is None or self.failed_at is not None:
+            return None
+        x, fx = self.latest
+        return fx if self.best is x or torch.equal(self.best, x) else None
 
 
 def anderson(
@@ -209,6 +254,7 @@ def anderson(
     lam: float = 1e-4,
     damping: float = 1.0,
     polish: bool = False,
+    whole_batch: bool = False,
 ) -> Iterate:
     """Anderson acceleration of ``x <- f(x)`` for x (B, N), at most ``max_evals`` evaluations.
 
@@ -220,6 +266,9 @@ def anderson(
     With ``polish`` the last evaluation (of the ``max_evals``) goes to ``f(x_best)`` (torchdeq
     returns that point, unmeasured): per sample the one of ``x_best`` and ``f(x_best)`` with the
     lower measured residual is returned, so the returned residual stays exact.
+    ``whole_batch``: the batch is one problem (no per-sample freezing; the returned iterate is
+    the evaluated batch with the lowest worst-sample residual), for an ``f`` that couples the
+    samples.
     """
     batch, size = x0.shape
     xs = x0.new_empty(batch, m, size) if damping != 1.0 else None  # only damping mixes X
@@ -233,7 +282,7 @@ def anderson(
     rhs = x0.new_zeros(batch, m + 1, 1, dtype=small)
     rhs[:, 0] = 1
     ridge = lam * torch.eye(m, dtype=small, device=x0.device)
-    tracker = _Tracker(x0, tol, stop_mode, keep_image=polish)
+    tracker = _Tracker(x0, tol, stop_mode, keep_image=polish, whole_batch=whole_batch)
     loop_evals = max_evals - 1 if polish else max_evals
     x = x0
     for k in range(loop_evals):
@@ -274,17 +323,19 @@ def broyden(
     max_evals: int,
     tol: float | None,
     stop_mode: str = "rel",
+    whole_batch: bool = False,
 ) -> Iterate:
     """Broyden's ("good") method on ``g(x) = f(x) - x`` for x (B, N), without line search, at
     most ``max_evals`` evaluations of ``f``: the inverse Jacobian estimate ``-I + U V^T`` is
     built from rank-one updates u_i, v_i, kept as rows of two preallocated (B, L, N) buffers
     (only the filled rows are read, so they are not zeroed; each product reads contiguous
-    rows). Stops once the worst sample's residual (``stop_mode``) is ``<= tol``."""
+    rows). Stops once the worst sample's residual (``stop_mode``) is ``<= tol``; ``whole_batch``
+    as in ``anderson``."""
     batch, size = x0.shape
     limit = max(max_evals - 1, 1)
     us = x0.new_empty(batch, limit, size)
     vts = x0.new_empty(batch, limit, size)
-    tracker = _Tracker(x0, tol, stop_mode)
+    tracker = _Tracker(x0, tol, stop_mode, whole_batch=whole_batch)
     x = x0
     fx = f(x)
     gx = fx - x

@@ -12,6 +12,7 @@ against.
 from __future__ import annotations
 
 import logging
+import warnings
 from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from implicit_ham._core.caller import user_stacklevel
+from implicit_ham._core.errors import BatchCouplingWarning
 from implicit_ham._core.state import (
     State,
     StateSpec,
@@ -27,6 +30,7 @@ from implicit_ham._core.state import (
     with_gradient_of,
 )
 from implicit_ham._core.stats import SolverStats
+from implicit_ham._core.transforms import host_checks
 from implicit_ham.linalg.acceleration import Iterate, anderson, broyden
 from implicit_ham.solvers.base import (
     SOLVERS,
@@ -59,9 +63,12 @@ class NativeSolver(FixedPointSolver):
     max_steps: int
     tol: float | None
     stop_mode: str
+    batch_coupled: bool
 
     @abstractmethod
-    def _iterate(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, budget: int) -> Iterate:
+    def _iterate(
+        self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, budget: int, whole_batch: bool
+    ) -> Iterate:
         """Run the native solver on (B, N) states."""
 
     def solve(
@@ -74,13 +81,31 @@ class NativeSolver(FixedPointSolver):
         def flat_f(x: Tensor) -> Tensor:
             return flat.flatten(f(flat.unflatten(x)))
 
+        x0 = flat.flatten(z0)
         with torch.no_grad():
-            result = self._iterate(flat_f, flat.flatten(z0), self.max_steps - 1)
+            result = self._iterate(flat_f, x0, self.max_steps - 1, self.batch_coupled)
         if result.failed_at is not None:
             raise_non_finite(self.name, z0, result.failed_at)
         z = detached(flat.unflatten(result.x))
-        if grad_steps > 0 and torch.is_grad_enabled():
-            z = with_gradient_of(z, apply_steps(f, f(z), grad_steps - 1))
+        gradient = grad_steps > 0 and torch.is_grad_enabled()
+        image: State | None = None  # f(z) as one batch, when evaluated here
+        if gradient:
+            image = f(z)
+        elif result.image is None and not self.batch_coupled and host_checks():
+            with torch.no_grad():
+                image = f(z)
+        if not self.batch_coupled and host_checks():
+            at_z = result.image if image is None else flat.flatten(detached(image))
+            if at_z is not None and _coupled(self, result, at_z, spec):
+                with torch.no_grad():
+                    result = self._iterate(flat_f, x0, self.max_steps - 1, True)
+                if result.failed_at is not None:
+                    raise_non_finite(self.name, z0, result.failed_at)
+                z = detached(flat.unflatten(result.x))
+                image = f(z) if gradient else None
+        if gradient:
+            assert image is not None
+            z = with_gradient_of(z, apply_steps(f, image, grad_steps - 1))
         converged = None
         if self.tol is not None:
             metric = result.rel_residual if self.stop_mode == "rel" else result.abs_residual
@@ -122,8 +147,11 @@ class Anderson(AndersonSolverOptions, NativeSolver):
     """
 
     polish: bool = False
+    batch_coupled: bool = False
 
-    def _iterate(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, budget: int) -> Iterate:
+    def _iterate(
+        self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, budget: int, whole_batch: bool
+    ) -> Iterate:
         retry = self.attempts[1]
         for attempt, lam in enumerate(self.attempts):
             result = anderson(
@@ -136,6 +164,7 @@ class Anderson(AndersonSolverOptions, NativeSolver):
                 lam=lam,
                 damping=self.damping,
                 polish=self.polish,
+                whole_batch=whole_batch,
             )
             if result.failed_at is None or result.failed_at == 0:
                 return result
@@ -161,8 +190,60 @@ class Broyden(BroydenSolverOptions, NativeSolver):
             tolerance (None: use the budget). stop_mode: "rel" or "abs".
     """
 
-    def _iterate(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, budget: int) -> Iterate:
-        return broyden(flat_f, x0, max_evals=budget, tol=self.tol, stop_mode=self.stop_mode)
+    batch_coupled: bool = False
+
+    def _iterate(
+        self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, budget: int, whole_batch: bool
+    ) -> Iterate:
+        return broyden(
+            flat_f,
+            x0,
+            max_evals=budget,
+            tol=self.tol,
+            stop_mode=self.stop_mode,
+            whole_batch=whole_batch,
+        )
+
+
+def _coupled(solver: NativeSolver, result: Iterate, image: Tensor, spec: StateSpec) -> bool:
+    """Whether ``f`` couples the samples, from its value ``image`` (B, N) at the returned point
+    ``result.x`` evaluated as one batch: True, after a ``BatchCouplingWarning`` with the numbers,
+    when some sample's residual there differs from the one the per-sample solve recorded for it
+    (beyond 1e-3 relative and rounding) or falls on the other side of ``tol`` (one host
+    synchronisation). The samples the solve froze, or whose best iterate came from an earlier
+    evaluation, were recorded beside batch-mates that have moved since."""
+    abs_res = torch.linalg.vector_norm(image - result.x, dim=1)
+    size = torch.linalg.vector_norm(image, dim=1)
+    rel_res = abs_res / size.clamp_min(torch.finfo(image.dtype).tiny)
+    rounding = 8 * torch.finfo(image.dtype).eps * size
+    differs = (abs_res - result.abs_residual).abs() > 1e-3 * result.abs_residual + rounding
+    if solver.tol is not None:
+        use_rel = solver.stop_mode == "rel"
+        metric = rel_res if use_rel else abs_res
+        recorded = result.rel_residual if use_rel else result.abs_residual
+        differs |= (metric <= solver.tol) != (recorded <= solver.tol)
+    if not bool(differs.any()):
+        return False
+    i = int(torch.where(differs, rel_res, -1.0).argmax())  # the worst sample that differs
+    hint = (
+        f" z0 is {len(spec.shapes[0])}-D ({tuple(spec.shapes[0])}): its first dimension is read "
+        "as the batch; if it is one sample, give it a batch dimension (z0[None])."
+        if len(spec.shapes) == 1 and len(spec.shapes[0]) == 1
+        else ""
+    )
+    warnings.warn(
+        f"{solver.name}: f couples the samples of the batch: at the returned point sample {i}'s "
+        f"relative residual is {float(rel_res[i]):.3e}, not the "
+        f"{float(result.rel_residual[i]):.3e} the per-sample solve recorded for it "
+        f"({int(differs.sum())} of {differs.numel()} samples differ: samples frozen at their "
+        "stop, or returned at an earlier evaluation, were measured beside batch-mates that have "
+        "moved since). Solved again with one criterion for the whole batch (no sample frozen; "
+        "the evaluated batch with the lowest worst-sample residual is returned, its residuals "
+        f"measured as a whole); pass batch_coupled=True to solve so at once.{hint}",
+        BatchCouplingWarning,
+        stacklevel=user_stacklevel(),
+    )
+    return True
 
 
 class _Flat:
