@@ -207,7 +207,9 @@ class _Tracker:
         return x_next if self.active is None else torch.where(self.active[:, None], x_next, x)
 
     def result(self) -> Iterate:
-        if self.tol is None and self.failed_at is None and not bool(self.finite):
+        image = self._image()
+        if self.tol is None and self.failed_at is None and not image.finite:
+            image.fx = None
             rows = torch.stack(self.abs)
             bad = ~torch.isfinite(rows).all(dim=1)
             self.failed_at = int(bad.nonzero()[0, 0])
@@ -231,16 +233,31 @@ class _Tracker:
             rel,
             self.failed_at,
             steps,
-            self._image(),
+            image.fx,
         )
 
-    def _image(self) -> Tensor | None:
-        """``f(best)`` when ``best`` is the latest evaluated batch (one host synchronisation
-        unless it is that batch by reference), else None."""
-        if self.latest is None or self.failed_at is not None:
-            return None
-        x, fx = self.latest
-        return fx if self.best is x or torch.equal(self.best, x) else None
+    def _image(self) -> _Image:
+        """``f(best)`` when ``best`` is the latest evaluated batch, and (without a tolerance)
+        whether every evaluation was finite, read together: one host synchronisation at most
+        (none with a tolerance when ``best`` is that batch by reference)."""
+        flags = []
+        if self.tol is None and self.failed_at is None:
+            flags.append(self.finite)
+        latest = None if self.failed_at is not None else self.latest
+        if latest is not None and self.best is not latest[0]:
+            flags.append((self.best == latest[0]).all())
+        values = torch.stack(flags).tolist() if flags else []
+        finite = bool(values[0]) if self.tol is None and self.failed_at is None else True
+        same = latest is not None and (self.best is latest[0] or bool(values[-1]))
+        return _Image(latest[1] if same and latest is not None else None, finite)
+
+
+@dataclass
+class _Image:
+    """``_Tracker._image``'s answer: ``f(best)`` (or None) and whether the solve stayed finite."""
+
+    fx: Tensor | None
+    finite: bool
 
 
 def anderson(
@@ -255,6 +272,8 @@ def anderson(
     damping: float = 1.0,
     polish: bool = False,
     whole_batch: bool = False,
+    relative_lam: bool = False,
+    restart: float | None = None,
 ) -> Iterate:
     """Anderson acceleration of ``x <- f(x)`` for x (B, N), at most ``max_evals`` evaluations.
 
@@ -268,7 +287,11 @@ def anderson(
     lower measured residual is returned, so the returned residual stays exact.
     ``whole_batch``: the batch is one problem (no per-sample freezing; the returned iterate is
     the evaluated batch with the lowest worst-sample residual), for an ``f`` that couples the
-    samples.
+    samples. ``relative_lam``: ``lam`` is relative to the mean squared residual of the stored
+    history (scale-free) instead of absolute (torchdeq's). ``restart``: a sample whose newest
+    residual exceeds ``restart`` times the smallest of its history drops that history (its
+    next step is a plain one); None never restarts (torchdeq's). The defaults are torchdeq's
+    (the backward ``AndersonSolve`` uses them); the forward ``Anderson`` sets both.
     """
     batch, size = x0.shape
     xs = x0.new_empty(batch, m, size) if damping != 1.0 else None  # only damping mixes X
@@ -282,6 +305,7 @@ def anderson(
     rhs = x0.new_zeros(batch, m + 1, 1, dtype=small)
     rhs[:, 0] = 1
     ridge = lam * torch.eye(m, dtype=small, device=x0.device)
+    valid = x0.new_ones(batch, m, dtype=small)  # per sample: the stored residuals in use
     tracker = _Tracker(x0, tol, stop_mode, keep_image=polish, whole_batch=whole_batch)
     loop_evals = max_evals - 1 if polish else max_evals
     x = x0
@@ -304,7 +328,10 @@ def anderson(
         row = torch.bmm(gx[:, None], gs[:, :n].mT)[:, 0].to(small)
         gram[:, slot, :n] = row
         gram[:, :n, slot] = row
-        system[:, 1 : n + 1, 1 : n + 1] = gram[:, :n, :n] + ridge[:n, :n]
+        if relative_lam or restart is not None:
+            _mixing_system(system, gram, valid, slot, n, lam, relative_lam, restart)
+        else:  # torchdeq's system: every stored residual, an absolute lam
+            system[:, 1 : n + 1, 1 : n + 1] = gram[:, :n, :n] + ridge[:n, :n]
         solution, _ = torch.linalg.solve_ex(system[:, : n + 1, : n + 1], rhs[:, : n + 1])
         alpha = solution[:, 1 : n + 1, 0][:, None].to(x0.dtype)  # (B, 1, n)
         x_next = torch.bmm(alpha, fs[:, :n])[:, 0]
@@ -314,6 +341,44 @@ def anderson(
     if polish and tracker.failed_at is None:
         tracker.polish(f)
     return tracker.result()
+
+
+def _mixing_system(
+    system: Tensor,
+    gram: Tensor,
+    valid: Tensor,
+    slot: int,
+    n: int,
+    lam: float,
+    relative_lam: bool,
+    restart: float | None,
+) -> None:
+    """Fill ``system[:, :n + 1, :n + 1]`` (B, n + 1, n + 1), the bordered mixing system over the
+    ``n`` stored residuals, with a relative ``lam`` and / or restarts.
+
+    ``valid`` (B, m), 1.0 where a stored residual belongs to the sample's current history:
+    with ``restart``, a sample whose newest residual (``slot``) exceeds ``restart`` times the
+    smallest one of its history drops that history (only ``slot`` stays valid, so the next
+    iterate is the plain step ``f(x)``). A dropped entry's row and column are those of the
+    identity with a zero in the constraint, so its weight is exactly 0. ``relative_lam``: the
+    Gram block is divided by the mean squared residual of the valid entries (1 where that is
+    0: an exact fixed point), which minimises ``||alpha G||^2 + lam * mean ||g||^2 ||alpha||^2``
+    with a system whose entries are of order one."""
+    diag = gram[:, :n, :n].diagonal(dim1=1, dim2=2)  # (B, n) squared residual norms
+    if restart is not None:
+        others = torch.where(valid[:, :n] > 0, diag, torch.inf)
+        others[:, slot] = torch.inf
+        again = diag[:, slot] > restart**2 * others.amin(dim=1)
+        valid[:, :n] = torch.where(again[:, None], 0.0, valid[:, :n])
+    valid[:, slot] = 1.0
+    v = valid[:, :n]
+    block = gram[:, :n, :n] * v[:, :, None] * v[:, None, :]
+    if relative_lam:
+        mean_square = (diag * v).sum(dim=1) / v.sum(dim=1)
+        block = block / torch.where(mean_square > 0, mean_square, 1.0)[:, None, None]
+    system[:, 1 : n + 1, 1 : n + 1] = block + torch.diag_embed(1 - v + lam * v)
+    system[:, 0, 1 : n + 1] = v
+    system[:, 1 : n + 1, 0] = v
 
 
 def broyden(

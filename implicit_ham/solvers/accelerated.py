@@ -31,6 +31,7 @@ from implicit_ham._core.state import (
 )
 from implicit_ham._core.stats import SolverStats
 from implicit_ham._core.transforms import host_checks
+from implicit_ham._core.validation import check_tolerance
 from implicit_ham.linalg.acceleration import Iterate, anderson, broyden
 from implicit_ham.solvers.base import (
     SOLVERS,
@@ -49,15 +50,21 @@ logger = logging.getLogger(__name__)
 class NativeSolver(FixedPointSolver):
     """Shared frame of the native accelerated solvers (``implicit_ham.linalg.acceleration``).
 
-    The solve spends at most ``max_steps - 1`` evaluations of ``f`` without gradient and
-    returns, per sample, the evaluated iterate with the lowest residual; its residual is
-    therefore known without another evaluation. Under a through-iteration backward mode
-    (``grad_steps >= 1`` with gradient enabled) ``f`` is evaluated once more at the solution
-    z* with gradient (the ``max_steps``-th evaluation, the first gradient step), followed by
-    ``grad_steps - 1`` more plain steps; the result carries their gradient and z*'s value
-    (``with_gradient_of``), so the value is the same under every backward mode. ``Unroll``
-    (``grad_steps >= max_steps``) is refused. Host synchronisations: one per evaluation with a
-    tolerance (the stopping decision, which also detects NaN / inf), one per solve without.
+    The solve spends ``max_steps`` evaluations of ``f`` without gradient (fewer when every
+    sample meets ``tol`` first; ``stats.steps`` counts them) and returns, per sample, the
+    evaluated iterate with the lowest residual. After it, ``f`` is evaluated once more at the
+    solution z*, on top of the budget, in two cases only: under a through-iteration backward
+    mode (``grad_steps >= 1`` with gradient enabled) with gradient, as the first gradient step,
+    followed by ``grad_steps - 1`` more plain steps (the result carries their gradient and z*'s
+    value, ``with_gradient_of``, so the value is the same under every backward mode); and,
+    without one, when z* assembles samples from different evaluations (frozen at different
+    steps, or best at different evaluations), to measure z* as one batch. That measurement is
+    the check of an ``f`` that couples the samples: when z*'s residuals as one batch differ
+    from those the per-sample solve recorded, ``BatchCouplingWarning`` says so and the solve is
+    run again with one criterion for the whole batch, whose residuals are those of z*
+    (``batch_coupled=True`` solves so at once). ``Unroll`` (``grad_steps >= max_steps``) is
+    refused. Host synchronisations: one per evaluation with a tolerance (the stopping
+    decision, which also detects NaN / inf), one or two per solve without.
     """
 
     max_steps: int
@@ -83,7 +90,7 @@ class NativeSolver(FixedPointSolver):
 
         x0 = flat.flatten(z0)
         with torch.no_grad():
-            result = self._iterate(flat_f, x0, self.max_steps - 1, self.batch_coupled)
+            result = self._iterate(flat_f, x0, self.max_steps, self.batch_coupled)
         if result.failed_at is not None:
             raise_non_finite(self.name, z0, result.failed_at)
         z = detached(flat.unflatten(result.x))
@@ -98,7 +105,7 @@ class NativeSolver(FixedPointSolver):
             at_z = result.image if image is None else flat.flatten(detached(image))
             if at_z is not None and _coupled(self, result, at_z, spec):
                 with torch.no_grad():
-                    result = self._iterate(flat_f, x0, self.max_steps - 1, True)
+                    result = self._iterate(flat_f, x0, self.max_steps, True)
                 if result.failed_at is not None:
                     raise_non_finite(self.name, z0, result.failed_at)
                 z = detached(flat.unflatten(result.x))
@@ -130,17 +137,32 @@ class Anderson(AndersonSolverOptions, NativeSolver):
     accelerated solver. ``TorchDEQAnderson`` ("torchdeq_anderson") runs torchdeq's.
 
     Args:
-        max_steps: budget of ``f`` evaluations (>= 4, see ``NativeSolver``). tol: stopping
-            tolerance (None: use the budget).
-        m: history size (>= 2). lam: Tikhonov regularisation of the mixing system.
+        max_steps: evaluations of ``f`` the solve spends (>= 4; exactly ``max_steps`` unless
+            every sample meets ``tol`` first; the one evaluation at z* a gradient step or a
+            measurement adds comes on top, see ``NativeSolver``). tol: stopping tolerance
+            (None: use the budget).
+        m: history size (>= 2). lam: Tikhonov regularisation of the mixing system, relative
+            to the mean squared residual of the stored history (``relative_lam=True``, the
+            default: scale-free, as SciPy's ``w0``), or absolute (torchdeq's).
         retry_lam: the regularisation of the retry (below).
         damping: mixing step size in (0, 1]. stop_mode: "rel" or "abs".
+        relative_lam: whether ``lam`` is relative (True) or absolute (False, torchdeq's: an
+            absolute 1e-4 outweighs the squared residuals once they fall below about 1e-2,
+            and the mixing then averages old iterates: on the tanh cell of
+            ``docs/solvers.md`` it took 14 evaluations where plain iteration took 9).
+        restart: clear a sample's history when its newest residual exceeds ``restart`` times
+            the smallest residual in that history (the next step is then a plain step from
+            the newest iterate); None never restarts (torchdeq's). On the Hamburger maps (VQ,
+            CD) the iteration passes through phases where the mixing of stale residuals
+            extrapolates away from the fixed point; the restart is what makes Anderson beat
+            plain iteration there (``docs/solvers.md``, "Anderson's defaults").
         polish: spend the last evaluation of the solve on ``f(x_best)`` and return, per
             sample, whichever of ``x_best`` and ``f(x_best)`` has the lower measured residual
             (torchdeq returns ``f(x_best)`` without measuring it). Off by default: one more
             evaluation with a tolerance; at a fixed budget one Anderson step fewer, for a
             residual several times lower on contractive maps (``docs/benchmarks_peers.md``,
             target 6). The value is the same under every backward mode either way.
+        batch_coupled: as ``Broyden``'s.
 
     A singular mixing system or a non-finite iterate is retried once with ``lam`` raised to
     ``retry_lam``; if that fails too, NonFiniteError is raised.
@@ -148,6 +170,12 @@ class Anderson(AndersonSolverOptions, NativeSolver):
 
     polish: bool = False
     batch_coupled: bool = False
+    relative_lam: bool = True
+    restart: float | None = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_tolerance(type(self).__name__, "restart", self.restart, optional=True)
 
     def _iterate(
         self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, budget: int, whole_batch: bool
@@ -165,6 +193,8 @@ class Anderson(AndersonSolverOptions, NativeSolver):
                 damping=self.damping,
                 polish=self.polish,
                 whole_batch=whole_batch,
+                relative_lam=self.relative_lam,
+                restart=self.restart,
             )
             if result.failed_at is None or result.failed_at == 0:
                 return result
@@ -186,8 +216,13 @@ class Broyden(BroydenSolverOptions, NativeSolver):
     ``TorchDEQBroyden`` ("torchdeq_broyden") runs torchdeq's.
 
     Args:
-        max_steps: budget of ``f`` evaluations (>= 3, see ``NativeSolver``). tol: stopping
-            tolerance (None: use the budget). stop_mode: "rel" or "abs".
+        max_steps: evaluations of ``f`` the solve spends (>= 3; exactly ``max_steps`` unless
+            every sample meets ``tol`` first; see ``NativeSolver`` for the one on top). tol:
+            stopping tolerance (None: use the budget). stop_mode: "rel" or "abs".
+        batch_coupled: solve the batch as one problem (no sample frozen, the evaluated batch
+            with the lowest worst-sample residual returned), for an ``f`` that couples the
+            samples; without it such an ``f`` is detected at the returned point
+            (``BatchCouplingWarning``) and solved again so.
     """
 
     batch_coupled: bool = False

@@ -49,6 +49,9 @@ from implicit_ham.solvers.base import (
     warn_if_not_converged,
 )
 
+DEFAULT_STEPS = 6  # FixedPointIteration's budget without a tolerance (Hamburger's K)
+DEFAULT_TOL_STEPS = 100  # its budget with a tolerance
+
 
 @SOLVERS.register("fixed_point")
 @dataclass(frozen=True)
@@ -56,7 +59,11 @@ class FixedPointIteration(FixedPointSolver):
     """Plain (optionally damped) iteration ``z <- damping * f(z) + (1 - damping) * z``.
 
     Args:
-        max_steps: iterations K. With ``tol=None`` exactly K run, without host synchronisation.
+        max_steps: iterations K. With ``tol=None`` exactly K run, without host synchronisation;
+            with a tolerance at most K. 0 (the default): ``DEFAULT_STEPS`` (6, Hamburger's K)
+            without a tolerance, ``DEFAULT_TOL_STEPS`` (100) with one, so that
+            ``FixedPointIteration(tol=1e-6)`` runs to its tolerance rather than stopping at 6
+            with a ConvergenceWarning. The resolved number is what the instance holds.
         tol: stop a sample once its residual (relative or absolute, see ``stop_mode``) is
             ``<= tol`` (it is then frozen while the others go on; ``stats.sample_steps`` holds
             each sample's count) and the solve once every sample is; this checks the residual
@@ -75,7 +82,7 @@ class FixedPointIteration(FixedPointSolver):
             tolerance the trace is always recorded (the stopping decision needs it).
     """
 
-    max_steps: int = 6
+    max_steps: int = 0
     tol: float | None = None
     damping: float = 1.0
     stop_mode: str = "rel"
@@ -83,6 +90,9 @@ class FixedPointIteration(FixedPointSolver):
     trace: bool = False
 
     def __post_init__(self) -> None:
+        if self.max_steps == 0 and not isinstance(self.max_steps, bool):
+            steps = DEFAULT_STEPS if self.tol is None else DEFAULT_TOL_STEPS
+            object.__setattr__(self, "max_steps", steps)
         check_budget("FixedPointIteration", self.max_steps, self.tol)
         check_unit_interval("FixedPointIteration", "damping", self.damping)
         check_choice("FixedPointIteration", "stop_mode", self.stop_mode, STOP_MODES)
@@ -98,7 +108,8 @@ class FixedPointIteration(FixedPointSolver):
             raise NotImplementedError(
                 f"FixedPointIteration(tol={self.tol:g}) under torch.func.vmap: stopping on a "
                 "tolerance decides on values, which vmap cannot trace. Use tol=None (a fixed "
-                "number of steps) inside vmap."
+                "number of steps) inside vmap: solver=FixedPointIteration(max_steps=K) "
+                "(ih.fixed_point's default solver has a tolerance)."
             )
         if self.tol is None and not self.trace:
             return self._untraced(step, z0, spec, grad_steps, rec, (recording, checks, stats_now))
