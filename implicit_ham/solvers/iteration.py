@@ -119,6 +119,8 @@ class FixedPointIteration(FixedPointSolver):
         elif grad_steps >= self.max_steps:
             z, stops = self._until_converged(step, z0, rec, keep=0)
             rec.sample_steps = stops.per_sample
+            if checks:
+                _warn_if_frozen_drift(self.name, rec, stops)
         else:
             z, stops = self._replay_tail(step, z0, grad_steps, rec)
         # a tolerance loop has read every step's metric, which is finite only for finite steps
@@ -243,6 +245,8 @@ class FixedPointIteration(FixedPointSolver):
             solved, stops = self._until_converged(step, z0, rec, keep=grad_steps)
         rec.sample_steps = stops.per_sample
         if grad_steps == 0:
+            if host_checks():
+                _warn_if_frozen_drift(self.name, rec, stops)
             return solved, stops
         assert stops.starts is not None
         start = stops.starts
@@ -259,6 +263,7 @@ class FixedPointIteration(FixedPointSolver):
             return z, stops
         if host_checks():
             _warn_if_coupled(self.name, solved, z, counts)
+            _warn_if_frozen_drift(self.name, rec, stops)
         return with_gradient_of(solved, z), stops
 
 
@@ -343,6 +348,42 @@ def _warn_if_coupled(name: str, solved: State, replayed: State, counts: list[int
         "over the batch) or computes differently with gradient. The value returned is the "
         "solve's; the gradient is that of the replayed steps, taken at a batch the solve never "
         "saw. For a batch-coupled f use tol=None (a fixed budget) or Unroll.",
+        BatchCouplingWarning,
+        stacklevel=user_stacklevel(),
+    )
+
+
+def _warn_if_frozen_drift(name: str, rec: TraceRecorder, stops: _Stops) -> None:
+    """Warn ``BatchCouplingWarning`` when a frozen sample's residual moved while it was held.
+
+    A sample frozen at step s keeps its iterate, and every later step still measures ``f`` at
+    it (beside the running samples): for an ``f`` that treats samples independently that
+    residual is the same at every later step; for one that couples them (a batch mean, a 1-D
+    z0 whose entries are read as samples) it moves with the batch-mates, and the residual and
+    stop recorded for the sample are stale. Compares the step after each freeze with the last
+    step, from the recorded trace (no evaluation of ``f``; one host synchronisation, only when
+    some sample stopped before the others)."""
+    if not stops.staggered or stops.per_sample is None:
+        return
+    last = stops.last
+    held = stops.per_sample < last - 1  # frozen with at least two later steps measured
+    if not bool(held.any()):
+        return
+    trace = torch.stack(rec.residuals)  # (steps, B)
+    after = trace.gather(0, stops.per_sample.clamp(max=last - 1)[None])[0]
+    final = trace[last - 1]
+    size = torch.stack(rec.sizes)[last - 1]
+    moved = held & ((final - after).abs() > 1e-4 * after + 8 * torch.finfo(final.dtype).eps * size)
+    if not bool(moved.any()):
+        return
+    i = int(torch.where(moved, (final - after).abs(), -1.0).argmax())
+    warnings.warn(
+        f"{name}: f couples the samples of the batch: sample {i}, frozen at step "
+        f"{int(stops.per_sample[i])} (held since), measures a change of {float(after[i]):.3e} "
+        f"the step after and {float(final[i]):.3e} at step {last} ({int(moved.sum())} frozen "
+        "samples moved): its residual depends on batch-mates that kept moving, so the residual "
+        "and stop recorded for the frozen samples are stale. For a batch-coupled f use tol=None "
+        "(a fixed budget), or Anderson / Broyden, which check the returned point as one batch.",
         BatchCouplingWarning,
         stacklevel=user_stacklevel(),
     )
