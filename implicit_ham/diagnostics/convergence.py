@@ -60,11 +60,14 @@ def convergence_trace(
     """
     values: list[Tensor] = []
     scales: list[Tensor] = []
+    changes: list[Tensor] = []  # per call: ||f(z) - z|| (to find the solver's rows among them)
 
     def traced(z: Any, *args: Any) -> Any:
         out = problem.f(z, *args)
         spec = StateSpec.of(out)
+        pairs = zip(spec.as_tuple(out), StateSpec.of(z).as_tuple(z), strict=True)
         scales.append(per_sample_norm(spec.as_tuple(out)))
+        changes.append(per_sample_norm(tuple(a - b for a, b in pairs)))
         if objective is not None:
             value = torch.as_tensor(objective(z), dtype=scales[-1].dtype)
             values.append(value.to(scales[-1].device).expand_as(scales[-1]))
@@ -79,10 +82,28 @@ def convergence_trace(
     seconds = time.perf_counter() - start
     residuals = sol.stats.residuals
     steps = residuals.shape[0]
-    norms = torch.stack(scales[-steps:]) if steps else residuals
+    first = _rows_start(residuals, changes)
+    norms = torch.stack(scales[first : first + steps]) if steps else residuals
     rel = residuals / norms.clamp_min(torch.finfo(residuals.dtype).tiny)
-    trace = torch.stack(values[-steps:]) if objective is not None and steps else None
+    trace = torch.stack(values[first : first + steps]) if objective is not None and steps else None
     return ConvergenceTrace(sol.stats.solver, residuals, rel, trace, seconds)
+
+
+def _rows_start(residuals: Tensor, changes: list[Tensor]) -> int:
+    """The call at which the solver's residual rows (steps, B) begin among the calls of ``f``
+    (each call's ``||f(z) - z||`` in ``changes``): the window that matches them best. A solve
+    may call ``f`` besides its rows: a retry before them (Anderson's stronger
+    regularisation, a whole-batch re-solve), a measurement at the returned point after them."""
+    steps = residuals.shape[0]
+    if steps == 0 or len(changes) <= steps:
+        return max(len(changes) - steps, 0)
+    calls = torch.stack(changes).to(residuals.dtype)
+    scale = residuals.abs().amax().clamp_min(torch.finfo(residuals.dtype).tiny)
+    misfit = [
+        float((calls[start : start + steps] - residuals).abs().amax() / scale)
+        for start in range(len(changes) - steps + 1)
+    ]
+    return min(range(len(misfit)), key=lambda start: (misfit[start], -start))
 
 
 def steps_to_tolerance(residuals: Tensor, tol: float) -> Tensor:

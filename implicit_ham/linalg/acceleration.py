@@ -17,7 +17,11 @@ written for this library's solver contract:
   iterate and residual stay those of its stop) while the others go on; the mixing is per
   sample, so a sample's value and step count do not depend on its batch-mates (torchdeq's
   solvers stop the whole batch on the worst sample and keep updating converged samples'
-  iterates, only their best-so-far choice keeps them from getting worse).
+  iterates, only their best-so-far choice keeps them from getting worse);
+* ``whole_batch=True`` (for an ``f`` that couples the samples): no sample is frozen, and the
+  returned iterate is the evaluated batch with the lowest worst-sample residual, so it is a
+  batch ``f`` was evaluated at as a whole and its residuals are those of that evaluation.
+  ``Iterate.image`` says whether the per-sample result is such a batch.
 
 ``Iterate`` is the shared result; ``anderson`` and ``broyden`` are plain functions of
 ``f: (B, N) -> (B, N)``.
@@ -49,6 +53,10 @@ class Iterate:
             NaN / inf (then ``x`` must not be trusted).
         sample_steps: (B,) int64 evaluations each sample took before it converged and was
             frozen (per-sample stopping); None when no sample stopped before the others.
+        image: (B, N) ``f(x)`` when ``x`` is a batch ``f`` was evaluated at as a whole (the
+            latest evaluation: every sample's best is there, frozen ones held at their stop),
+            so that the residuals of that evaluation are those of ``x`` whatever ``f`` does
+            across samples; None when ``x`` assembles samples from different evaluations.
     """
 
     x: Tensor
@@ -58,6 +66,7 @@ class Iterate:
     rel_residuals: Tensor
     failed_at: int | None
     sample_steps: Tensor | None = None
+    image: Tensor | None = None
 
     @property
     def evaluations(self) -> int:
@@ -72,12 +81,21 @@ class _Tracker:
     residual no longer change (``hold`` keeps its iterate), and it no longer counts in the
     stopping decision or the NaN / inf check, so its value and step count are those of solving
     it alone. One host synchronisation per evaluation (two numbers while no sample is frozen:
-    the smallest and largest residual; then the largest over the running samples)."""
+    the smallest and largest residual; then the largest over the running samples).
+    ``whole_batch``: the batch is one problem: no sample is frozen, and an evaluation is the
+    new best of every sample or of none (by its worst-sample residual)."""
 
     def __init__(
-        self, x0: Tensor, tol: float | None, stop_mode: str, keep_image: bool = False
+        self,
+        x0: Tensor,
+        tol: float | None,
+        stop_mode: str,
+        keep_image: bool = False,
+        whole_batch: bool = False,
     ) -> None:
-        self.tol, self.use_rel = tol, stop_mode == "rel"
+        self.tol, self.use_rel, self.whole_batch = tol, stop_mode == "rel", whole_batch
+        self.best_worst = x0.new_full((), float("inf"))  # whole_batch: the best's worst sample
+        self.latest: tuple[Tensor, Tensor] | None = None  # the latest evaluation's (x, f(x))
         self.best = self.initial = x0
         self.best_image: Tensor | None = x0 if keep_image else None  # f(best)
         self.extra: tuple[Tensor, Tensor] | None = None  # the polish evaluation's residuals
@@ -99,8 +117,13 @@ class _Tracker:
         self.abs.append(abs_res)
         self.rel.append(rel_res)
         metric = rel_res if self.use_rel else abs_res
-        best_metric = self.best_rel if self.use_rel else self.best_abs
-        better = metric < best_metric
+        self.latest = (x, fx)
+        if self.whole_batch:
+            worst = metric.amax()
+            better = (worst < self.best_worst).expand(metric.shape)
+            self.best_worst = torch.minimum(worst, self.best_worst)
+        else:
+            better = metric < (self.best_rel if self.use_rel else self.best_abs)
         if self.active is not None:
             better = better & self.active
         if self.tol is None:
@@ -139,7 +162,7 @@ class _Tracker:
                 (bounds.min, bounds.max, better.all().to(metric.dtype))
             ).tolist()
             every = improved == 1.0
-            done = metric <= tol if low <= tol < high else None
+            done = metric <= tol if low <= tol < high and not self.whole_batch else None
         else:
             high = metric.masked_fill(~self.active, 0.0).max().item()
             done = self.active & (metric <= tol)
@@ -166,7 +189,14 @@ class _Tracker:
         size = torch.linalg.vector_norm(fy, dim=1).clamp_min(torch.finfo(y.dtype).tiny)
         rel_res = abs_res / size
         metric = rel_res if self.use_rel else abs_res
-        better = metric < (self.best_rel if self.use_rel else self.best_abs)
+        if self.whole_batch:
+            better = (metric.amax() < self.best_worst).expand(metric.shape)
+        else:
+            better = metric < (self.best_rel if self.use_rel else self.best_abs)
+        if bool(better.all()):
+            self.latest = (y, fy)
+        elif bool(better.any()):
+            self.latest = None  # best now mixes x_best and y: no batch was evaluated as it is
         self.best = torch.where(better[:, None], y, self.best)
         self.best_abs = torch.where(better, abs_res, self.best_abs)
         self.best_rel = torch.where(better, rel_res, self.best_rel)
@@ -177,7 +207,9 @@ class _Tracker:
         return x_next if self.active is None else torch.where(self.active[:, None], x_next, x)
 
     def result(self) -> Iterate:
-        if self.tol is None and self.failed_at is None and not bool(self.finite):
+        image = self._image()
+        if self.tol is None and self.failed_at is None and not image.finite:
+            image.fx = None
             rows = torch.stack(self.abs)
             bad = ~torch.isfinite(rows).all(dim=1)
             self.failed_at = int(bad.nonzero()[0, 0])
@@ -194,8 +226,38 @@ class _Tracker:
             rel = torch.cat([rel, self.extra[1][None]])
             steps = None if steps is None else steps + 1
         return Iterate(
-            self.best, self.best_abs, self.best_rel, residuals, rel, self.failed_at, steps
+            self.best,
+            self.best_abs,
+            self.best_rel,
+            residuals,
+            rel,
+            self.failed_at,
+            steps,
+            image.fx,
         )
+
+    def _image(self) -> _Image:
+        """``f(best)`` when ``best`` is the latest evaluated batch, and (without a tolerance)
+        whether every evaluation was finite, read together: one host synchronisation at most
+        (none with a tolerance when ``best`` is that batch by reference)."""
+        flags = []
+        if self.tol is None and self.failed_at is None:
+            flags.append(self.finite)
+        latest = None if self.failed_at is not None else self.latest
+        if latest is not None and self.best is not latest[0]:
+            flags.append((self.best == latest[0]).all())
+        values = torch.stack(flags).tolist() if flags else []
+        finite = bool(values[0]) if self.tol is None and self.failed_at is None else True
+        same = latest is not None and (self.best is latest[0] or bool(values[-1]))
+        return _Image(latest[1] if same and latest is not None else None, finite)
+
+
+@dataclass
+class _Image:
+    """``_Tracker._image``'s answer: ``f(best)`` (or None) and whether the solve stayed finite."""
+
+    fx: Tensor | None
+    finite: bool
 
 
 def anderson(
@@ -209,6 +271,9 @@ def anderson(
     lam: float = 1e-4,
     damping: float = 1.0,
     polish: bool = False,
+    whole_batch: bool = False,
+    relative_lam: bool = False,
+    restart: float | None = None,
 ) -> Iterate:
     """Anderson acceleration of ``x <- f(x)`` for x (B, N), at most ``max_evals`` evaluations.
 
@@ -220,6 +285,13 @@ def anderson(
     With ``polish`` the last evaluation (of the ``max_evals``) goes to ``f(x_best)`` (torchdeq
     returns that point, unmeasured): per sample the one of ``x_best`` and ``f(x_best)`` with the
     lower measured residual is returned, so the returned residual stays exact.
+    ``whole_batch``: the batch is one problem (no per-sample freezing; the returned iterate is
+    the evaluated batch with the lowest worst-sample residual), for an ``f`` that couples the
+    samples. ``relative_lam``: ``lam`` is relative to the mean squared residual of the stored
+    history (scale-free) instead of absolute (torchdeq's). ``restart``: a sample whose newest
+    residual exceeds ``restart`` times the smallest of its history drops that history (its
+    next step is a plain one); None never restarts (torchdeq's). The defaults are torchdeq's
+    (the backward ``AndersonSolve`` uses them); the forward ``Anderson`` sets both.
     """
     batch, size = x0.shape
     xs = x0.new_empty(batch, m, size) if damping != 1.0 else None  # only damping mixes X
@@ -233,7 +305,8 @@ def anderson(
     rhs = x0.new_zeros(batch, m + 1, 1, dtype=small)
     rhs[:, 0] = 1
     ridge = lam * torch.eye(m, dtype=small, device=x0.device)
-    tracker = _Tracker(x0, tol, stop_mode, keep_image=polish)
+    valid = x0.new_ones(batch, m, dtype=small)  # per sample: the stored residuals in use
+    tracker = _Tracker(x0, tol, stop_mode, keep_image=polish, whole_batch=whole_batch)
     loop_evals = max_evals - 1 if polish else max_evals
     x = x0
     for k in range(loop_evals):
@@ -255,7 +328,10 @@ def anderson(
         row = torch.bmm(gx[:, None], gs[:, :n].mT)[:, 0].to(small)
         gram[:, slot, :n] = row
         gram[:, :n, slot] = row
-        system[:, 1 : n + 1, 1 : n + 1] = gram[:, :n, :n] + ridge[:n, :n]
+        if relative_lam or restart is not None:
+            _mixing_system(system, gram, valid, slot, n, lam, relative_lam, restart)
+        else:  # torchdeq's system: every stored residual, an absolute lam
+            system[:, 1 : n + 1, 1 : n + 1] = gram[:, :n, :n] + ridge[:n, :n]
         solution, _ = torch.linalg.solve_ex(system[:, : n + 1, : n + 1], rhs[:, : n + 1])
         alpha = solution[:, 1 : n + 1, 0][:, None].to(x0.dtype)  # (B, 1, n)
         x_next = torch.bmm(alpha, fs[:, :n])[:, 0]
@@ -267,6 +343,44 @@ def anderson(
     return tracker.result()
 
 
+def _mixing_system(
+    system: Tensor,
+    gram: Tensor,
+    valid: Tensor,
+    slot: int,
+    n: int,
+    lam: float,
+    relative_lam: bool,
+    restart: float | None,
+) -> None:
+    """Fill ``system[:, :n + 1, :n + 1]`` (B, n + 1, n + 1), the bordered mixing system over the
+    ``n`` stored residuals, with a relative ``lam`` and / or restarts.
+
+    ``valid`` (B, m), 1.0 where a stored residual belongs to the sample's current history:
+    with ``restart``, a sample whose newest residual (``slot``) exceeds ``restart`` times the
+    smallest one of its history drops that history (only ``slot`` stays valid, so the next
+    iterate is the plain step ``f(x)``). A dropped entry's row and column are those of the
+    identity with a zero in the constraint, so its weight is exactly 0. ``relative_lam``: the
+    Gram block is divided by the mean squared residual of the valid entries (1 where that is
+    0: an exact fixed point), which minimises ``||alpha G||^2 + lam * mean ||g||^2 ||alpha||^2``
+    with a system whose entries are of order one."""
+    diag = gram[:, :n, :n].diagonal(dim1=1, dim2=2)  # (B, n) squared residual norms
+    if restart is not None:
+        others = torch.where(valid[:, :n] > 0, diag, torch.inf)
+        others[:, slot] = torch.inf
+        again = diag[:, slot] > restart**2 * others.amin(dim=1)
+        valid[:, :n] = torch.where(again[:, None], 0.0, valid[:, :n])
+    valid[:, slot] = 1.0
+    v = valid[:, :n]
+    block = gram[:, :n, :n] * v[:, :, None] * v[:, None, :]
+    if relative_lam:
+        mean_square = (diag * v).sum(dim=1) / v.sum(dim=1)
+        block = block / torch.where(mean_square > 0, mean_square, 1.0)[:, None, None]
+    system[:, 1 : n + 1, 1 : n + 1] = block + torch.diag_embed(1 - v + lam * v)
+    system[:, 0, 1 : n + 1] = v
+    system[:, 1 : n + 1, 0] = v
+
+
 def broyden(
     f: FlatMap,
     x0: Tensor,
@@ -274,17 +388,19 @@ def broyden(
     max_evals: int,
     tol: float | None,
     stop_mode: str = "rel",
+    whole_batch: bool = False,
 ) -> Iterate:
     """Broyden's ("good") method on ``g(x) = f(x) - x`` for x (B, N), without line search, at
     most ``max_evals`` evaluations of ``f``: the inverse Jacobian estimate ``-I + U V^T`` is
     built from rank-one updates u_i, v_i, kept as rows of two preallocated (B, L, N) buffers
     (only the filled rows are read, so they are not zeroed; each product reads contiguous
-    rows). Stops once the worst sample's residual (``stop_mode``) is ``<= tol``."""
+    rows). Stops once the worst sample's residual (``stop_mode``) is ``<= tol``; ``whole_batch``
+    as in ``anderson``."""
     batch, size = x0.shape
     limit = max(max_evals - 1, 1)
     us = x0.new_empty(batch, limit, size)
     vts = x0.new_empty(batch, limit, size)
-    tracker = _Tracker(x0, tol, stop_mode)
+    tracker = _Tracker(x0, tol, stop_mode, whole_batch=whole_batch)
     x = x0
     fx = f(x)
     gx = fx - x

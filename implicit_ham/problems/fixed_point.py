@@ -22,8 +22,10 @@ from implicit_ham.problems.states import StateRecorder, attach_states, state_ind
 from implicit_ham.solvers.base import SOLVERS, FixedPointSolver
 from implicit_ham.solvers.iteration import FixedPointIteration
 
-# the defaults, built once (both are frozen dataclasses: sharing them shares no state)
-_DEFAULT_SOLVER = FixedPointIteration()
+# the defaults, built once (both are frozen dataclasses: sharing them shares no state); the
+# solver runs to a tolerance, within FixedPointIteration's budget for one (100 steps)
+DEFAULT_TOL = 1e-5
+_DEFAULT_SOLVER = FixedPointIteration(tol=DEFAULT_TOL)
 _DEFAULT_ADJOINT = OneStep()
 
 
@@ -89,7 +91,11 @@ def fixed_point(
             ``f`` closes over.
         z0: initial state, (B, ...) or a tuple of (B, ...) tensors sharing B and dtype.
         *args: extra inputs of ``f``.
-        solver: forward solver or its registry name; default ``FixedPointIteration()``.
+        solver: forward solver or its registry name; default
+            ``FixedPointIteration(tol=1e-5)``: plain iteration until every sample's relative
+            residual is at most 1e-5, at most 100 steps (a ``ConvergenceWarning`` past them).
+            A fixed number of steps (no host synchronisation per step, and the only choice
+            inside ``torch.func.vmap``) is ``FixedPointIteration(max_steps=K)``.
         adjoint: backward mode or its registry name; default ``OneStep()``.
         states: also return intermediate states in ``Solution.states`` (for
             ``fixed_point_correction``): ``n`` spread over the step budget (TorchDEQ's

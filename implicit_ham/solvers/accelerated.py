@@ -12,6 +12,7 @@ against.
 from __future__ import annotations
 
 import logging
+import warnings
 from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from implicit_ham._core.caller import user_stacklevel
+from implicit_ham._core.errors import BatchCouplingWarning
 from implicit_ham._core.state import (
     State,
     StateSpec,
@@ -27,6 +30,8 @@ from implicit_ham._core.state import (
     with_gradient_of,
 )
 from implicit_ham._core.stats import SolverStats
+from implicit_ham._core.transforms import host_checks
+from implicit_ham._core.validation import check_tolerance
 from implicit_ham.linalg.acceleration import Iterate, anderson, broyden
 from implicit_ham.solvers.base import (
     SOLVERS,
@@ -45,23 +50,32 @@ logger = logging.getLogger(__name__)
 class NativeSolver(FixedPointSolver):
     """Shared frame of the native accelerated solvers (``implicit_ham.linalg.acceleration``).
 
-    The solve spends at most ``max_steps - 1`` evaluations of ``f`` without gradient and
-    returns, per sample, the evaluated iterate with the lowest residual; its residual is
-    therefore known without another evaluation. Under a through-iteration backward mode
-    (``grad_steps >= 1`` with gradient enabled) ``f`` is evaluated once more at the solution
-    z* with gradient (the ``max_steps``-th evaluation, the first gradient step), followed by
-    ``grad_steps - 1`` more plain steps; the result carries their gradient and z*'s value
-    (``with_gradient_of``), so the value is the same under every backward mode. ``Unroll``
-    (``grad_steps >= max_steps``) is refused. Host synchronisations: one per evaluation with a
-    tolerance (the stopping decision, which also detects NaN / inf), one per solve without.
+    The solve spends ``max_steps`` evaluations of ``f`` without gradient (fewer when every
+    sample meets ``tol`` first; ``stats.steps`` counts them) and returns, per sample, the
+    evaluated iterate with the lowest residual. After it, ``f`` is evaluated once more at the
+    solution z*, on top of the budget, in two cases only: under a through-iteration backward
+    mode (``grad_steps >= 1`` with gradient enabled) with gradient, as the first gradient step,
+    followed by ``grad_steps - 1`` more plain steps (the result carries their gradient and z*'s
+    value, ``with_gradient_of``, so the value is the same under every backward mode); and,
+    without one, when z* assembles samples from different evaluations (frozen at different
+    steps, or best at different evaluations), to measure z* as one batch. That measurement is
+    the check of an ``f`` that couples the samples: when z*'s residuals as one batch differ
+    from those the per-sample solve recorded, ``BatchCouplingWarning`` says so and the solve is
+    run again with one criterion for the whole batch, whose residuals are those of z*
+    (``batch_coupled=True`` solves so at once). ``Unroll`` (``grad_steps >= max_steps``) is
+    refused. Host synchronisations: one per evaluation with a tolerance (the stopping
+    decision, which also detects NaN / inf), one or two per solve without.
     """
 
     max_steps: int
     tol: float | None
     stop_mode: str
+    batch_coupled: bool
 
     @abstractmethod
-    def _iterate(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, budget: int) -> Iterate:
+    def _iterate(
+        self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, budget: int, whole_batch: bool
+    ) -> Iterate:
         """Run the native solver on (B, N) states."""
 
     def solve(
@@ -74,13 +88,31 @@ class NativeSolver(FixedPointSolver):
         def flat_f(x: Tensor) -> Tensor:
             return flat.flatten(f(flat.unflatten(x)))
 
+        x0 = flat.flatten(z0)
         with torch.no_grad():
-            result = self._iterate(flat_f, flat.flatten(z0), self.max_steps - 1)
+            result = self._iterate(flat_f, x0, self.max_steps, self.batch_coupled)
         if result.failed_at is not None:
             raise_non_finite(self.name, z0, result.failed_at)
         z = detached(flat.unflatten(result.x))
-        if grad_steps > 0 and torch.is_grad_enabled():
-            z = with_gradient_of(z, apply_steps(f, f(z), grad_steps - 1))
+        gradient = grad_steps > 0 and torch.is_grad_enabled()
+        image: State | None = None  # f(z) as one batch, when evaluated here
+        if gradient:
+            image = f(z)
+        elif result.image is None and not self.batch_coupled and host_checks():
+            with torch.no_grad():
+                image = f(z)
+        if not self.batch_coupled and host_checks():
+            at_z = result.image if image is None else flat.flatten(detached(image))
+            if at_z is not None and _coupled(self, result, at_z, spec):
+                with torch.no_grad():
+                    result = self._iterate(flat_f, x0, self.max_steps, True)
+                if result.failed_at is not None:
+                    raise_non_finite(self.name, z0, result.failed_at)
+                z = detached(flat.unflatten(result.x))
+                image = f(z) if gradient else None
+        if gradient:
+            assert image is not None
+            z = with_gradient_of(z, apply_steps(f, image, grad_steps - 1))
         converged = None
         if self.tol is not None:
             metric = result.rel_residual if self.stop_mode == "rel" else result.abs_residual
@@ -105,25 +137,49 @@ class Anderson(AndersonSolverOptions, NativeSolver):
     accelerated solver. ``TorchDEQAnderson`` ("torchdeq_anderson") runs torchdeq's.
 
     Args:
-        max_steps: budget of ``f`` evaluations (>= 4, see ``NativeSolver``). tol: stopping
-            tolerance (None: use the budget).
-        m: history size (>= 2). lam: Tikhonov regularisation of the mixing system.
+        max_steps: evaluations of ``f`` the solve spends (>= 4; exactly ``max_steps`` unless
+            every sample meets ``tol`` first; the one evaluation at z* a gradient step or a
+            measurement adds comes on top, see ``NativeSolver``). tol: stopping tolerance
+            (None: use the budget).
+        m: history size (>= 2). lam: Tikhonov regularisation of the mixing system, relative
+            to the mean squared residual of the stored history (``relative_lam=True``, the
+            default: scale-free, as SciPy's ``w0``), or absolute (torchdeq's).
         retry_lam: the regularisation of the retry (below).
         damping: mixing step size in (0, 1]. stop_mode: "rel" or "abs".
+        relative_lam: whether ``lam`` is relative (True) or absolute (False, torchdeq's: an
+            absolute 1e-4 outweighs the squared residuals once they fall below about 1e-2,
+            and the mixing then averages old iterates: on the tanh cell of
+            ``docs/solvers.md`` it took 14 evaluations where plain iteration took 9).
+        restart: clear a sample's history when its newest residual exceeds ``restart`` times
+            the smallest residual in that history (the next step is then a plain step from
+            the newest iterate); None never restarts (torchdeq's). On the Hamburger maps (VQ,
+            CD) the iteration passes through phases where the mixing of stale residuals
+            extrapolates away from the fixed point; the restart is what makes Anderson beat
+            plain iteration there (``docs/solvers.md``, "Anderson's defaults").
         polish: spend the last evaluation of the solve on ``f(x_best)`` and return, per
             sample, whichever of ``x_best`` and ``f(x_best)`` has the lower measured residual
             (torchdeq returns ``f(x_best)`` without measuring it). Off by default: one more
             evaluation with a tolerance; at a fixed budget one Anderson step fewer, for a
             residual several times lower on contractive maps (``docs/benchmarks_peers.md``,
             target 6). The value is the same under every backward mode either way.
+        batch_coupled: as ``Broyden``'s.
 
     A singular mixing system or a non-finite iterate is retried once with ``lam`` raised to
     ``retry_lam``; if that fails too, NonFiniteError is raised.
     """
 
     polish: bool = False
+    batch_coupled: bool = False
+    relative_lam: bool = True
+    restart: float | None = 1.0
 
-    def _iterate(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, budget: int) -> Iterate:
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_tolerance(type(self).__name__, "restart", self.restart, optional=True)
+
+    def _iterate(
+        self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, budget: int, whole_batch: bool
+    ) -> Iterate:
         retry = self.attempts[1]
         for attempt, lam in enumerate(self.attempts):
             result = anderson(
@@ -136,6 +192,9 @@ class Anderson(AndersonSolverOptions, NativeSolver):
                 lam=lam,
                 damping=self.damping,
                 polish=self.polish,
+                whole_batch=whole_batch,
+                relative_lam=self.relative_lam,
+                restart=self.restart,
             )
             if result.failed_at is None or result.failed_at == 0:
                 return result
@@ -157,12 +216,69 @@ class Broyden(BroydenSolverOptions, NativeSolver):
     ``TorchDEQBroyden`` ("torchdeq_broyden") runs torchdeq's.
 
     Args:
-        max_steps: budget of ``f`` evaluations (>= 3, see ``NativeSolver``). tol: stopping
-            tolerance (None: use the budget). stop_mode: "rel" or "abs".
+        max_steps: evaluations of ``f`` the solve spends (>= 3; exactly ``max_steps`` unless
+            every sample meets ``tol`` first; see ``NativeSolver`` for the one on top). tol:
+            stopping tolerance (None: use the budget). stop_mode: "rel" or "abs".
+        batch_coupled: solve the batch as one problem (no sample frozen, the evaluated batch
+            with the lowest worst-sample residual returned), for an ``f`` that couples the
+            samples; without it such an ``f`` is detected at the returned point
+            (``BatchCouplingWarning``) and solved again so.
     """
 
-    def _iterate(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, budget: int) -> Iterate:
-        return broyden(flat_f, x0, max_evals=budget, tol=self.tol, stop_mode=self.stop_mode)
+    batch_coupled: bool = False
+
+    def _iterate(
+        self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, budget: int, whole_batch: bool
+    ) -> Iterate:
+        return broyden(
+            flat_f,
+            x0,
+            max_evals=budget,
+            tol=self.tol,
+            stop_mode=self.stop_mode,
+            whole_batch=whole_batch,
+        )
+
+
+def _coupled(solver: NativeSolver, result: Iterate, image: Tensor, spec: StateSpec) -> bool:
+    """Whether ``f`` couples the samples, from its value ``image`` (B, N) at the returned point
+    ``result.x`` evaluated as one batch: True, after a ``BatchCouplingWarning`` with the numbers,
+    when some sample's residual there differs from the one the per-sample solve recorded for it
+    (beyond 1e-3 relative and rounding) or falls on the other side of ``tol`` (one host
+    synchronisation). The samples the solve froze, or whose best iterate came from an earlier
+    evaluation, were recorded beside batch-mates that have moved since."""
+    abs_res = torch.linalg.vector_norm(image - result.x, dim=1)
+    size = torch.linalg.vector_norm(image, dim=1)
+    rel_res = abs_res / size.clamp_min(torch.finfo(image.dtype).tiny)
+    rounding = 8 * torch.finfo(image.dtype).eps * size
+    differs = (abs_res - result.abs_residual).abs() > 1e-3 * result.abs_residual + rounding
+    if solver.tol is not None:
+        use_rel = solver.stop_mode == "rel"
+        metric = rel_res if use_rel else abs_res
+        recorded = result.rel_residual if use_rel else result.abs_residual
+        differs |= (metric <= solver.tol) != (recorded <= solver.tol)
+    if not bool(differs.any()):
+        return False
+    i = int(torch.where(differs, rel_res, -1.0).argmax())  # the worst sample that differs
+    hint = (
+        f" z0 is {len(spec.shapes[0])}-D ({tuple(spec.shapes[0])}): its first dimension is read "
+        "as the batch; if it is one sample, give it a batch dimension (z0[None])."
+        if len(spec.shapes) == 1 and len(spec.shapes[0]) == 1
+        else ""
+    )
+    warnings.warn(
+        f"{solver.name}: f couples the samples of the batch: at the returned point sample {i}'s "
+        f"relative residual is {float(rel_res[i]):.3e}, not the "
+        f"{float(result.rel_residual[i]):.3e} the per-sample solve recorded for it "
+        f"({int(differs.sum())} of {differs.numel()} samples differ: samples frozen at their "
+        "stop, or returned at an earlier evaluation, were measured beside batch-mates that have "
+        "moved since). Solved again with one criterion for the whole batch (no sample frozen; "
+        "the evaluated batch with the lowest worst-sample residual is returned, its residuals "
+        f"measured as a whole); pass batch_coupled=True to solve so at once.{hint}",
+        BatchCouplingWarning,
+        stacklevel=user_stacklevel(),
+    )
+    return True
 
 
 class _Flat:

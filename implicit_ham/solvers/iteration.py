@@ -49,6 +49,9 @@ from implicit_ham.solvers.base import (
     warn_if_not_converged,
 )
 
+DEFAULT_STEPS = 6  # FixedPointIteration's budget without a tolerance (Hamburger's K)
+DEFAULT_TOL_STEPS = 100  # its budget with a tolerance
+
 
 @SOLVERS.register("fixed_point")
 @dataclass(frozen=True)
@@ -56,7 +59,11 @@ class FixedPointIteration(FixedPointSolver):
     """Plain (optionally damped) iteration ``z <- damping * f(z) + (1 - damping) * z``.
 
     Args:
-        max_steps: iterations K. With ``tol=None`` exactly K run, without host synchronisation.
+        max_steps: iterations K. With ``tol=None`` exactly K run, without host synchronisation;
+            with a tolerance at most K. 0 (the default): ``DEFAULT_STEPS`` (6, Hamburger's K)
+            without a tolerance, ``DEFAULT_TOL_STEPS`` (100) with one, so that
+            ``FixedPointIteration(tol=1e-6)`` runs to its tolerance rather than stopping at 6
+            with a ConvergenceWarning. The resolved number is what the instance holds.
         tol: stop a sample once its residual (relative or absolute, see ``stop_mode``) is
             ``<= tol`` (it is then frozen while the others go on; ``stats.sample_steps`` holds
             each sample's count) and the solve once every sample is; this checks the residual
@@ -75,7 +82,7 @@ class FixedPointIteration(FixedPointSolver):
             tolerance the trace is always recorded (the stopping decision needs it).
     """
 
-    max_steps: int = 6
+    max_steps: int = 0
     tol: float | None = None
     damping: float = 1.0
     stop_mode: str = "rel"
@@ -83,6 +90,9 @@ class FixedPointIteration(FixedPointSolver):
     trace: bool = False
 
     def __post_init__(self) -> None:
+        if self.max_steps == 0 and not isinstance(self.max_steps, bool):
+            steps = DEFAULT_STEPS if self.tol is None else DEFAULT_TOL_STEPS
+            object.__setattr__(self, "max_steps", steps)
         check_budget("FixedPointIteration", self.max_steps, self.tol)
         check_unit_interval("FixedPointIteration", "damping", self.damping)
         check_choice("FixedPointIteration", "stop_mode", self.stop_mode, STOP_MODES)
@@ -98,7 +108,8 @@ class FixedPointIteration(FixedPointSolver):
             raise NotImplementedError(
                 f"FixedPointIteration(tol={self.tol:g}) under torch.func.vmap: stopping on a "
                 "tolerance decides on values, which vmap cannot trace. Use tol=None (a fixed "
-                "number of steps) inside vmap."
+                "number of steps) inside vmap: solver=FixedPointIteration(max_steps=K) "
+                "(ih.fixed_point's default solver has a tolerance)."
             )
         if self.tol is None and not self.trace:
             return self._untraced(step, z0, spec, grad_steps, rec, (recording, checks, stats_now))
@@ -108,6 +119,8 @@ class FixedPointIteration(FixedPointSolver):
         elif grad_steps >= self.max_steps:
             z, stops = self._until_converged(step, z0, rec, keep=0)
             rec.sample_steps = stops.per_sample
+            if checks:
+                _warn_if_frozen_drift(self.name, rec, stops)
         else:
             z, stops = self._replay_tail(step, z0, grad_steps, rec)
         # a tolerance loop has read every step's metric, which is finite only for finite steps
@@ -232,6 +245,8 @@ class FixedPointIteration(FixedPointSolver):
             solved, stops = self._until_converged(step, z0, rec, keep=grad_steps)
         rec.sample_steps = stops.per_sample
         if grad_steps == 0:
+            if host_checks():
+                _warn_if_frozen_drift(self.name, rec, stops)
             return solved, stops
         assert stops.starts is not None
         start = stops.starts
@@ -248,6 +263,7 @@ class FixedPointIteration(FixedPointSolver):
             return z, stops
         if host_checks():
             _warn_if_coupled(self.name, solved, z, counts)
+            _warn_if_frozen_drift(self.name, rec, stops)
         return with_gradient_of(solved, z), stops
 
 
@@ -332,6 +348,42 @@ def _warn_if_coupled(name: str, solved: State, replayed: State, counts: list[int
         "over the batch) or computes differently with gradient. The value returned is the "
         "solve's; the gradient is that of the replayed steps, taken at a batch the solve never "
         "saw. For a batch-coupled f use tol=None (a fixed budget) or Unroll.",
+        BatchCouplingWarning,
+        stacklevel=user_stacklevel(),
+    )
+
+
+def _warn_if_frozen_drift(name: str, rec: TraceRecorder, stops: _Stops) -> None:
+    """Warn ``BatchCouplingWarning`` when a frozen sample's residual moved while it was held.
+
+    A sample frozen at step s keeps its iterate, and every later step still measures ``f`` at
+    it (beside the running samples): for an ``f`` that treats samples independently that
+    residual is the same at every later step; for one that couples them (a batch mean, a 1-D
+    z0 whose entries are read as samples) it moves with the batch-mates, and the residual and
+    stop recorded for the sample are stale. Compares the step after each freeze with the last
+    step, from the recorded trace (no evaluation of ``f``; one host synchronisation, only when
+    some sample stopped before the others)."""
+    if not stops.staggered or stops.per_sample is None:
+        return
+    last = stops.last
+    held = stops.per_sample < last - 1  # frozen with at least two later steps measured
+    if not bool(held.any()):
+        return
+    trace = torch.stack(rec.residuals)  # (steps, B)
+    after = trace.gather(0, stops.per_sample.clamp(max=last - 1)[None])[0]
+    final = trace[last - 1]
+    size = torch.stack(rec.sizes)[last - 1]
+    moved = held & ((final - after).abs() > 1e-4 * after + 8 * torch.finfo(final.dtype).eps * size)
+    if not bool(moved.any()):
+        return
+    i = int(torch.where(moved, (final - after).abs(), -1.0).argmax())
+    warnings.warn(
+        f"{name}: f couples the samples of the batch: sample {i}, frozen at step "
+        f"{int(stops.per_sample[i])} (held since), measures a change of {float(after[i]):.3e} "
+        f"the step after and {float(final[i]):.3e} at step {last} ({int(moved.sum())} frozen "
+        "samples moved): its residual depends on batch-mates that kept moving, so the residual "
+        "and stop recorded for the frozen samples are stale. For a batch-coupled f use tol=None "
+        "(a fixed budget), or Anderson / Broyden, which check the returned point as one batch.",
         BatchCouplingWarning,
         stacklevel=user_stacklevel(),
     )

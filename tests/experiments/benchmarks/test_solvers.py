@@ -71,10 +71,12 @@ def test_native_solver_returns_an_evaluated_iterate_and_its_exact_residual(nativ
     with torch.no_grad():
         sol = ih.fixed_point(f, z0, solver=native(max_steps=12, tol=None), adjoint=ih.Implicit())
         fz = f(sol.value)
-    assert calls[0] == 12  # 11 evaluations in the solve, one here
+    # the budget's 12 evaluations in the solve (its best iterates share the last one, so no
+    # measurement at the returned point), one here
+    assert calls[0] == 13
     residual = (fz - sol.value).norm(dim=1)
     torch.testing.assert_close(sol.stats.abs_residual, residual, rtol=1e-12, atol=0)
-    assert sol.stats.residuals.shape == (11, 4) and sol.stats.steps == 11
+    assert sol.stats.residuals.shape == (12, 4) and sol.stats.steps == 12
 
 
 @pytest.mark.parametrize("native", [ih.Anderson, ih.Broyden], ids=["anderson", "broyden"])
@@ -89,10 +91,14 @@ def test_native_solver_syncs_once_per_evaluation_with_a_tolerance_once_without(n
                     f, z0, solver=native(max_steps=budget, tol=tol), adjoint=ih.Implicit()
                 )
             counts[(tol, budget)] = (counter.syncs, sol.stats.steps)
-    assert counts[(None, 10)][0] == counts[(None, 20)][0] <= 1  # none per evaluation
+    # none per evaluation; per solve the finiteness check with the pick of the returned point,
+    # and the check of the returned point as one batch (an f that couples the samples)
+    assert counts[(None, 10)][0] == counts[(None, 20)][0] <= 2
     (few, few_evals), (many, many_evals) = counts[(1e-30, 10)], counts[(1e-30, 20)]
-    assert (few_evals, many_evals) == (9, 19)
-    assert many - few == many_evals - few_evals  # one per evaluation (the stopping decision)
+    assert (few_evals, many_evals) == (10, 20)
+    # one per evaluation (the stopping decision); per solve, the read of whether the returned
+    # point is the latest evaluated batch happens only when it is not that batch by reference
+    assert abs((many - few) - (many_evals - few_evals)) <= 1
 
 
 def test_native_anderson_value_is_the_same_under_every_backward_mode() -> None:

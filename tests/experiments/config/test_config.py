@@ -247,7 +247,7 @@ def test_a_key_added_with_plus_is_refused_not_silently_ignored() -> None:
         (["context.steps=-1"], "context"),
         (["context.eval_steps=-2"], "context"),
         (["adjoint=truncated", "adjoint.k=0"], "adjoint"),
-        (["solver.max_steps=0"], "solver"),
+        (["solver.max_steps=-1"], "solver"),  # 0 is FixedPointIteration's default budget
     ],
 )
 def test_a_value_the_library_refuses_fails_at_start_up_naming_its_group(

@@ -118,7 +118,8 @@ def test_tau_outside_the_unit_interval_is_rejected(mode, tau) -> None:
 @pytest.mark.parametrize(
     ("build", "match"),
     [
-        (lambda: ih.FixedPointIteration(max_steps=0), "max_steps must be an integer >= 1"),
+        # max_steps=0 is the default: 6 without a tolerance, 100 with one
+        (lambda: ih.FixedPointIteration(max_steps=-2), "max_steps must be an integer >= 1"),
         (lambda: ih.FixedPointIteration(tol=-1e-3), "tol must be a positive number or None"),
         (lambda: ih.FixedPointIteration(damping=0.0), r"damping must lie in \(0, 1\]"),
         (lambda: ih.FixedPointIteration(stop_mode="max"), "stop_mode must be one of rel, abs"),
