@@ -170,7 +170,7 @@ def block() -> str:
         f"- `experiments/` is {exp / lib:.2f}× the library's code lines ({exp} vs {lib}; "
         "tests excluded; comment and blank lines not counted).",
         f"- `implicit_ham` exports {len(ih.__all__)} public names.",
-        f"- `experiments/` imports the library's private modules (`implicit_ham._*`) "
+        f"- `experiments/` imports the library's private modules (implicit_ham._core and the like) "
         f"{sum(f.private_imports for f in stats['experiments'])} times.",
         f"- One `fixed_point` + `Anderson` + `Implicit` call (forward and backward) runs "
         f"{functions} functions in {files} files of the library.",
