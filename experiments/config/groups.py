@@ -102,7 +102,7 @@ def context_configs() -> dict[str, type]:
 LOGGER_TARGETS = {"files": sinks.file_sinks, "wandb": sinks.wandb_sinks, "none": sinks.no_sinks}
 DATA_TARGETS = {
     name: getattr(splits, name)
-    for name in ("legend_seg", "digits", "digit_seg", "cifar10", "voc2012")
+    for name in ("legend_seg", "digits", "digit_seg", "cifar10", "voc2012", "far_twins_masked")
 }
 
 
@@ -134,6 +134,10 @@ class ModelConf:
     format). The values
     equal the default format's up to float rounding, not bitwise; None (the default) is off, so
     earlier configs compare equal on resume.
+
+    ``init_seed`` (the masked-cell model only, ``experiments.models.masked_cell``): seeds the
+    initialisation of the layers every context arm shares, so arms paired by seed start from
+    the same shared weights (None: 0).
     """
 
     width: int = 32
@@ -145,6 +149,7 @@ class ModelConf:
     freeze_backbone: bool | None = None
     backbone_lr_scale: float | None = None
     channels_last: bool | None = None
+    init_seed: int | None = None
 
 
 @dataclass

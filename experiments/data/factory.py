@@ -12,6 +12,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from torch import Tensor
 from torch.utils.data import Dataset
 
 from experiments.data import cifar10, digits, voc
@@ -35,6 +36,9 @@ class TaskInfo:
         in_channels: channels of the input images.
         ignore_index: label to leave out of losses and metrics, or None.
         image_size: ``(height, width)`` of every input, or None when it varies.
+        loss: ``(output, target) -> 0-d loss`` for a task that is not scored by cross-entropy
+            (kind "masked_cell": ``experiments.data.far_twins.masked_cell_loss``); None: the
+            engine's cross-entropy and confusion-matrix metrics.
     """
 
     kind: str
@@ -42,6 +46,7 @@ class TaskInfo:
     in_channels: int
     ignore_index: int | None
     image_size: tuple[int, int] | None
+    loss: Callable[[Tensor, Tensor], Tensor] | None = None
 
 
 @dataclass(frozen=True)

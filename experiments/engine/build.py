@@ -22,6 +22,7 @@ from experiments.data.splits import Splits
 from experiments.engine.sampler import EpochBatchSampler
 from experiments.models import ContextClassifier, ContextSegmenter, TwoStreamSegmenter
 from experiments.models import context_channels as two_stream_channels
+from experiments.models.masked_cell import MaskedCellModel
 from experiments.studies.pretraining import load_backbone
 from implicit_ham._core.sinks import Sink
 from implicit_ham._core.validation import check_choice
@@ -98,6 +99,8 @@ def build_model(task: TaskInfo, context: nn.Module, model: ModelConf) -> nn.Modu
 
 def _network(task: TaskInfo, context: nn.Module, model: ModelConf) -> nn.Module:
     check_choice("model", "arch", model.arch, SEGMENTER_ARCHS)
+    if task.kind == "masked_cell":  # far-twin canvases; the seed fixes the shared layers
+        return MaskedCellModel(context, width=model.width, init_seed=model.init_seed or 0)
     if task.kind != "segmentation":
         return ContextClassifier(task.in_channels, task.num_classes, context, width=model.width)
     if model.arch == "serial":
