@@ -150,7 +150,7 @@ def _mean(values: Sequence[float]) -> float | None:
 
 def arm_table(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
     """Per arm: seeds done, mean held-out loss, seeds at a plateau, gamma, time per step, peak
-    memory."""
+    memory, failures of the implicit layers counted by the engine's policy (mean per job)."""
     body = []
     for arm in plan.arms:
         mine = [r for r in rows if r["arm"] == arm and r["plan"] == plan.digest()]
@@ -162,9 +162,10 @@ def arm_table(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
             _fmt(_mean([r["gamma"] for r in mine])),
             _fmt(_mean([1000 * r["time_per_step_s"] for r in mine]), 1),
             _fmt(_mean([r["peak_memory_mb"] for r in mine]), 0),
+            _fmt(_mean([r.get("failures") or 0 for r in mine]), 0),
         ))  # fmt: skip
     header = ("arm", "seeds done", "held-out loss (mean)", "at a plateau", "final γ (mean)",
-              "ms / step", "peak memory, MiB")  # fmt: skip
+              "ms / step", "peak memory, MiB", "failures / job")  # fmt: skip
     return Table.of(header, body)
 
 

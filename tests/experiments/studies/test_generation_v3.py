@@ -10,8 +10,10 @@ import statistics
 from pathlib import Path
 
 import pytest
+import torch
 from scipy import stats
 
+from experiments.engine.file_sinks import read_jsonl
 from experiments.studies.generation_v3 import run as study_run
 from experiments.studies.generation_v3.plan import ARMS, Job, Plan, job_overrides
 from experiments.studies.generation_v3.report import (
@@ -101,3 +103,20 @@ def test_the_runner_skips_jobs_with_rows(tmp_path: Path, monkeypatch: pytest.Mon
     assert len(read_rows(results)) == 6
     with pytest.raises(SystemExit, match="gate"):  # all losses 4.0 vs 4.0 / 4.7: not passed
         study_run.run_stage("main", tmp_path, results, plan, workers=1)
+
+
+def test_a_tiny_job_gives_its_row_through_the_engine(tmp_path: Path) -> None:
+    plan = Plan(seeds=(0,), pilot_seeds=(0,), epochs=2, rank=2, ham_steps=2,
+                overrides=("data.train_size=64", "data.val_size=32", "batch_size=32",
+                           "model.width=8"))  # fmt: skip
+    threads = torch.get_num_threads()
+    try:
+        row = study_run.run_job(Job("nmf_one_step", 0), plan, tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+    metrics = read_jsonl(tmp_path / "jobs" / "nmf_one_step-s0" / "metrics.jsonl")
+    assert [loss for _, loss in row["curve"]] == [m["val/loss"] for m in metrics if "val/loss" in m]
+    assert row["steps"] == 4 and len(row["curve"]) == 2  # 2 epochs of 64 / 32 batches
+    assert row["val_loss"] == row["curve"][-1][1]
+    assert math.isfinite(row["gamma"]) and row["peak_memory_mb"] > 0
+    assert row["plan"] == plan.digest()
