@@ -122,3 +122,21 @@ def test_a_tiny_job_trains_through_the_engine_and_resumes(tmp_path: Path) -> Non
     state = torch.load(tmp_path / "job" / "checkpoint.pt", weights_only=False)
     model_state = state.get("model", state)
     assert any(k.endswith("gate.gamma") for k in model_state)
+
+
+def test_a_canvas_output_does_not_depend_on_its_batch() -> None:
+    """No batch statistics (the Hamburger's BatchNorm is stripped): in training mode the first
+    canvas's prediction stays the same when the rest of its batch changes (the NMF's random
+    initial bases are drawn alike: same seed, same batch size)."""
+    torch.manual_seed(0)
+    model = MaskedCellModel(make_context("nmf", 16, rank=4, steps=3, eval_steps=3), width=16)
+    x = torch.rand(6, 1, 32, 32)
+    other = x.clone()
+    other[1:] = torch.rand(5, 1, 32, 32)
+    model.train()
+    with torch.no_grad():
+        torch.manual_seed(1)
+        first = model(x)[:1]
+        torch.manual_seed(1)
+        second = model(other)[:1]
+    torch.testing.assert_close(first, second, rtol=1e-4, atol=1e-5)
