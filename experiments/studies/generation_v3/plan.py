@@ -55,7 +55,7 @@ class Plan:
 
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4, 5)
     pilot_seeds: tuple[int, ...] = (0, 1, 2)
-    epochs: int = 30
+    epochs: int = 40
     rank: int = 8
     ham_steps: int = 6
     plateau_share: float = 0.2
