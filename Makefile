@@ -53,7 +53,7 @@ study: install
 # (the pilot's jobs reused), two jobs at a time, one thread each, then the page. Resumable:
 # finished jobs are rows of GEN_RESULTS (commit it) and are skipped; a stopped job resumes from
 # its checkpoints in GEN_DIR. Estimated 55-80 min on 2 cores (one-thread ms per step measured on
-# a shared machine: none 24, self-attention 41, NMF one-step 47-76, BPTT 66, implicit 268, VQ
+# a shared machine: none 24, self-attention 41, NMF one-step 47-76, BPTT 66, implicit 144-268, VQ
 # one-step 73; 2560 steps a job; peak RSS about 480 MiB a job).
 GEN_DIR ?= multirun/generation_v3
 GEN_RESULTS ?= docs/generation_v3/results.jsonl
