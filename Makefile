@@ -52,9 +52,10 @@ study: install
 # 3 seeds), the page, then (only if the gate passed: else `main` exits non-zero) 6 arms x 6 seeds
 # (the pilot's jobs reused), two jobs at a time, one thread each, then the page. Resumable:
 # finished jobs are rows of GEN_RESULTS (commit it) and are skipped; a stopped job resumes from
-# its checkpoints in GEN_DIR. Estimated 55-80 min on 2 cores (one-thread ms per step measured on
-# a shared machine: none 24, self-attention 41, NMF one-step 47-76, BPTT 66, implicit 144-268, VQ
-# one-step 73; 2560 steps a job; peak RSS about 480 MiB a job).
+# its checkpoints in GEN_DIR. Estimated 20-25 min on 2 cores with 2 workers (one-thread ms per
+# step, evaluation included, at load average 3.6 on this 2-core machine: none 9.8, self-attention
+# 15.9, NMF one-step 16.1, BPTT 20.1, implicit 69.4, VQ one-step 26.1; 36 jobs of 2560 steps;
+# about 3x slower at load average 6-8; peak RSS about 470 MiB a job).
 GEN_DIR ?= multirun/generation_v3
 GEN_RESULTS ?= docs/generation_v3/results.jsonl
 generate: install
