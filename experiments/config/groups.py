@@ -112,6 +112,7 @@ DATA_TARGETS = {
         "h3_induction",
         "h3_associative_recall",
         "mnist1d",
+        "far_twins_masked",
     )
 }
 
@@ -152,6 +153,10 @@ class ModelConf:
     format). The values
     equal the default format's up to float rounding, not bitwise; None (the default) is off, so
     earlier configs compare equal on resume.
+
+    ``init_seed`` (the masked-cell model only, ``experiments.models.masked_cell``): seeds the
+    initialisation of the layers every context arm shares, so arms paired by seed start from
+    the same shared weights (None: 0).
     """
 
     width: int = 32
@@ -167,6 +172,7 @@ class ModelConf:
     dropout: float | None = None
     stabilise: str | None = None
     gain: float | None = None
+    init_seed: int | None = None
 
 
 @dataclass

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from torch import Tensor
 from torch.utils.data import Dataset
 
 from experiments.data import cifar10, digits, voc
@@ -37,6 +38,9 @@ class TaskInfo:
         image_size: ``(height, width)`` of every input, or None when it varies.
         length: N of a sequence task's inputs ((B, N) token ids or (B, C, N)), else None.
         vocab_size: token ids of a token task ((B, N) int64 inputs), else None.
+        loss: ``(output, target) -> 0-d loss`` for a task that is not scored by cross-entropy
+            (kind "masked_cell": ``experiments.data.far_twins.masked_cell_loss``); None: the
+            engine's cross-entropy and confusion-matrix metrics.
     """
 
     kind: str
@@ -46,6 +50,7 @@ class TaskInfo:
     image_size: tuple[int, int] | None
     length: int | None = None
     vocab_size: int | None = None
+    loss: Callable[[Tensor, Tensor], Tensor] | None = None
 
 
 @dataclass(frozen=True)

@@ -84,3 +84,27 @@ class FarTwinsDataset(TwinDigitsDataset):
     def compose(left: Tensor, right: Tensor) -> Tensor:
         """Two digit batches -> far-twin canvases (N, 1, 32, 32)."""
         return compose_far_canvases(left, right)
+
+
+def mask_right_cell(canvases: Tensor) -> Tensor:
+    """Canvases (N, 1, 32, 32) -> copies with the right digit's cell (rows 8..15, columns
+    24..31) set to 0: the masked-cell model's inputs."""
+    masked = canvases.clone()
+    masked[..., TOP : TOP + DIGIT, RIGHT : RIGHT + DIGIT] = 0.0
+    return masked
+
+
+def right_cell(canvases: Tensor) -> Tensor:
+    """Canvases (N, 1, 32, 32) -> the right digit's cells (N, 8, 8)."""
+    return canvases[:, 0, TOP : TOP + DIGIT, RIGHT : RIGHT + DIGIT]
+
+
+def masked_cell_loss(prediction: Tensor, target: Tensor) -> Tensor:
+    """Squared error on the right digit's cell, summed over its 64 pixels, mean over canvases:
+    prediction and target (N, 1, 32, 32) -> 0-d loss (the masked-cell task's loss)."""
+    if prediction.shape != target.shape:
+        raise ValueError(
+            f"masked_cell_loss: prediction {tuple(prediction.shape)} and target "
+            f"{tuple(target.shape)} must have one shape (N, 1, {CANVAS}, {CANVAS})"
+        )
+    return (right_cell(prediction) - right_cell(target)).pow(2).sum((1, 2)).mean()

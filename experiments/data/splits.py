@@ -13,6 +13,7 @@ from torch.utils.data import Dataset, TensorDataset
 from experiments.data import LegendSegDataset, make_dataset, task_of
 from experiments.data.digit_canvas import SEG_CLASSES, CanvasStyle, digit_canvases
 from experiments.data.factory import TaskInfo
+from experiments.data.far_twins import FarTwinsDataset, mask_right_cell, masked_cell_loss
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,21 @@ def digit_seg(
         TaskInfo("segmentation", SEG_CLASSES, 1, None, (64, 64)),
         None if test is None else TensorDataset(*test),
     )
+
+
+def far_twins_masked(
+    train_size: int = 4096, val_size: int = 1024, val_fraction: float = 0.2, seed: int = 0
+) -> Splits:
+    """Far-twin canvases (``experiments.data.far_twins``) with the right digit's cell blanked:
+    items (masked canvas, canvas), both (1, 32, 32); the task (kind "masked_cell") scores the
+    prediction of the right digit's cell (``masked_cell_loss``). Train and val canvases are
+    built from disjoint digit images (``val_fraction`` of each class held out)."""
+    sets = [
+        FarTwinsDataset(split, size, val_fraction=val_fraction, seed=seed).canvases
+        for split, size in (("train", train_size), ("val", val_size))
+    ]
+    train, val = (TensorDataset(mask_right_cell(c), c) for c in sets)
+    return Splits(train, val, TaskInfo("masked_cell", 1, 1, None, (32, 32), loss=masked_cell_loss))
 
 
 def cifar10(root: str) -> Splits:

@@ -47,17 +47,24 @@ class LossPenalty(Protocol):
 @dataclass(frozen=True)
 class Task:
     """What the model predicts: "segmentation" (per pixel) or "classification"; ``penalty``
-    (optional) adds its term to the training loss (``penalty=jacobian`` in the config)."""
+    (optional) adds its term to the training loss (``penalty=jacobian`` in the config);
+    ``loss_fn`` (optional, ``TaskInfo.loss``): the task's own loss instead of cross-entropy, and
+    then ``evaluate`` reports ``val/loss`` alone (no confusion matrix)."""
 
     kind: str
     num_classes: int
     ignore_index: int = 255
     penalty: LossPenalty | None = None
+    loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None
 
     def loss(self, logits: Tensor, target: Tensor) -> Tensor:
-        """Cross-entropy; logits (B, K, ...) and target (B, ...) int64. With gradient enabled
-        (a training step, not ``evaluate``), plus the penalty's term when it has one."""
-        loss = F.cross_entropy(logits, target, ignore_index=self.ignore_index)
+        """Cross-entropy (logits (B, K, ...), target (B, ...) int64) or ``loss_fn``. With
+        gradient enabled (a training step, not ``evaluate``), plus the penalty's term when it
+        has one."""
+        if self.loss_fn is not None:
+            loss = self.loss_fn(logits, target)
+        else:
+            loss = F.cross_entropy(logits, target, ignore_index=self.ignore_index)
         if self.penalty is None or not torch.is_grad_enabled():
             return loss
         extra = self.penalty.term()
@@ -220,13 +227,16 @@ def evaluate(
         logits = model(inputs)
         total += float(task.loss(logits, target)) * len(inputs)
         count += len(inputs)
-        confusion.update(logits, target)
+        if task.loss_fn is None:
+            confusion.update(logits, target)
     if dropped and not count:
         raise ValueError(
             f"evaluation: all {dropped} validation samples have NaN / inf inputs; no metric can "
             "be computed. Check the validation data"
         )
-    metrics = {f"val/{k}": v for k, v in confusion.summary(task.kind).items()}
+    metrics: dict[str, float] = {}
+    if task.loss_fn is None:
+        metrics = {f"val/{k}": v for k, v in confusion.summary(task.kind).items()}
     metrics["val/loss"] = total / max(count, 1)
     if dropped:
         logger.warning("evaluation: %d sample(s) with NaN / inf inputs left out of the metrics "

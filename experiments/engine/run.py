@@ -211,6 +211,7 @@ def _train(
         info.num_classes,
         info.ignore_index if info.ignore_index is not None else -100,
         penalty=penalty,
+        loss_fn=info.loss,
     )
     step_fn = GuardedStep(
         model,

@@ -1,0 +1,226 @@
+"""The generation v3 page: the pilot gate, the paired comparison of every arm, the reference rows.
+
+    python -m experiments.studies.generation_v3.report [--results R] [--out docs/generation_v3.md]
+
+Every number comes from the results rows (``run``) or is computed from the data (the two
+reference predictors); the page renders with no rows (it says that nothing has run) and with a
+partial set (it says which jobs are missing). A verdict is a paired 95 % t interval over the seeds
+both arms have (``experiments.generation.paired.paired_interval``); the held-out loss is lower
+for the better arm, so intervals are of ``loss(b) - loss(a)``: above 0 when ``a`` is better.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from experiments.data.far_twins import FarTwinsDataset, right_cell
+from experiments.generation.paired import paired_interval
+from experiments.reports.render import Table, render
+from experiments.studies.generation_v3.plan import ARMS, PILOT_ARMS, Plan
+
+DEFAULT_RESULTS = Path("docs/generation_v3/results.jsonl")
+DEFAULT_OUT = Path("docs/generation_v3.md")
+COMMAND = "make generate"
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The results file's rows (none when it does not exist); a later row of one job replaces
+    an earlier one."""
+    if not path.exists():
+        return []
+    rows: dict[str, dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            rows[row["job"]] = row
+    return list(rows.values())
+
+
+def plateau_change(losses: Sequence[float], share: float) -> float | None:
+    """Relative change ``|L_end - L_start| / L_start`` of the loss over the last ``share`` of
+    the curve (start: the point ``ceil(share * n)`` points before the end); None when the curve
+    has fewer than 2 points."""
+    n = len(losses)
+    if n < 2:
+        return None
+    back = max(1, round(share * n))
+    start = losses[max(0, n - 1 - back)]
+    return abs(losses[-1] - start) / abs(start)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """The paired improvement ``loss(b) - loss(a)`` over ``n`` seeds (above 0: a better)."""
+
+    a: str
+    b: str
+    n: int
+    mean: float
+    low: float
+    high: float
+
+    @property
+    def verdict(self) -> str:
+        """``a`` "better" / "worse" than ``b``, or "no detectable difference"."""
+        if self.low > 0:
+            return "better"
+        if self.high < 0:
+            return "worse"
+        return "no detectable difference"
+
+
+def _losses(rows: Sequence[Mapping[str, Any]], arm: str, plan: Plan) -> dict[int, float]:
+    return {
+        int(r["seed"]): float(r["val_loss"])
+        for r in rows
+        if r["arm"] == arm and r["plan"] == plan.digest()
+    }
+
+
+def improvement(
+    rows: Sequence[Mapping[str, Any]], a: str, b: str, plan: Plan, seeds: Sequence[int]
+) -> Interval | None:
+    """Paired interval of ``loss(b) - loss(a)`` over the ``seeds`` both arms have (None: < 2)."""
+    la, lb = _losses(rows, a, plan), _losses(rows, b, plan)
+    both = [s for s in seeds if s in la and s in lb]
+    if len(both) < 2:
+        return None
+    mean, low, high = paired_interval([lb[s] for s in both], [la[s] for s in both])
+    return Interval(a, b, len(both), mean, low, high)
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """The pilot gate: self-attention's held-out loss below no context's, paired interval above
+    0 over all ``pilot_seeds``."""
+
+    interval: Interval | None
+    seeds: int
+
+    @property
+    def passed(self) -> bool:
+        """Whether every pilot seed ran and the interval lies above 0."""
+        i = self.interval
+        return i is not None and i.n >= self.seeds and i.low > 0
+
+    @property
+    def summary(self) -> str:
+        """One line: the interval and the outcome."""
+        i = self.interval
+        if i is None:
+            return f"not run yet (0 or 1 of {self.seeds} paired seeds)"
+        outcome = "passed" if self.passed else ("incomplete" if i.n < self.seeds else "failed")
+        return (
+            f"loss(none) - loss(self_attention) = {i.mean:+.3f}, 95 % interval "
+            f"[{i.low:+.3f}, {i.high:+.3f}] over {i.n} of {self.seeds} seeds: {outcome}"
+        )
+
+
+def gate(rows: Sequence[Mapping[str, Any]], plan: Plan) -> GateResult:
+    """The pilot gate read from the rows."""
+    return GateResult(improvement(rows, *PILOT_ARMS[::-1], plan, plan.pilot_seeds),
+                      len(plan.pilot_seeds))  # fmt: skip
+
+
+def references(plan: Plan, seed: int = 0) -> dict[str, float]:
+    """Held-out loss of two predictors computed from the data (the preset's sizes, ``seed``):
+    the mean right digit of the train canvases (what a model without context can reach) and the
+    mean right digit of the left digit's class (what knowing the class is worth)."""
+    del plan
+    train, val = FarTwinsDataset("train", 4096, seed=seed), FarTwinsDataset("val", 1024, seed=seed)
+    rt, rv = right_cell(train.canvases), right_cell(val.canvases)
+    means = torch.stack([rt[train.labels == c].mean(0) for c in range(10)])
+    return {
+        "unconditional": float((rv - rt.mean(0)).pow(2).sum((1, 2)).mean()),
+        "class": float((rv - means[val.labels]).pow(2).sum((1, 2)).mean()),
+    }
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def arm_table(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
+    """Per arm: seeds done, mean held-out loss, seeds at a plateau, gamma, time per step, peak
+    memory, failures of the implicit layers counted by the engine's policy (mean per job)."""
+    body = []
+    for arm in plan.arms:
+        mine = [r for r in rows if r["arm"] == arm and r["plan"] == plan.digest()]
+        body.append((
+            ARMS[arm][1],
+            f"{len(mine)} / {len(plan.seeds)}",
+            _fmt(_mean([r["val_loss"] for r in mine])),
+            f"{sum(bool(r['at_plateau']) for r in mine)} / {len(mine)}",
+            _fmt(_mean([r["gamma"] for r in mine])),
+            _fmt(_mean([1000 * r["time_per_step_s"] for r in mine]), 1),
+            _fmt(_mean([r["peak_memory_mb"] for r in mine]), 0),
+            _fmt(_mean([r.get("failures") or 0 for r in mine]), 0),
+        ))  # fmt: skip
+    header = ("arm", "seeds done", "held-out loss (mean)", "at a plateau", "final γ (mean)",
+              "ms / step", "peak memory, MiB", "failures / job")  # fmt: skip
+    return Table.of(header, body)
+
+
+def comparison_table(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
+    """Every arm against no context and against self-attention, paired over the main seeds."""
+    body = []
+    for arm in plan.arms:
+        for base in PILOT_ARMS:
+            if arm == base or (arm, base) == ("none", "self_attention"):
+                continue
+            i = improvement(rows, arm, base, plan, plan.seeds)
+            body.append((ARMS[arm][1], ARMS[base][1]) + (
+                ("–", "–", "not enough paired seeds") if i is None else
+                (str(i.n), f"{i.mean:+.3f} [{i.low:+.3f}, {i.high:+.3f}]", i.verdict)
+            ))  # fmt: skip
+    header = ("arm a", "against b", "seeds", "loss(b) - loss(a), 95 % interval", "a is")
+    return Table.of(header, body)
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def write_page(results: Path, out: Path, plan: Plan | None = None) -> Path:
+    """Render the page from ``results`` into ``out``; returns ``out``."""
+    plan = plan or Plan()
+    rows = read_rows(results)
+    expected = {job.key for job in plan.main_jobs()}
+    done = {r["job"] for r in rows if r["plan"] == plan.digest()}
+    text = render(
+        "generation_v3/page.md.j2",
+        command=COMMAND,
+        results=results.as_posix(),
+        plan=plan,
+        gate=gate(rows, plan),
+        refs=references(plan),
+        arms=arm_table(rows, plan),
+        comparison=comparison_table(rows, plan),
+        done=len(done & expected),
+        expected=len(expected),
+        missing=sorted(expected - done),
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command line (module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    print(write_page(args.results, args.out))
+
+
+if __name__ == "__main__":
+    main()

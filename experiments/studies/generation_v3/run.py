@@ -1,0 +1,164 @@
+"""Run the generation v3 study: each job through the engine, one results row as each job ends.
+
+    OMP_NUM_THREADS=1 python -m experiments.studies.generation_v3.run pilot multirun/generation_v3
+    OMP_NUM_THREADS=1 python -m experiments.studies.generation_v3.run main multirun/generation_v3
+    python -m experiments.studies.generation_v3.report
+
+Every job is composed from the project's configs (``plan.job_overrides``) into the typed
+``TrainConfig`` and trained by the engine's ``run_training`` in ``OUT/jobs/<job key>`` (its
+checkpoints, resume, preemption and failure policy); its row (final and best val loss, the val
+curve, the plateau check, time per step, peak memory, the gate's gamma) is appended to the
+results file (``--results``, JSON lines) as the job ends. A job whose row (with this plan's
+digest) is in the results file is skipped, so a stopped study resumes from the file; an
+interrupted job resumes from its own checkpoints. ``main`` refuses to start until the pilot gate
+has passed (``report.gate``), unless ``--skip-gate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra import compose, initialize_config_dir
+
+from experiments.config.groups import TrainConfig, register_configs
+from experiments.config.typed import typed_config
+from experiments.engine.file_sinks import read_jsonl
+from experiments.engine.run import run_training
+from experiments.studies.generation_v3.plan import Job, Plan, job_overrides
+from experiments.studies.generation_v3.report import gate, plateau_change, read_rows
+from experiments.studies.paper_v3 import _peak_memory_mb, _reset_peak_memory
+
+logger = logging.getLogger(__name__)
+
+CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
+DEFAULT_OUT = Path("multirun/generation_v3")
+DEFAULT_RESULTS = Path("docs/generation_v3/results.jsonl")
+
+
+def compose_job(job: Job, plan: Plan) -> TrainConfig:
+    """The typed config of a training job."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=job_overrides(job, plan))
+    return typed_config(cfg, TrainConfig)
+
+
+def val_curve(job_dir: Path) -> list[tuple[int, float]]:
+    """[(step, val loss)] after every epoch, from the job's ``metrics.jsonl``."""
+    rows = read_jsonl(job_dir / "metrics.jsonl")
+    return [(int(r["step"]), float(r["val/loss"])) for r in rows if "val/loss" in r]
+
+
+def gate_gamma(job_dir: Path) -> float:
+    """The context gate's final gamma, from the job's final checkpoint."""
+    state = torch.load(job_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    return float(state["model"]["gate.gamma"])
+
+
+def run_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
+    """Train ``job`` (resuming its directory) and return its results row."""
+    cfg = compose_job(job, plan)
+    job_dir = out_dir / "jobs" / job.key
+    reset = _reset_peak_memory()
+    results = run_training(cfg, job_dir)
+    if results.get("status") != "ok":
+        raise RuntimeError(f"{job.key}: run_training ended with status {results.get('status')!r}")
+    curve = val_curve(job_dir)
+    steps = curve[-1][0] if curve else 0
+    change = plateau_change([loss for _, loss in curve], plan.plateau_share)
+    return {
+        "job": job.key,
+        "arm": job.arm,
+        "seed": job.seed,
+        "plan": plan.digest(),
+        "status": "ok",
+        "val_loss": float(results["metrics"]["val/loss"]),
+        "best_val_loss": float(results["best"]["val/loss"]) if results.get("best") else None,
+        "curve": curve,
+        "plateau_change": change,
+        "at_plateau": change is not None and change < plan.plateau_tol,
+        "steps": steps,
+        "train_time_s": float(results["train_time_s"]),
+        "time_per_step_s": float(results["train_time_s"]) / max(steps, 1),
+        "peak_memory_mb": _peak_memory_mb(reset),
+        "gamma": gate_gamma(job_dir),
+        "parameters": results.get("parameters"),
+        "failures": results.get("failures", {}).get("total"),
+    }
+
+
+def append_row(path: Path, row: dict[str, Any]) -> None:
+    """Append one JSON line to ``path`` (created with its folder) and flush it to disk."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(row, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def pending(jobs: Sequence[Job], plan: Plan, results: Path) -> list[Job]:
+    """The jobs without an ``ok`` row of this plan in ``results``."""
+    done = {r["job"] for r in read_rows(results) if r["plan"] == plan.digest()}
+    return [job for job in jobs if job.key not in done]
+
+
+def _worker(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    return run_job(job, plan, out_dir)
+
+
+def run_stage(
+    stage: str, out_dir: Path, results: Path, plan: Plan, workers: int = 1, skip_gate: bool = False
+) -> int:
+    """Run the stage's pending jobs (``workers`` processes); returns the number run."""
+    if stage == "main" and not skip_gate:
+        verdict = gate(read_rows(results), plan)
+        if not verdict.passed:
+            raise SystemExit(f"main: the pilot gate has not passed ({verdict.summary}); "
+                             "run the pilot first, or pass --skip-gate")  # fmt: skip
+    jobs = pending(plan.pilot_jobs() if stage == "pilot" else plan.main_jobs(), plan, results)
+    logger.info("%s: %d job(s) to run", stage, len(jobs))
+    if workers <= 1:
+        for job in jobs:
+            append_row(results, run_job(job, plan, out_dir))
+        return len(jobs)
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        running: dict[Future[dict[str, Any]], Job] = {}
+        queue = list(jobs)
+        while queue or running:
+            while queue and len(running) < workers:
+                job = queue.pop(0)
+                running[pool.submit(_worker, job, plan, out_dir)] = job
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                running.pop(future)
+                append_row(results, future.result())
+    return len(jobs)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command line (module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("stage", choices=("pilot", "main"))
+    parser.add_argument("out", type=Path, nargs="?", default=DEFAULT_OUT)
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--skip-gate", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    start = time.perf_counter()
+    count = run_stage(args.stage, args.out, args.results, Plan(), args.workers, args.skip_gate)
+    logger.info("%s: %d job(s) in %.0f s", args.stage, count, time.perf_counter() - start)
+
+
+if __name__ == "__main__":
+    main()

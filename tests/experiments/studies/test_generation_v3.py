@@ -1,0 +1,122 @@
+"""Generation v3's plan (arms paired by seed, the pilot a prefix of the main sweep), the gate read
+from rows against an independent interval, the plateau check, the page with zero and partial rows,
+and the runner skipping jobs whose rows exist."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+from scipy import stats
+
+from experiments.engine.file_sinks import read_jsonl
+from experiments.studies.generation_v3 import run as study_run
+from experiments.studies.generation_v3.plan import ARMS, Job, Plan, job_overrides
+from experiments.studies.generation_v3.report import (
+    gate,
+    plateau_change,
+    read_rows,
+    write_page,
+)
+
+
+def test_the_plan_pairs_every_arm_on_each_seed() -> None:
+    plan = Plan()
+    assert len(plan.seeds) >= 6 and len(plan.pilot_seeds) >= 3
+    jobs = plan.main_jobs()
+    assert len(jobs) == len(ARMS) * len(plan.seeds)
+    assert {j.key for j in plan.pilot_jobs()} <= {j.key for j in jobs}
+    for seed in plan.seeds:
+        for arm in ARMS:
+            overrides = job_overrides(Job(arm, seed), plan)
+            # the seed fixes the batches, the canvases and the shared weights of every arm alike
+            for key in ("seed", "data.seed", "model.init_seed"):
+                assert f"{key}={seed}" in overrides
+    assert "context.rank=8" in job_overrides(Job("nmf_one_step", 0), plan)
+    assert not any("context." in o for o in job_overrides(Job("self_attention", 0), plan))
+
+
+def test_the_plan_rejects_a_pilot_that_is_not_a_prefix() -> None:
+    with pytest.raises(ValueError, match="pilot_seeds"):
+        Plan(seeds=(0, 1, 2, 3, 4, 5), pilot_seeds=(1, 2, 3))
+
+
+def test_the_plateau_change_over_the_last_fifth() -> None:
+    curve = [10.0, 8.0, 6.0, 5.0, 4.0, 4.0, 4.0, 4.0, 3.9, 3.8]
+    assert plateau_change(curve, 0.2) == pytest.approx(0.2 / 4.0)
+    assert plateau_change([1.0], 0.2) is None
+
+
+def _row(arm: str, seed: int, loss: float, plan: Plan) -> dict[str, object]:
+    return {"job": Job(arm, seed).key, "arm": arm, "seed": seed, "plan": plan.digest(),
+            "status": "ok", "val_loss": loss, "at_plateau": True, "gamma": 1.0,
+            "time_per_step_s": 0.05, "peak_memory_mb": 300.0, "curve": []}  # fmt: skip
+
+
+def test_the_gate_is_the_paired_t_interval_of_the_losses() -> None:
+    plan = Plan()
+    none, attention = [4.7, 4.8, 4.75], [3.1, 3.3, 3.0]
+    rows = [_row("none", s, v, plan) for s, v in enumerate(none)]
+    rows += [_row("self_attention", s, v, plan) for s, v in enumerate(attention)]
+    diffs = [a - b for a, b in zip(none, attention, strict=True)]
+    half = stats.t.ppf(0.975, 2) * statistics.stdev(diffs) / math.sqrt(3)
+    result = gate(rows, plan)
+    assert result.interval is not None and result.passed
+    assert result.interval.low == pytest.approx(statistics.fmean(diffs) - half)
+    failing = [_row("none", s, v, plan) for s, v in enumerate(none)]
+    failing += [_row("self_attention", s, v + 0.05, plan) for s, v in enumerate(none)]
+    assert not gate(failing, plan).passed
+    assert not gate(rows[:1] + rows[3:4], plan).passed  # one seed: no interval
+
+
+def test_the_page_renders_with_zero_and_with_partial_rows(tmp_path: Path) -> None:
+    plan = Plan()
+    empty = write_page(tmp_path / "none.jsonl", tmp_path / "empty.md", plan).read_text()
+    assert "Nothing has run yet" in empty and "not run yet" in empty
+    results = tmp_path / "rows.jsonl"
+    rows = [_row("none", s, 4.7 + 0.01 * s, plan) for s in range(3)]
+    rows += [_row("self_attention", s, 3.0 + 0.02 * s, plan) for s in range(3)]
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = write_page(results, tmp_path / "partial.md", plan).read_text()
+    assert "6 of 36 jobs have run" in page and "nmf_one_step-s0" in page
+    assert "passed" in page
+    assert "| no context | 3 / 6 | 4.710 |" in page  # mean of 4.70, 4.71, 4.72
+
+
+def test_the_runner_skips_jobs_with_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = Plan()
+    results = tmp_path / "rows.jsonl"
+    results.write_text(json.dumps(_row("none", 0, 4.7, plan)) + "\n")
+    ran: list[str] = []
+
+    def fake(job: Job, plan_: Plan, out: Path) -> dict[str, object]:
+        ran.append(job.key)
+        return _row(job.arm, job.seed, 4.0, plan_)
+
+    monkeypatch.setattr(study_run, "run_job", fake)
+    assert study_run.run_stage("pilot", tmp_path, results, plan, workers=1) == 5
+    assert "none-s0" not in ran and len(ran) == 5
+    assert len(read_rows(results)) == 6
+    with pytest.raises(SystemExit, match="gate"):  # all losses 4.0 vs 4.0 / 4.7: not passed
+        study_run.run_stage("main", tmp_path, results, plan, workers=1)
+
+
+def test_a_tiny_job_gives_its_row_through_the_engine(tmp_path: Path) -> None:
+    plan = Plan(seeds=(0,), pilot_seeds=(0,), epochs=2, rank=2, ham_steps=2,
+                overrides=("data.train_size=64", "data.val_size=32", "batch_size=32",
+                           "model.width=8"))  # fmt: skip
+    threads = torch.get_num_threads()
+    try:
+        row = study_run.run_job(Job("nmf_one_step", 0), plan, tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+    metrics = read_jsonl(tmp_path / "jobs" / "nmf_one_step-s0" / "metrics.jsonl")
+    assert [loss for _, loss in row["curve"]] == [m["val/loss"] for m in metrics if "val/loss" in m]
+    assert row["steps"] == 4 and len(row["curve"]) == 2  # 2 epochs of 64 / 32 batches
+    assert row["val_loss"] == row["curve"][-1][1]
+    assert math.isfinite(row["gamma"]) and row["peak_memory_mb"] > 0
+    assert row["plan"] == plan.digest()
