@@ -48,7 +48,7 @@ from implicit_ham.linalg.operator import (
     AdjointOperator,
     LinearSolver,
     discounted,
-    meets_tol,
+    relative_residual,
     row_scales,
     scaled,
 )
@@ -215,6 +215,25 @@ class AtFixedPoint(Adjoint):
         return value, stats, log
 
 
+@dataclass(frozen=True)
+class _Attempt:
+    """One linear solve of a backward pass: the solver, the system it solved (row-scaled by
+    ``scale`` (M,) or not), its answer ``g`` in that system's coordinates, its products and
+    its κ (exact or a bound, as the solver says)."""
+
+    solver: LinearSolver
+    system: AdjointOperator
+    rhs: Tensor
+    scale: Tensor | None
+    g: Tensor
+    steps: int
+    cond: float | None
+
+    def unscaled(self) -> Tensor:
+        """(M,) the answer in the unscaled system's coordinates."""
+        return self.g if self.scale is None else self.g * self.scale.rsqrt()
+
+
 @ADJOINTS.register("implicit")
 @dataclass(frozen=True)
 class Implicit(AtFixedPoint):
@@ -290,40 +309,58 @@ class Implicit(AtFixedPoint):
 
     def backward_solve(self, op: AdjointOperator, v: Tensor) -> tuple[Tensor, BackwardStats]:
         """Try ``linear_solver.choices(op)`` in turn (scaled where ``scaling`` applies) until
-        one answer meets ``tol`` (the last one in any case); check it (``finish_backward``)
-        with the exact κ of the last dense attempt, if any, and GMRES's bound."""
+        one answer meets ``tol`` on the unscaled system; keep the answer with the smallest
+        unscaled residual (a dense answer that missed ``tol`` in a low precision beats a
+        GMRES one that missed it further); check it (``finish_backward``) with the exact κ
+        of the last dense attempt, if any, and GMRES's bound. Where no host check can run
+        (``torch.compile``) only ``linear_solver.traced_choice(op)`` is used."""
         solver: LinearSolver = self.linear_solver  # type: ignore[assignment]
         if self.ridge:
             op = discounted(op, 1.0 / (1.0 + self.ridge))
         checks = host_checks()
         if checks and not bool(v.any()):
             return self._finish(op, v, torch.zeros_like(v), solver.name, 0, None, None, op)
-        choices = solver.choices(op) if checks else solver.choices(op)[:1]
+        choices = solver.choices(op) if checks else (solver.traced_choice(op),)
         steps, exact = 0, None
+        best: tuple[float, _Attempt] | None = None
         for chosen in choices:
-            system, rhs, scale = op, v, None
-            if self.scaling and chosen.scalable and checks:
-                scale, probes = row_scales(op, v.dtype, v.device)
-                steps += probes
-                if scale is not None:
-                    system, rhs = scaled(op, scale), v * scale.rsqrt()
-            g, used, cond = chosen.solve(system, rhs, self.max_steps, self.tol)
-            steps += used
-            done = chosen is choices[-1] or meets_tol(system, rhs, g, self.tol)
+            attempt = self._attempt(chosen, op, v, checks)
+            steps += attempt.steps
+            done = len(choices) == 1
+            if not done:
+                steps += 1  # the unscaled residual's product
+                residual = relative_residual(op, v, attempt.unscaled())
+                done = residual <= self.tol
+                if best is None or residual < best[0]:
+                    best = (residual, attempt)
             # κ of op itself (dense solvers are never scaled); per-sample blocks' κ is the
             # system's only when their answer solves it (the samples are independent)
-            if cond is not None and not chosen.cond_is_bound and (done or type(chosen) is Dense):
-                exact = cond
+            exact_cond = attempt.cond is not None and not chosen.cond_is_bound
+            if exact_cond and (done or type(chosen) is Dense):
+                exact = attempt.cond
             if done:
                 break
-            steps += 1
             logger.debug("Implicit: %s missed tol=%g; next solver", chosen.name, self.tol)
-        name = solver.name if chosen is solver else f"{solver.name}:{chosen.name}"
-        bound = cond if chosen.cond_is_bound else None
-        g, stats = self._finish(system, rhs, g, name, steps, exact, bound, op)
-        if scale is None:
+        kept = attempt if best is None else best[1]
+        name = solver.name if kept.solver is solver else f"{solver.name}:{kept.solver.name}"
+        bound = kept.cond if kept.solver.cond_is_bound else None
+        g, stats = self._finish(kept.system, kept.rhs, kept.g, name, steps, exact, bound, op)
+        if kept.scale is None:
             return g, stats
-        return (v.clone() if stats.fallback else g * scale.rsqrt()), stats
+        return (v.clone() if stats.fallback else g * kept.scale.rsqrt()), stats
+
+    def _attempt(
+        self, chosen: LinearSolver, op: AdjointOperator, v: Tensor, checks: bool
+    ) -> _Attempt:
+        """One linear solve of ``op`` by ``chosen``, on the row-scaled system where
+        ``scaling`` applies to it."""
+        system, rhs, scale, probes = op, v, None, 0
+        if self.scaling and chosen.scalable and checks:
+            scale, probes = row_scales(op, v.dtype, v.device)
+            if scale is not None:
+                system, rhs = scaled(op, scale), v * scale.rsqrt()
+        g, used, cond = chosen.solve(system, rhs, self.max_steps, self.tol)
+        return _Attempt(chosen, system, rhs, scale, g, probes + used, cond)
 
     def _finish(
         self,

@@ -42,7 +42,7 @@ from implicit_ham.linalg.operator import (
     AdjointOperator,
     LinearSolve,
     LinearSolver,
-    meets_tol,
+    relative_residual,
 )
 
 DENSE_MAX = 128
@@ -79,20 +79,39 @@ class Auto(LinearSolver):
         spd = fallback.requires_spd  # CG's contract (a minimum) holds for the dense solve too
         whole: tuple[LinearSolver, ...] = ()
         if op.size <= self.dense_max:
-            whole = (Dense(positive_definite=spd, singular="nan"),)
+            whole = (self._dense(),)
         per_sample = op.batch > 1 and op.size % op.batch == 0
         if per_sample and op.size // op.batch <= self.block_max:
             whole = (PerSampleDense(op.batch, positive_definite=spd), *whole)
         return (*whole, fallback)
 
+    def traced_choice(self, op: AdjointOperator) -> LinearSolver:
+        """Without host checks (``torch.compile``) no residual can pick between the choices:
+        the whole dense system where it is small enough (right for coupled samples too, unlike
+        the per-sample blocks), else the iterative solver."""
+        if op.size <= self.dense_max:
+            return self._dense()
+        return self.iterative_solver  # type: ignore[return-value]
+
+    def _dense(self) -> Dense:
+        """The whole system as one dense matrix (NaN where singular, so that the iterative
+        solver may still solve a consistent singular system, e.g. NMF's)."""
+        spd = self.iterative_solver.requires_spd  # type: ignore[union-attr]
+        return Dense(max_size=self.dense_max, positive_definite=spd, singular="nan")
+
     def solve(self, op: AdjointOperator, v: Tensor, max_steps: int, tol: float) -> LinearSolve:
-        """The first choice whose answer meets ``tol`` (the last one in any case), unscaled
-        (``Implicit`` goes through ``choices`` itself, scaling the Krylov solves)."""
+        """The first choice whose answer meets ``tol``, else the answer with the smallest
+        residual, unscaled (``Implicit`` goes through ``choices`` itself, scaling the Krylov
+        solves)."""
         steps, choices = 0, self.choices(op)
+        best: tuple[float, LinearSolve] | None = None
         for chosen in choices:
-            g, used, cond = chosen.solve(op, v, max_steps, tol)
-            steps += used
-            if chosen is choices[-1] or meets_tol(op, v, g, tol):
+            answer = chosen.solve(op, v, max_steps, tol)
+            residual = relative_residual(op, v, answer.g)
+            steps += answer.steps + 1
+            if best is None or residual < best[0]:
+                best = (residual, answer)
+            if residual <= tol:
                 break
-            steps += 1
-        return LinearSolve(g, steps, cond)
+        assert best is not None
+        return LinearSolve(best[1].g, steps, best[1].cond)
