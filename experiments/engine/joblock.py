@@ -91,8 +91,7 @@ class JobLock:
                 "stop that process first."
             ) from None
         logger.warning(
-            "%s is held by a process that outlived its writer (pid %s, gone); taking the lock "
-            "over",
+            "%s is held by a process that outlived its writer (pid %s, gone); taking the lock over",
             self.path,
             holder.get("pid"),
         )
