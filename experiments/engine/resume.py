@@ -66,6 +66,8 @@ RUN_RELIABILITY = (
     "max_consecutive_skips",
     "max_skips",
     "dist_timeout_s",
+    "divergence_factor",
+    "divergence_steps",
     "world_size_change",
     "threads_change",
 )
@@ -122,6 +124,9 @@ class JobCheckpoints:
             warning-event counts) is stored per rank and, after ``restore``, this rank's is
             ``restored_rank_totals`` (after a reshard: rank 0 gets every old rank's
             ``{key: {source: {kind: n}}}`` counts summed, the others none).
+        rank_state: called on every rank at every save; its plain-data result (e.g. the
+            rank's loss-divergence check) is stored per rank and, after ``restore``, is
+            ``restored_rank_state`` (old rank ``rank % old_world_size``'s, as the RNG states).
     """
 
     def __init__(
@@ -136,11 +141,13 @@ class JobCheckpoints:
         dist: DistributedContext,
         totals: Callable[[], dict[str, Any]] | None = None,
         rank_totals: Callable[[], dict[str, Any]] | None = None,
+        rank_state: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.output_dir, self.cfg, self.dist = output_dir, cfg, dist
-        self.totals, self.rank_totals = totals, rank_totals
+        self.totals, self.rank_totals, self.rank_state = totals, rank_totals, rank_state
         self.restored_totals: dict[str, Any] = {}
         self.restored_rank_totals: dict[str, Any] = {}
+        self.restored_rank_state: dict[str, Any] = {}
         self.config = comparable_config(as_container(cfg))
         self.model, self.optimizer, self.scheduler, self.monitor = (
             model,
@@ -167,6 +174,7 @@ class JobCheckpoints:
                 "failures": self.monitor.state_dict(),
                 "totals": extra,
                 "loss": [state.loss_sum, state.loss_count],  # this rank's partial sums
+                "state": {} if self.rank_state is None else self.rank_state(),
             }
         )
         if not self.dist.is_main:
@@ -231,6 +239,7 @@ class JobCheckpoints:
             self.scheduler.load_state_dict(payload["scheduler"])
         ranks, old_world = payload["ranks"], int(payload["world_size"])
         restore_rng_state(ranks[self.dist.rank % old_world]["rng"])
+        self.restored_rank_state = dict(ranks[self.dist.rank % old_world].get("state", {}))
         if old_world == self.dist.world_size:
             self.monitor.load_state_dict(ranks[self.dist.rank]["failures"])
             self.restored_rank_totals = dict(ranks[self.dist.rank].get("totals", {}))

@@ -55,6 +55,7 @@ from implicit_ham._core.sinks import Sink
 from implicit_ham._core.validation import check_choice
 from implicit_ham.adjoints.layers import find_implicit_layers
 from implicit_ham.diagnostics import DiagnosticsCallback
+from implicit_ham.reliability.divergence import LossDivergence
 from implicit_ham.reliability.failures import FailureMonitor
 from implicit_ham.reliability.guard import GuardedStep, StepHooks, unwrap
 
@@ -199,6 +200,11 @@ def _train(
     model = dist.wrap(model)
     sinks = build_sinks(cfg.logger, output_dir, config) if dist.is_main else []
     clock = _Clock()
+    divergence = (
+        LossDivergence(reliability.divergence_factor, reliability.divergence_steps)
+        if reliability.divergence_steps
+        else None
+    )
     run_events = RunEvents(unwrap(model))
     failure_log = RankFailureLog(sinks, dist)  # every rank's events, written by rank 0
     monitor = FailureMonitor(
@@ -217,8 +223,11 @@ def _train(
             "solver": _solver_summaries(unwrap(model)),
         },
         rank_totals=lambda: {"events": run_events.counts()},
+        rank_state=lambda: {} if divergence is None else {"divergence": divergence.state_dict()},
     )
     state = checkpoints.restore()
+    if divergence is not None and "divergence" in checkpoints.restored_rank_state:
+        divergence.load_state_dict(checkpoints.restored_rank_state["divergence"])
     if dist.is_main:  # the checkpoints matched this config: the job's record is this command's
         write_job_record(output_dir, job_files)
     run_events.restore(checkpoints.restored_rank_totals.get("events") or {})
@@ -244,6 +253,7 @@ def _train(
         monitor=monitor,
         hooks=hooks,
         dist=dist,
+        divergence=divergence,
     )
     state = state or TrainState()
 

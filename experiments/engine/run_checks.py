@@ -12,6 +12,7 @@ from implicit_ham._core.validation import (
     check_positive_int,
     check_tolerance,
 )
+from implicit_ham.reliability.divergence import LossDivergence
 from implicit_ham.reliability.failures import check_policy
 
 
@@ -33,3 +34,6 @@ def check_run_settings(cfg: TrainConfig) -> None:
     check_choice("reliability", "world_size_change", rel.world_size_change, WORLD_SIZE_CHANGES)
     check_choice("reliability", "threads_change", rel.threads_change, THREADS_CHANGES)
     parse_signals(rel.preempt_signals)
+    check_positive_int("reliability", "divergence_steps", rel.divergence_steps, 0)
+    if rel.divergence_steps:
+        LossDivergence(rel.divergence_factor, rel.divergence_steps)  # its own checks
