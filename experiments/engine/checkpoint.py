@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from experiments.engine.joblock import pid_alive
+from experiments.engine.write_errors import writing
 from implicit_ham._core.validation import check_positive_int
 
 logger = logging.getLogger(__name__)
@@ -89,9 +90,12 @@ def write_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
 
 def _write_temporary(path: Path, data: bytes) -> str:
     """``data`` in a fsynced temporary file of this writer beside ``path``; its name."""
-    with tempfile.NamedTemporaryFile(
-        dir=path.parent, delete=False, prefix=f"{path.name}.{_writer()}.", suffix=".tmp"
-    ) as fh:
+    with (
+        writing(path),
+        tempfile.NamedTemporaryFile(
+            dir=path.parent, delete=False, prefix=f"{path.name}.{_writer()}.", suffix=".tmp"
+        ) as fh,
+    ):
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
