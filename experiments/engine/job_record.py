@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
@@ -27,8 +28,7 @@ def hydra_record(task_cfg: DictConfig) -> dict[str, str]:
     (``task_cfg``: the config the task function received); {} outside a Hydra job."""
     if not HydraConfig.initialized():
         return {}
-    hydra = HydraConfig.instance().cfg
-    assert hydra is not None
+    hydra = cast(DictConfig, HydraConfig.instance().cfg)  # {"hydra": ...}, as Hydra saves it
     return {
         f"{RECORD_DIR}/config.yaml": OmegaConf.to_yaml(task_cfg),
         f"{RECORD_DIR}/hydra.yaml": OmegaConf.to_yaml(hydra),

@@ -138,6 +138,7 @@ def run_training(
                     failure_counts=logged_failure_counts,
                     write=dist.is_main,
                 ),
+                dist.diagnose_hangs(),  # a hang is named before the failure is recorded
             ):
                 results = _train(cfg, job_dir, dist, guard, dict(job_files or {}))
             dist.close()
