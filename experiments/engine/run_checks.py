@@ -4,7 +4,7 @@ file, so a refused command leaves the directory (perhaps another run's) untouche
 
 from __future__ import annotations
 
-from experiments.config.groups import TrainConfig
+from experiments.config.groups import ReliabilityConf, TrainConfig
 from experiments.engine.preemption import parse_signals
 from experiments.engine.resume import THREADS_CHANGES, WORLD_SIZE_CHANGES
 from implicit_ham._core.validation import (
@@ -19,7 +19,12 @@ from implicit_ham.reliability.failures import check_policy
 def check_run_settings(cfg: TrainConfig) -> None:
     """ValueError naming the first refused value of ``log_every`` and ``reliability``."""
     check_positive_int("config", "log_every", cfg.log_every)
-    rel = cfg.reliability
+    check_reliability(cfg.reliability)
+
+
+def check_reliability(rel: ReliabilityConf) -> None:
+    """ValueError naming the first refused value of a ``reliability`` block (also
+    ``experiments.generate``'s)."""
     check_policy(rel.on_failure)
     for name, minimum in (
         ("checkpoint_every", 0),

@@ -37,6 +37,7 @@ from experiments.engine.preemption import (
 )
 from experiments.engine.results import write_results
 from experiments.engine.run import seed_everything
+from experiments.engine.run_checks import check_reliability
 from experiments.engine.targets import check_targets
 from experiments.generation.checkpoints import GanCheckpoints
 from experiments.generation.classifier import load_or_train_classifier
@@ -82,6 +83,7 @@ def run_generation(
             lock and its checkpoints matched the config.
     """
     check_generate_config(cfg)
+    check_reliability(cfg.reliability)  # every value before the lock: a refusal writes nothing
     check_targets(as_container(cfg))  # before anything is instantiated
     output_dir = Path(output_dir)
     record = dict(job_files or {})
