@@ -214,7 +214,7 @@ class ReliabilityConf:
     max_skips: int = 0
     dist_timeout_s: float = 300.0
     divergence_factor: float = 10.0
-    divergence_steps: int = 20
+    divergence_steps: int = 10
     world_size_change: str = "refuse"
     threads_change: str = "refuse"
 

@@ -35,7 +35,7 @@ class LossDivergence:
     """
 
     factor: float = 10.0
-    steps: int = 20
+    steps: int = 10
     smoothing: float = 0.9
     average: float | None = None
     lowest: float | None = None

@@ -62,7 +62,7 @@ def _run(job: Path, *overrides: str) -> dict:
 
 def test_finite_divergence_is_a_failure_event_under_the_policy(tmp_path: Path) -> None:
     """lr=1000: the loss climbs from 1.25 to 1e2-1e7 and stays finite. Under skip_batch every
-    step from the 20th above 10x the lowest smoothed loss is skipped, until
+    step from the 10th in a row above 10x the lowest smoothed loss is skipped, until
     max_consecutive_skips (10) stops the run (failed, the events counted); under warn the run
     ends ok with the events counted; with the check off (divergence_steps=0) it ends ok with
     no event, as every run did before."""
@@ -79,6 +79,6 @@ def test_finite_divergence_is_a_failure_event_under_the_policy(tmp_path: Path) -
     first = losses[0]
     # independent count: steps whose loss is > 10x the first loss (the lowest smoothed value
     # can only be lower, so at least these are "above")
-    assert sum(loss > 10 * first for loss in losses) >= 20
+    assert sum(loss > 10 * first for loss in losses) >= 10
     off = _run(tmp_path / "off", "optim.lr=1000", "reliability.divergence_steps=0")
     assert off["status"] == "ok" and off["failures"]["total"] == 0
