@@ -232,8 +232,9 @@ def test_a_plugin_defining_only_step_stays_differentiable_under_the_default_mode
 
 @pytest.mark.parametrize("layer", [ih.NMF, ih.VQ, ih.CD])
 def test_integer_input_is_refused_by_name(layer: type) -> None:
-    """Issue 47 item 10: an integer feature map failed inside torch's matmul; now a TypeError
-    that names the dtype and the fix."""
+    """Issue 47 item 10: an integer feature map failed inside torch (NotImplementedError:
+    "normal_kernel_cpu" not implemented for 'Long'); now a TypeError naming the dtype and the
+    fix."""
     x = torch.randint(0, 5, (2, 8, 4, 4))
     with pytest.raises(TypeError, match=r"x must be a floating-point tensor, got torch\.int64"):
         layer(rank=2)(x)
