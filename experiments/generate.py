@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 
 from experiments.config.typed import as_container, typed_config
 from experiments.engine.command import check_tasks_per_node, run_job
+from experiments.engine.job_record import hydra_record
 from experiments.engine.paths import check_write_paths
 from experiments.engine.targets import check_targets, guard_hydra_callbacks
 from experiments.generation.config import (
@@ -29,7 +30,7 @@ from experiments.generation.config import (
     check_generate_config,
     register_generate_configs,
 )
-from experiments.generation.run import logged_gan_failure_counts, run_generation
+from experiments.generation.run import run_generation
 
 register_generate_configs()
 guard_hydra_callbacks()  # before Hydra instantiates hydra.callbacks
@@ -45,13 +46,8 @@ def main(cfg: DictConfig) -> float:
     check_tasks_per_node(int(hydra_cfg.launcher.get("tasks_per_node", 1) or 1))
     output_dir = hydra_cfg.runtime.output_dir
     check_write_paths(as_container(config), output_dir)  # e.g. metrics.classifier_cache
-    results = run_job(
-        lambda: run_generation(config, output_dir),
-        output_dir,
-        as_container(config),
-        logger_target=config.logger._target_,
-        failure_counts=logged_gan_failure_counts,
-    )
+    record = hydra_record(cfg)  # .hydra/, written by the job once it holds its lock
+    results = run_job(lambda: run_generation(config, output_dir, record))
     return float(results["metrics"]["fid"])
 
 

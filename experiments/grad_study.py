@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from experiments.config.groups import TrainConfig, register_configs
 from experiments.config.typed import as_container, typed_config
+from experiments.engine.job_record import hydra_record, write_job_record
 from experiments.engine.targets import check_targets, guard_hydra_callbacks
 from experiments.studies.model_studies import run_grad_study
 
@@ -25,6 +26,7 @@ def main(cfg: DictConfig) -> None:
     against the allowlist first)."""
     config = typed_config(cfg, TrainConfig)
     check_targets(as_container(config))  # no _target_ outside the allowlist runs
+    write_job_record(HydraConfig.get().runtime.output_dir, hydra_record(cfg))  # .hydra/
     run_grad_study(config, HydraConfig.get().runtime.output_dir)
 
 

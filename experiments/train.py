@@ -23,8 +23,9 @@ from experiments.config.groups import (
 )
 from experiments.config.typed import as_container, typed_config
 from experiments.engine.command import check_tasks_per_node, run_job
-from experiments.engine.failure_log import logged_failure_counts
+from experiments.engine.job_record import hydra_record
 from experiments.engine.run import run_training
+from experiments.engine.run_checks import check_run_settings
 from experiments.engine.targets import check_targets, guard_hydra_callbacks
 
 register_configs()
@@ -36,18 +37,14 @@ def main(cfg: DictConfig) -> float:
     """Run the job; return the validation loss (for sweepers that minimise)."""
     config = typed_config(cfg, TrainConfig)  # unset mandatory values fail here
     check_train_config(config)  # before the job writes anything
+    check_run_settings(config)
     check_targets(as_container(config))  # no _target_ outside the allowlist runs
     check_components(config)  # the library's own checks of solver, adjoint, context
     hydra_cfg = HydraConfig.get()
     check_tasks_per_node(int(hydra_cfg.launcher.get("tasks_per_node", 1) or 1))
     output_dir = hydra_cfg.runtime.output_dir
-    results = run_job(
-        lambda: run_training(config, output_dir),
-        output_dir,
-        as_container(config),
-        logger_target=config.logger._target_,
-        failure_counts=logged_failure_counts,
-    )
+    record = hydra_record(cfg)  # .hydra/, written by the job once it holds its lock
+    results = run_job(lambda: run_training(config, output_dir, record))
     return float(results["metrics"]["val/loss"])
 
 

@@ -235,6 +235,10 @@ class ReliabilityConf:
     limit).
     dist_timeout_s: seconds a collective of a data-parallel run may wait for a peer before the
     run fails with ``DistributedTimeoutError`` naming the rank(s) that did not answer.
+    divergence_factor / divergence_steps: a finite training loss above divergence_factor x its
+    lowest smoothed value for divergence_steps steps in a row is a ``loss_diverged`` failure
+    event under on_failure (``implicit_ham.reliability.LossDivergence``; divergence_steps=0:
+    no check).
     world_size_change: a resume with another process count is "refuse"d (``ResumeConflictError``)
     or "reshard"ed (the sampler re-slices the remaining batches; not bit-identical).
     threads_change: a resume with another ``torch.get_num_threads()`` than the checkpoint's is
@@ -253,6 +257,8 @@ class ReliabilityConf:
     max_consecutive_skips: int = 10
     max_skips: int = 0
     dist_timeout_s: float = 300.0
+    divergence_factor: float = 10.0
+    divergence_steps: int = 10
     world_size_change: str = "refuse"
     threads_change: str = "refuse"
 

@@ -6,10 +6,14 @@ A checkpoint is a plain ``torch.save`` file (any code reads it with
 directory (``<name>.<host>-<pid>.<random>.tmp``, so concurrent writers never touch each
 other's), flushed, fsynced and renamed over the final name, so a reader (or a resumed run) sees
 either the old file or the new one, never half a file. Reading checks the size (truncation)
-and SHA-256 (silent corruption) when the digest file exists, then unpickles with
-``weights_only=True``; every failure is a ``CheckpointError`` naming the file. Files of the
-older format (one header line ``implicit-ham-checkpoint v1 sha256=<hex> bytes=<n>`` before the
-payload) are still read and verified.
+and SHA-256 (silent corruption) when the digest file exists, else the CRC-32 of every member
+of the zip archive ``torch.save`` writes (``torch.load`` ignores them), then unpickles with
+``weights_only=True``; every failure of a file that was read is a ``CheckpointError`` naming
+the file. A file that cannot be read at all (an ``OSError``) is a
+``CheckpointUnreadableError``: not corrupt, just unknown, so nothing falls back or moves it.
+Files of the older format (one header line
+``implicit-ham-checkpoint v1 sha256=<hex> bytes=<n>`` before the payload) are still read and
+verified.
 
 ``CheckpointStore`` keeps the ``keep`` newest checkpoints of a run as ``step-<step>.pt`` in one
 directory; the newest is read back and verified before older ones are pruned, and ``latest()``
@@ -25,12 +29,14 @@ import os
 import re
 import socket
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from experiments.engine.joblock import pid_alive
+from experiments.engine.write_errors import writing
 from implicit_ham._core.validation import check_positive_int
 
 logger = logging.getLogger(__name__)
@@ -44,7 +50,13 @@ TEMP_WRITER = re.compile(r"\.pt(?:\.sha256)?\.(.+)-(\d+)\.[^.]*\.tmp$")
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint file is missing, truncated, corrupted or not a checkpoint."""
+    """A checkpoint file was read and is truncated, corrupted or not a checkpoint."""
+
+
+class CheckpointUnreadableError(RuntimeError):
+    """A checkpoint (or its digest file) exists but could not be read (an ``OSError``: a
+    permission, a failing disk, a stale network mount): nothing is known about its content, so
+    it is neither used nor moved aside; the run stops naming the file and the error."""
 
 
 def sidecar(path: str | Path) -> Path:
@@ -78,9 +90,12 @@ def write_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
 
 def _write_temporary(path: Path, data: bytes) -> str:
     """``data`` in a fsynced temporary file of this writer beside ``path``; its name."""
-    with tempfile.NamedTemporaryFile(
-        dir=path.parent, delete=False, prefix=f"{path.name}.{_writer()}.", suffix=".tmp"
-    ) as fh:
+    with (
+        writing(path),
+        tempfile.NamedTemporaryFile(
+            dir=path.parent, delete=False, prefix=f"{path.name}.{_writer()}.", suffix=".tmp"
+        ) as fh,
+    ):
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
@@ -104,21 +119,22 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
 
     The size and SHA-256 recorded in ``<path>.sha256`` are checked when that file exists (a
     checkpoint of the older format, one header line before the payload, is checked against its
-    header). Any failure (unreadable, truncated, corrupted, not a checkpoint, an unpickling
-    error of a crafted file) raises ``CheckpointError`` naming the file.
+    header), else the CRC-32 of its zip members. Any failure of the content (truncated,
+    corrupted, not a checkpoint, an unpickling error of a crafted file) raises
+    ``CheckpointError`` naming the file; an ``OSError`` reading it raises
+    ``CheckpointUnreadableError`` (the file may be intact).
     """
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise CheckpointError(f"cannot read checkpoint {path}: {err}") from err
+    raw = _read(path)
     if raw.startswith(MAGIC) or (raw and MAGIC.startswith(raw)):
         data = _legacy_payload(path, raw)
     else:
         data = raw
         digest_file = sidecar(path)
         if digest_file.exists():
-            _verify(path, data, digest_file.read_bytes().strip())
+            _verify(path, data, _read(digest_file).strip())
+        else:  # e.g. a crash between the checkpoint's rename and its digest's
+            _verify_zip(path, data)
     try:
         payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as err:
@@ -130,6 +146,37 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise CheckpointError(f"{path} holds a {type(payload).__name__}, not a checkpoint dict")
     return payload
+
+
+def _read(path: Path) -> bytes:
+    """The bytes of ``path``; ``CheckpointUnreadableError`` naming it on an ``OSError``."""
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise CheckpointUnreadableError(
+            f"cannot read {path}: {err}. The file was not checked, used or moved aside; fix "
+            "the cause (permissions, disk, mount) and run the same command again, or delete "
+            "the file to resume from an older checkpoint."
+        ) from err
+
+
+def _verify_zip(path: Path, data: bytes) -> None:
+    """Check the CRC-32 of every member of a checkpoint without a digest file (``torch.save``
+    writes a zip archive; ``torch.load`` itself ignores the CRCs, so a flipped byte in a
+    tensor would load silently)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:
+        raise CheckpointError(
+            f"checkpoint {path} (no digest file) is not an intact zip archive ({err}). Delete "
+            "it to resume from an older one."
+        ) from err
+    if bad is not None:
+        raise CheckpointError(
+            f"checkpoint {path} (no digest file) is corrupted: the CRC-32 of its member {bad} "
+            "does not match. Delete it to resume from an older one."
+        )
 
 
 def _verify(path: Path, data: bytes, record: bytes) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from experiments.engine.write_errors import writing
 from implicit_ham._core.sinks import Scalar, Sink, plain_metrics
 
 
@@ -43,8 +44,9 @@ class _JsonlFile:
         self.fh: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
 
     def write(self, row: Mapping[str, Scalar]) -> None:
-        self.fh.write(json.dumps(row) + "\n")
-        self.fh.flush()
+        with writing(self.fh.name):
+            self.fh.write(json.dumps(row) + "\n")
+            self.fh.flush()
 
     def close(self) -> None:
         self.fh.close()
@@ -96,10 +98,11 @@ class CsvFile:
     def write(self, row: Mapping[str, Scalar]) -> None:
         """Append ``row``; rewrite the file first if it has keys the header lacks."""
         new = [k for k in row if k not in self.columns]
-        if new:
-            self._rewrite(self.columns + new)
-        with open(self.path, "a", newline="", encoding="utf-8") as fh:
-            csv.DictWriter(fh, self.columns, restval="").writerow(dict(row))
+        with writing(self.path):
+            if new:
+                self._rewrite(self.columns + new)
+            with open(self.path, "a", newline="", encoding="utf-8") as fh:
+                csv.DictWriter(fh, self.columns, restval="").writerow(dict(row))
 
     def _rewrite(self, columns: list[str]) -> None:
         rows: list[dict[str, str]] = []

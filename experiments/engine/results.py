@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from experiments.engine.write_errors import writing
+
 RESULTS_FILE = "results.json"
 
 
@@ -21,9 +23,16 @@ def write_results(directory: str | Path, results: Mapping[str, Any]) -> Path:
     """
     path = Path(directory) / RESULTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(
-        "w", dir=path.parent, delete=False, prefix=f"{RESULTS_FILE}.{os.getpid()}.", suffix=".tmp"
-    ) as fh:
+    with (
+        writing(path),
+        tempfile.NamedTemporaryFile(
+            "w",
+            dir=path.parent,
+            delete=False,
+            prefix=f"{RESULTS_FILE}.{os.getpid()}.",
+            suffix=".tmp",
+        ) as fh,
+    ):
         json.dump(_finite(results), fh, indent=2, sort_keys=True)
         tmp = fh.name
     mask = os.umask(0)

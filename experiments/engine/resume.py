@@ -3,15 +3,17 @@
 A job's checkpoints live in ``<job dir>/checkpoints/step-<step>.pt`` (see
 ``training.checkpoint``). Each holds the model, optimiser and scheduler states, the
 ``TrainState`` (epoch, batch within the epoch, step, running loss, best metric), every rank's
-RNG states and failure counts, the number of rows each metric file had, the run's totals so far
-(cumulative train time, last solver statistics) and the config. Running
-the same command again in the same directory resumes from the newest good checkpoint: the
-metric files are cut back to their rows at that checkpoint (so rows logged after it and before
-the crash do not appear twice), and training continues as if it had never stopped. A job that
-starts from scratch (no checkpoint, or every one is bad: each is then moved aside as
-``.corrupt`` and named in an error log line) removes the metric files of the earlier attempt. A
-garbled ``results.json`` is moved aside as ``results.json.corrupt`` (logged, naming it) and the
-job resumes from its checkpoints, so the next ``results.json`` reports the whole run again.
+RNG states, failure counts and partial sums of the epoch's training loss, the number of rows
+each metric file had (and each CSV's header), the run's totals so far (cumulative train time,
+last solver statistics) and the config. Running the same command again in the same directory
+resumes from the newest good checkpoint: the metric files are cut back to their rows at that
+checkpoint (so rows logged after it and before the crash do not appear twice; a file with fewer
+rows than recorded, or a CSV that lost its header, refuses the resume with ``ResumeLogError``
+naming it), and training continues as if it had never stopped. A job that starts from scratch
+(no checkpoint, or every one is bad: each is then moved aside as ``.corrupt`` and named in an
+error log line) removes the metric files of the earlier attempt. A garbled ``results.json`` is
+moved aside as ``results.json.corrupt`` (logged, naming it) and the job resumes from its
+checkpoints, so the next ``results.json`` reports the whole run again.
 
 Two settings that change the numbers may still differ on resume, by choice:
 
@@ -64,6 +66,8 @@ RUN_RELIABILITY = (
     "max_consecutive_skips",
     "max_skips",
     "dist_timeout_s",
+    "divergence_factor",
+    "divergence_steps",
     "world_size_change",
     "threads_change",
 )
@@ -120,6 +124,9 @@ class JobCheckpoints:
             warning-event counts) is stored per rank and, after ``restore``, this rank's is
             ``restored_rank_totals`` (after a reshard: rank 0 gets every old rank's
             ``{key: {source: {kind: n}}}`` counts summed, the others none).
+        rank_state: called on every rank at every save; its plain-data result (e.g. the
+            rank's loss-divergence check) is stored per rank and, after ``restore``, is
+            ``restored_rank_state`` (old rank ``rank % old_world_size``'s, as the RNG states).
     """
 
     def __init__(
@@ -134,11 +141,13 @@ class JobCheckpoints:
         dist: DistributedContext,
         totals: Callable[[], dict[str, Any]] | None = None,
         rank_totals: Callable[[], dict[str, Any]] | None = None,
+        rank_state: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.output_dir, self.cfg, self.dist = output_dir, cfg, dist
-        self.totals, self.rank_totals = totals, rank_totals
+        self.totals, self.rank_totals, self.rank_state = totals, rank_totals, rank_state
         self.restored_totals: dict[str, Any] = {}
         self.restored_rank_totals: dict[str, Any] = {}
+        self.restored_rank_state: dict[str, Any] = {}
         self.config = comparable_config(as_container(cfg))
         self.model, self.optimizer, self.scheduler, self.monitor = (
             model,
@@ -160,7 +169,13 @@ class JobCheckpoints:
         """Write a checkpoint of ``state`` (rank 0), with every rank's RNG and failure counts."""
         extra = {} if self.rank_totals is None else self.rank_totals()
         ranks = self.dist.gather(
-            {"rng": capture_rng_state(), "failures": self.monitor.state_dict(), "totals": extra}
+            {
+                "rng": capture_rng_state(),
+                "failures": self.monitor.state_dict(),
+                "totals": extra,
+                "loss": [state.loss_sum, state.loss_count],  # this rank's partial sums
+                "state": {} if self.rank_state is None else self.rank_state(),
+            }
         )
         if not self.dist.is_main:
             return
@@ -174,6 +189,7 @@ class JobCheckpoints:
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             "ranks": ranks,
             "logs": log_rows(self.output_dir),
+            "log_headers": csv_headers(self.output_dir),
             "totals": {} if self.totals is None else self.totals(),
         }
         path = self.store.save(state.step, payload)
@@ -204,12 +220,26 @@ class JobCheckpoints:
             return None
         payload = read_checkpoint(path)
         self._check_compatible(Path(path), payload)
+        shortfall = (
+            log_shortfall(self.output_dir, payload["logs"], payload.get("log_headers", {}))
+            if self.dist.is_main
+            else None
+        )
+        shortfall = self.dist.broadcast(shortfall)
+        if shortfall is not None:
+            raise ResumeLogError(
+                f"cannot resume from {path}: {shortfall}. Rows logged before the checkpoint are "
+                "missing, so the resumed run's logs would disagree with its results. Restore "
+                "the file(s), or start over with reliability.resume=false (or another "
+                "hydra.run.dir)."
+            )
         unwrap(self.model).load_state_dict(payload["model"])
         self.optimizer.load_state_dict(payload["optimizer"])
         if self.scheduler is not None and payload["scheduler"] is not None:
             self.scheduler.load_state_dict(payload["scheduler"])
         ranks, old_world = payload["ranks"], int(payload["world_size"])
         restore_rng_state(ranks[self.dist.rank % old_world]["rng"])
+        self.restored_rank_state = dict(ranks[self.dist.rank % old_world].get("state", {}))
         if old_world == self.dist.world_size:
             self.monitor.load_state_dict(ranks[self.dist.rank]["failures"])
             self.restored_rank_totals = dict(ranks[self.dist.rank].get("totals", {}))
@@ -220,6 +250,7 @@ class JobCheckpoints:
         if self.dist.is_main:
             rewind_logs(self.output_dir, payload["logs"])
         state = TrainState.from_state_dict(payload["train_state"])
+        _restore_loss_sums(state, ranks, self.dist)
         if old_world != self.dist.world_size:
             state.batch = reshard_batch(state.batch, old_world, self.dist.world_size)
         logger.info(
@@ -269,6 +300,46 @@ class JobCheckpoints:
                     "reliability.threads_change=warn."
                 )
             logger.warning("%s (reliability.threads_change=warn: continuing)", message)
+
+
+class ResumeLogError(RuntimeError):
+    """A metric file of the job holds fewer rows than its checkpoint recorded (cut, deleted, a
+    CSV without its header): the resume is refused, the files left as they are."""
+
+
+def log_shortfall(
+    directory: Path, rows: Mapping[str, int], headers: Mapping[str, list[str]]
+) -> str | None:
+    """What is missing from the job's metric files against a checkpoint's ``log_rows``
+    (``rows``) and ``csv_headers`` (``headers``): "<file> has N of the M rows ..." for each
+    file that is shorter or gone, "<file> does not start with its header ..." for a CSV whose
+    first row does not begin with the recorded header (a header grows, never shrinks), or None
+    when every file holds at least its recorded rows (rows after the checkpoint are cut by
+    ``rewind_logs``)."""
+    present, now = log_rows(directory), csv_headers(directory)
+    short = [
+        f"{name} has {present.get(name, 0)} of the {expected} rows the checkpoint recorded"
+        + ("" if name in present else " (the file is gone)")
+        for name, expected in sorted(rows.items())
+        if present.get(name, 0) < expected
+    ]
+    short += [
+        f"{name} does not start with its header {list(header)[:4]}... (first row "
+        f"{now.get(name, [])[:4]}...)"
+        for name, header in sorted(headers.items())
+        if name in present and now.get(name, [])[: len(header)] != list(header)
+    ]
+    return "; ".join(short) or None
+
+
+def csv_headers(directory: Path) -> dict[str, list[str]]:
+    """The first row (header) of every CSV metric file, by path relative to ``directory``."""
+    out = {}
+    for path in _sink_files(directory):
+        if path.suffix == ".csv":
+            with path.open(newline="", encoding="utf-8") as fh:
+                out[str(path.relative_to(directory))] = next(csv.reader(fh), [])
+    return out
 
 
 def finished_results(
@@ -342,6 +413,24 @@ def truncate_logs(directory: Path) -> None:
             ", ".join(str(p.relative_to(directory)) for p in stale),
         )
         rewind_logs(directory, {})
+
+
+def _restore_loss_sums(
+    state: TrainState, ranks: list[Mapping[str, Any]], dist: DistributedContext
+) -> None:
+    """Give each rank its own partial sums of the epoch's training loss (``loss_sum``,
+    ``loss_count``, summed over ranks at the epoch's end), as it saved them, so a resumed run
+    logs the same ``train/loss`` as an uninterrupted one. After a reshard rank 0 takes every
+    old rank's sums, the others none. A checkpoint written before the per-rank sums were saved
+    keeps ``train_state``'s (rank 0's) on every rank, as it was read then."""
+    if any("loss" not in rank for rank in ranks):
+        return
+    if len(ranks) == dist.world_size:
+        state.loss_sum, state.loss_count = ranks[dist.rank]["loss"]
+        return
+    mine = ranks if dist.is_main else []
+    state.loss_sum = sum((float(rank["loss"][0]) for rank in mine), 0.0)
+    state.loss_count = sum(int(rank["loss"][1]) for rank in mine)
 
 
 def _summed(totals: list[Mapping[str, Any]]) -> dict[str, Any]:

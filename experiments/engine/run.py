@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -33,9 +33,11 @@ from experiments.engine.build import (
 )
 from experiments.engine.checkpoint import write_checkpoint
 from experiments.engine.clipping import clip_grad_hooks
+from experiments.engine.command import failures_recorded
 from experiments.engine.determinism import configure_determinism
 from experiments.engine.distributed import DistributedContext, state_digest
-from experiments.engine.failure_log import RankFailureLog
+from experiments.engine.failure_log import RankFailureLog, logged_failure_counts
+from experiments.engine.job_record import write_job_record
 from experiments.engine.joblock import JobLock, JobLockedError
 from experiments.engine.log_record import log_record
 from experiments.engine.loop import Task, TrainState, fit
@@ -47,6 +49,7 @@ from experiments.engine.preemption import (
 )
 from experiments.engine.results import write_results
 from experiments.engine.resume import JobCheckpoints, finished_results
+from experiments.engine.run_checks import check_run_settings
 from experiments.engine.run_events import RunEvents, events_summary
 from experiments.engine.schedule import poly_lr_hooks
 from experiments.engine.targets import check_targets
@@ -54,7 +57,8 @@ from implicit_ham._core.sinks import Sink
 from implicit_ham._core.validation import check_choice
 from implicit_ham.adjoints.layers import find_implicit_layers
 from implicit_ham.diagnostics import DiagnosticsCallback
-from implicit_ham.reliability.failures import FailureMonitor, check_policy
+from implicit_ham.reliability.divergence import LossDivergence
+from implicit_ham.reliability.failures import FailureMonitor
 from implicit_ham.reliability.guard import GuardedStep, StepHooks, unwrap
 
 logger = logging.getLogger(__name__)
@@ -69,7 +73,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def run_training(cfg: TrainConfig, output_dir: str | Path) -> dict[str, Any]:
+def run_training(
+    cfg: TrainConfig, output_dir: str | Path, job_files: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """Train and evaluate the configured model; write ``results.json`` and ``checkpoint.pt``.
 
     Reliability (``cfg.reliability``, a ``ReliabilityConf``): failures of implicit layers are
@@ -82,11 +88,18 @@ def run_training(cfg: TrainConfig, output_dir: str | Path) -> dict[str, Any]:
         cfg: the typed config (``experiments.config.typed.typed_config(cfg, TrainConfig)`` of
             the composed one, or a ``TrainConfig`` built by hand).
         output_dir: the job's directory.
+        job_files: files the job writes (rank 0) into its directory once it holds the lock and
+            its checkpoints (or finished results) match the config: the command's record of
+            itself, ``experiments.engine.job_record.hydra_record`` ({relative path: text}).
 
-    Every ``_target_`` of ``cfg`` is checked against ``experiments.engine.targets``'s allowlist
-    first (``UnsafeTargetError``). One writer: the job directory's lock
-    (``experiments.engine.joblock``) is held while the
-    job runs; ``JobLockedError`` (naming the holder) when another live process holds it.
+    Every value is checked first (``check_train_config``, ``check_run_settings``, the
+    components) and every ``_target_`` against ``experiments.engine.targets``'s allowlist
+    (``UnsafeTargetError``), before anything is written. One writer: the job directory's lock
+    (``experiments.engine.joblock``) is held while the job runs; ``JobLockedError`` (naming the
+    holder) when another live process holds it. Only while it holds the lock does the job
+    write into its directory: an error then writes ``results.json`` ``status: "failed"``
+    (``experiments.engine.command.failures_recorded``); a command refused before (a value, a
+    held lock) leaves every file of the directory byte-identical.
 
     Preemption: the signals of ``reliability.preempt_signals`` stop the run after the current
     step with a checkpoint and ``results.json`` ``status: "preempted"``, then ``PreemptedError`` is
@@ -111,16 +124,26 @@ def run_training(cfg: TrainConfig, output_dir: str | Path) -> dict[str, Any]:
         files it belongs to (``experiments.engine.log_record``).
     """
     check_train_config(cfg)
+    check_run_settings(cfg)
     check_targets(as_container(cfg))  # before anything is instantiated
     check_components(cfg)  # the library's checks of solver, adjoint, context: before the data
-    check_policy(cfg.reliability.on_failure)
     check_choice("config", "dtype", cfg.dtype, tuple(DTYPES))
     with preemptible(cfg.reliability.preempt_signals) as guard:
         dist = DistributedContext.from_env(cfg.device, cfg.reliability.dist_timeout_s)
         with dist.diagnose_hangs():
             job_dir = Path(dist.broadcast(str(output_dir)))
-            with _job_lock(job_dir, dist):
-                results = _train(cfg, job_dir, dist, guard)
+            with (
+                _job_lock(job_dir, dist),
+                failures_recorded(
+                    job_dir,
+                    as_container(cfg),
+                    logger_target=cfg.logger._target_,
+                    failure_counts=logged_failure_counts,
+                    write=dist.is_main,
+                ),
+                dist.diagnose_hangs(),  # a hang is named before the failure is recorded
+            ):
+                results = _train(cfg, job_dir, dist, guard, dict(job_files or {}))
             dist.close()
     return results
 
@@ -147,7 +170,11 @@ def _job_lock(job_dir: Path, dist: DistributedContext) -> Iterator[None]:
 
 
 def _train(
-    cfg: TrainConfig, output_dir: Path, dist: DistributedContext, guard: PreemptionGuard
+    cfg: TrainConfig,
+    output_dir: Path,
+    dist: DistributedContext,
+    guard: PreemptionGuard,
+    job_files: dict[str, str],
 ) -> dict[str, Any]:
     reliability = cfg.reliability
     config = as_container(cfg)  # what the files record
@@ -161,6 +188,8 @@ def _train(
     finished = finished_results(output_dir, cfg, dist)
     if finished is not None:  # before any data or model is built
         logger.info("%s finished earlier with this config; not retrained", output_dir)
+        if dist.is_main:
+            write_job_record(output_dir, job_files)
         return finished
     device = dist.device
     train_set, val_set, info = build_datasets(cfg.data)
@@ -175,6 +204,11 @@ def _train(
     model = dist.wrap(model)
     sinks = build_sinks(cfg.logger, output_dir, config) if dist.is_main else []
     clock = _Clock()
+    divergence = (
+        LossDivergence(reliability.divergence_factor, reliability.divergence_steps)
+        if reliability.divergence_steps
+        else None
+    )
     run_events = RunEvents(unwrap(model))
     failure_log = RankFailureLog(sinks, dist)  # every rank's events, written by rank 0
     monitor = FailureMonitor(
@@ -193,8 +227,13 @@ def _train(
             "solver": _solver_summaries(unwrap(model)),
         },
         rank_totals=lambda: {"events": run_events.counts()},
+        rank_state=lambda: {} if divergence is None else {"divergence": divergence.state_dict()},
     )
     state = checkpoints.restore()
+    if divergence is not None and "divergence" in checkpoints.restored_rank_state:
+        divergence.load_state_dict(checkpoints.restored_rank_state["divergence"])
+    if dist.is_main:  # the checkpoints matched this config: the job's record is this command's
+        write_job_record(output_dir, job_files)
     run_events.restore(checkpoints.restored_rank_totals.get("events") or {})
     hooks, callback = _diagnostics(cfg.diagnostics, unwrap(model), sinks, optimizer)
     if cfg.lr_poly_power is not None:
@@ -221,6 +260,7 @@ def _train(
         monitor=monitor,
         hooks=hooks,
         dist=dist,
+        divergence=divergence,
     )
     state = state or TrainState()
 

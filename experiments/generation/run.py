@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +23,10 @@ from experiments.config.typed import as_container
 from experiments.data.twin_digits import TwinDigitsDataset
 from experiments.engine.build import build_context, build_sinks
 from experiments.engine.checkpoint import write_checkpoint
+from experiments.engine.command import failures_recorded
 from experiments.engine.determinism import configure_determinism
 from experiments.engine.failure_log import failure_summary, logged_failure_rows
+from experiments.engine.job_record import write_job_record
 from experiments.engine.joblock import JobLock
 from experiments.engine.paths import resolve_write_path
 from experiments.engine.preemption import (
@@ -35,6 +37,7 @@ from experiments.engine.preemption import (
 )
 from experiments.engine.results import write_results
 from experiments.engine.run import seed_everything
+from experiments.engine.run_checks import check_reliability
 from experiments.engine.targets import check_targets
 from experiments.generation.checkpoints import GanCheckpoints
 from experiments.generation.classifier import load_or_train_classifier
@@ -62,24 +65,44 @@ def build_networks(cfg: GenerateConfig) -> tuple[Generator, Discriminator]:
     return generator, Discriminator(d_context, width=gan.d_width)
 
 
-def run_generation(cfg: GenerateConfig, output_dir: str | Path) -> dict[str, Any]:
+def run_generation(
+    cfg: GenerateConfig, output_dir: str | Path, job_files: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """Train the configured GAN, evaluate its EMA generator, write the job's files (module
     docstring) and return the results. A job directory holding a finished run of this config
     returns its results without training; one holding checkpoints resumes from the newest.
+    Values are checked before the job directory's lock is taken; only while holding it does
+    the job write (a failure: ``results.json`` "failed", ``failures_recorded``).
 
     Args:
         cfg: the typed config (``experiments.config.typed.typed_config(cfg, GenerateConfig)``
             of the composed one, or a ``GenerateConfig`` built by hand).
         output_dir: the job's directory.
+        job_files: the command's record of itself ({relative path: text},
+            ``experiments.engine.job_record.hydra_record``), written once the job holds the
+            lock and its checkpoints matched the config.
     """
     check_generate_config(cfg)
+    check_reliability(cfg.reliability)  # every value before the lock: a refusal writes nothing
     check_targets(as_container(cfg))  # before anything is instantiated
     output_dir = Path(output_dir)
-    with preemptible(cfg.reliability.preempt_signals) as guard, JobLock(output_dir):
-        return _run(cfg, output_dir, guard)
+    record = dict(job_files or {})
+    with (
+        preemptible(cfg.reliability.preempt_signals) as guard,
+        JobLock(output_dir),
+        failures_recorded(
+            output_dir,
+            as_container(cfg),
+            logger_target=cfg.logger._target_,
+            failure_counts=logged_gan_failure_counts,
+        ),
+    ):
+        return _run(cfg, output_dir, guard, record)
 
 
-def _run(cfg: GenerateConfig, output_dir: Path, guard: PreemptionGuard) -> dict[str, Any]:
+def _run(
+    cfg: GenerateConfig, output_dir: Path, guard: PreemptionGuard, job_files: dict[str, str]
+) -> dict[str, Any]:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = torch.device(cfg.device)
@@ -124,8 +147,10 @@ def _run(cfg: GenerateConfig, output_dir: Path, guard: PreemptionGuard) -> dict[
         logger.info("%s finished earlier with this config; not retrained", output_dir)
         for sink in sinks:
             sink.close()
+        write_job_record(output_dir, job_files)
         return finished
     extra = checkpoints.restore() or {"train_time_s": 0.0, "eval_time_s": 0.0}
+    write_job_record(output_dir, job_files)  # the checkpoints matched this config
     scoring = {
         "knn_k": metrics_cfg.knn_k,
         "kid_subsets": metrics_cfg.kid_subsets,

@@ -394,7 +394,15 @@ class Decomposition(InitialBases, ABC):
         Args:
             x: the feature map or sequence.
             init: optional explicit initial bases (B*S, d, r), e.g. for reproducible runs.
+
+        Raises:
+            TypeError: ``x`` is not a floating-point tensor (the solve needs real arithmetic).
         """
+        if not x.is_floating_point():
+            raise TypeError(
+                f"{type(self).__name__}: x must be a floating-point tensor, got {x.dtype}; "
+                "convert it first, e.g. x.float()"
+            )
         self.last_solution = None  # the previous forward's state is released before this solve
         adjoint = self.active_adjoint()
         if isinstance(adjoint, OneStep) and not self.grad_through_bases:

@@ -3,6 +3,7 @@
 counted by kind and layer). Use them in any loop: plain PyTorch, Lightning, the experiments'
 engine (see docs/reliability.md)."""
 
+from implicit_ham.reliability.divergence import LossDivergedError, LossDivergence
 from implicit_ham.reliability.failures import (
     ACTION_MEANINGS,
     FAILURE_KINDS,
@@ -21,5 +22,7 @@ __all__ = [
     "FailureEvent",
     "FailureMonitor",
     "GuardedStep",
+    "LossDivergedError",
+    "LossDivergence",
     "StepHooks",
 ]

@@ -6,7 +6,8 @@ forward solves that missed their tolerance or went non-finite, at-fixed-point ba
 (Implicit, Neumann) taken at a point that is not a fixed point (the residual recorded is
 ``||f(z*) - z*|| / ||f(z*)||``), backward solves that missed their tolerance or went non-finite,
 and a non-finite loss, parameter gradient, input batch (checked before the forward pass, so no
-model sees it) or buffer (e.g. a BatchNorm running variance).
+model sees it) or buffer (e.g. a BatchNorm running variance), and a finite loss that diverges
+(``loss_diverged``, when ``GuardedStep`` is given a ``LossDivergence``).
 
 Policies (``on_failure``): ``"warn"`` (count, warn, keep the solver's result; non-finite values
 raise), ``"raise"`` (raise at the first failure), ``"skip_batch"`` (drop the batch: no optimiser
@@ -47,6 +48,11 @@ FAILURE_MEANINGS = {
     ),
     "backward_nonfinite": "a backward solve produced NaN / inf",
     "loss_nonfinite": "the loss is NaN / inf",
+    "loss_diverged": (
+        "the training loss stayed above a factor times its lowest smoothed value for a number "
+        "of steps in a row (finite divergence, e.g. a learning rate far too large; "
+        "implicit_ham.reliability.divergence)"
+    ),
     "grad_nonfinite": "a parameter gradient is NaN / inf",
     "input_nonfinite": "the batch's floating-point inputs hold NaN / inf",
     "buffer_nonfinite": "a buffer (e.g. a BatchNorm running variance) became NaN / inf",

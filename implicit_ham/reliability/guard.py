@@ -7,7 +7,8 @@ What it checks, in order (see ``failures`` for the kinds and policies):
    running, tracked by forward hooks), a non-finite buffer after the forward pass
    (``buffer_nonfinite``, e.g. a BatchNorm running variance), a non-finite loss, and every
    implicit layer whose
-   ``last_solution.stats.converged`` is False;
+   ``last_solution.stats.converged`` is False, and (with a ``LossDivergence``) a finite loss
+   that diverges;
 2. backward: every implicit layer's ``last_solution.backward_log`` entry that did not converge
    or fell back, an error raised inside the backward pass, and non-finite parameter gradients.
 
@@ -45,6 +46,7 @@ from implicit_ham._core.errors import (
 )
 from implicit_ham.adjoints.layers import find_implicit_layers
 from implicit_ham.adjoints.modes import AtFixedPoint, OneStep
+from implicit_ham.reliability.divergence import LossDivergedError, LossDivergence
 from implicit_ham.reliability.failures import FailureEvent, FailureMonitor, adjoint_of, apply_policy
 from implicit_ham.reliability.rng import capture_rng_state, restore_rng_state
 
@@ -106,6 +108,13 @@ class GuardedStep:
         hooks: ``after_backward(step)`` runs after every backward pass, ``after_step(step)``
             after every optimiser update.
         dist: how ranks agree on a batch's outcome (default: a single process).
+        divergence: checks every finite loss for divergence (``LossDivergence``); a flagged
+            step is a ``loss_diverged`` event: "continued" under warn, "raised"
+            (``LossDivergedError``) under raise, the batch "skipped" under skip_batch and
+            fallback (nothing to fall back to). None (default): no check.
+
+    An empty batch (0 samples) raises ValueError naming the step: its loss would be NaN and
+    be counted as a non-finite loss.
     """
 
     def __init__(
@@ -118,8 +127,10 @@ class GuardedStep:
         monitor: FailureMonitor | None = None,
         hooks: StepHooks | None = None,
         dist: RankAgreement | None = None,
+        divergence: LossDivergence | None = None,
     ) -> None:
         self.model, self.task, self.optimizer, self.policy = model, task, optimizer, policy
+        self.divergence = divergence
         self.monitor = monitor or FailureMonitor()
         self.hooks = hooks
         self.dist: RankAgreement = dist or SingleProcess()
@@ -162,6 +173,12 @@ class GuardedStep:
     # ------------------------------------------------------------------------ forward
     def _forward(self, inputs: Tensor, target: Tensor, step: int) -> tuple[Tensor | None, int]:
         loss, error = None, None
+        if inputs.ndim and not len(inputs):
+            raise ValueError(
+                f"step {step}: an empty batch (inputs of shape {tuple(inputs.shape)}): it has no "
+                "loss. Check the data loader (a sampler or collate function that yields empty "
+                "batches, a dataset smaller than one batch)."
+            )
         if inputs.is_floating_point() and not bool(torch.isfinite(inputs).all()):
             self._fail("input_nonfinite", "(inputs)", step, None, None)
             return None, SKIP
@@ -198,7 +215,25 @@ class GuardedStep:
         if not finite:
             self._fail("loss_nonfinite", "(loss)", step, None, None)
             code = SKIP
+        elif self.divergence is not None:
+            code = max(code, self._check_divergence(self.divergence, float(loss.detach()), step))
         return loss, code
+
+    def _check_divergence(self, check: LossDivergence, loss: float, step: int) -> int:
+        """Record a ``loss_diverged`` event when ``check`` flags this step's loss."""
+        bar = check.threshold
+        if not check.update(loss) or bar is None:
+            return OK
+        action = {"warn": "continued", "raise": "raised"}.get(self.policy, "skipped")
+        self.monitor.record(FailureEvent("loss_diverged", "(loss)", step, loss / bar, action))
+        if self.policy == "raise":
+            raise LossDivergedError(
+                f"step {step}: the training loss {loss:.4g} has stayed above {check.factor:g} x "
+                f"its lowest smoothed value ({bar / check.factor:.4g}) for {check.above} steps: "
+                "the run diverges (on_failure=raise). Lower the learning rate, or loosen the "
+                "check (reliability.divergence_factor / divergence_steps; 0 steps: off)."
+            )
+        return SKIP if action == "skipped" else OK
 
     def _forward_misses(self, step: int) -> list[tuple[FailureEvent, int]]:
         out = []

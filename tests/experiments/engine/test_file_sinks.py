@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import csv
+import errno
+import json
 import math
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from experiments.engine.file_sinks import CSVSink, JSONLSink, read_jsonl
+from experiments.engine.results import write_results
 from experiments.engine.wandb_sink import WandbSink, resolve_mode, resolved_config
 from implicit_ham._core.sinks import MultiSink, Sink, plain_value
 
@@ -134,3 +138,36 @@ def test_plain_value_rejects_non_scalars_with_the_fix() -> None:
     with pytest.raises(TypeError, match="log a number or a string"):
         plain_value(object(), "thing")
     assert plain_value(torch.tensor([2])) == 2
+
+
+class _FullDisk:
+    """A file object whose writes fail as on a full disk (ENOSPC, no file name)."""
+
+    name = "unused"
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_full_disk_error_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 47 item 10: ENOSPC on a write of an open file has no file name; the engine's
+    writers re-raise it naming the file (what a failed job's results.json then records)."""
+    sink = JSONLSink(tmp_path)
+    sink.log({"loss": 1.0}, 0)
+    handle = sink._files["metrics.jsonl"]
+    full = _FullDisk()
+    full.name = handle.fh.name
+    handle.fh.close()
+    handle.fh = full  # type: ignore[assignment]
+    with pytest.raises(OSError, match=r"No space left on device: '.*metrics\.jsonl'") as err:
+        sink.log({"loss": 2.0}, 1)
+    assert err.value.errno == errno.ENOSPC
+    monkeypatch.setattr(json, "dump", lambda *a, **k: _FullDisk().write(""))
+    with pytest.raises(OSError, match=r"No space left on device: '.*results\.json'"):
+        write_results(tmp_path, {"status": "ok"})

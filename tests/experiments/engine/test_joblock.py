@@ -6,12 +6,14 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import multiprocessing
 import os
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,6 +68,47 @@ def test_lock_kept_by_an_orphan_of_a_dead_writer_is_taken_over(
         assert "outlived its writer" in caplog.text
     finally:
         os.close(orphan)
+
+
+def _contend(directory: Path, start: Any, tried: Any, held: Any) -> None:
+    """One of several processes started together: try the lock, say whether it was taken, and
+    keep it until every contender has tried."""
+    start.wait()
+    lock = JobLock(directory)
+    try:
+        lock.acquire()
+        held.put(os.getpid())
+    except JobLockedError:
+        pass
+    tried.wait()
+    lock.release()
+
+
+def test_stale_record_taken_over_by_one_of_several_commands_started_together(
+    tmp_path: Path,
+) -> None:
+    """Issue 47 item 1: a stale record of a kill -9'd writer and 4 processes starting at once
+    (30 trials): exactly one holds the lock each time (the old take-over let a loser of the
+    flock unlink the file the winner held before it had written its record: 2 holders)."""
+    context = multiprocessing.get_context("fork")
+    stale = {"host": socket.gethostname(), "pid": _dead_pid(), "started": "2026-01-01T00:00:00"}
+    holders = []
+    for trial in range(30):
+        job = tmp_path / f"trial{trial}"
+        job.mkdir()
+        (job / LOCK_FILE).write_text(json.dumps(stale))
+        start, tried, held = context.Barrier(4), context.Barrier(4), context.Queue()
+        procs = [context.Process(target=_contend, args=(job, start, tried, held)) for _ in range(4)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(timeout=60)
+        assert [proc.exitcode for proc in procs] == [0] * 4
+        pids = []
+        while not held.empty():
+            pids.append(held.get())
+        holders.append(len(pids))
+    assert holders == [1] * 30, holders
 
 
 ARGS = [

@@ -228,3 +228,13 @@ def test_a_plugin_defining_only_step_stays_differentiable_under_the_default_mode
     bases = layer.last_solution.value[0]  # (B, d, r) after the K steps
     expected = (bases @ bases.mT @ weight.reshape(2, 6, 9)).reshape(x.shape)
     torch.testing.assert_close(grad, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layer", [ih.NMF, ih.VQ, ih.CD])
+def test_integer_input_is_refused_by_name(layer: type) -> None:
+    """Issue 47 item 10: an integer feature map failed inside torch (NotImplementedError:
+    "normal_kernel_cpu" not implemented for 'Long'); now a TypeError naming the dtype and the
+    fix."""
+    x = torch.randint(0, 5, (2, 8, 4, 4))
+    with pytest.raises(TypeError, match=r"x must be a floating-point tensor, got torch\.int64"):
+        layer(rank=2)(x)
