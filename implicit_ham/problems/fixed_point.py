@@ -16,16 +16,19 @@ from implicit_ham._core.grad_guard import guard_gradient
 from implicit_ham._core.solve_scope import solve_scope
 from implicit_ham._core.state import BoundStep, State, StateSpec
 from implicit_ham._core.stats import BackwardStats, SolverStats
+from implicit_ham._core.transforms import host_checks
 from implicit_ham.adjoints.modes import ADJOINTS, Adjoint, OneStep
 from implicit_ham.problems.input_checks import check_state_against_parameters
 from implicit_ham.problems.states import StateRecorder, attach_states, state_indices
 from implicit_ham.solvers.base import SOLVERS, FixedPointSolver
-from implicit_ham.solvers.iteration import FixedPointIteration
+from implicit_ham.solvers.iteration import DEFAULT_TOL_STEPS, FixedPointIteration
 
 # the defaults, built once (both are frozen dataclasses: sharing them shares no state); the
-# solver runs to a tolerance, within FixedPointIteration's budget for one (100 steps)
+# solver runs to a tolerance, within FixedPointIteration's budget for one (100 steps); where no
+# tolerance can be checked (torch.func.vmap, torch.compile) it runs that whole budget
 DEFAULT_TOL = 1e-5
 _DEFAULT_SOLVER = FixedPointIteration(tol=DEFAULT_TOL)
+_DEFAULT_TRACED_SOLVER = FixedPointIteration(max_steps=DEFAULT_TOL_STEPS)
 _DEFAULT_ADJOINT = OneStep()
 
 
@@ -94,8 +97,11 @@ def fixed_point(
         solver: forward solver or its registry name; default
             ``FixedPointIteration(tol=1e-5)``: plain iteration until every sample's relative
             residual is at most 1e-5, at most 100 steps (a ``ConvergenceWarning`` past them).
-            A fixed number of steps (no host synchronisation per step, and the only choice
-            inside ``torch.func.vmap``) is ``FixedPointIteration(max_steps=K)``.
+            Where no tolerance can be checked on the host (inside ``torch.func.vmap`` or
+            ``torch.compile``) the default runs that whole budget, 100 steps, without
+            stopping: the same or a more converged value, at a fixed cost. A fixed number of
+            steps of your choice (no host synchronisation per step) is
+            ``FixedPointIteration(max_steps=K)``.
         adjoint: backward mode or its registry name; default ``OneStep()``.
         states: also return intermediate states in ``Solution.states`` (for
             ``fixed_point_correction``): ``n`` spread over the step budget (TorchDEQ's
@@ -113,7 +119,9 @@ def fixed_point(
     """
     if not callable(f):
         raise TypeError(f"f must be callable, got {type(f).__name__}")
-    solver = SOLVERS.resolve(_DEFAULT_SOLVER if solver is None else solver, FixedPointSolver)
+    if solver is None:
+        solver = _DEFAULT_SOLVER if host_checks() else _DEFAULT_TRACED_SOLVER
+    solver = SOLVERS.resolve(solver, FixedPointSolver)
     adjoint = ADJOINTS.resolve(_DEFAULT_ADJOINT if adjoint is None else adjoint, Adjoint)
     spec = StateSpec.of(z0)
     check_state_against_parameters(f, spec.as_tuple(z0), "fixed_point")
