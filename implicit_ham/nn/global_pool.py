@@ -29,12 +29,17 @@ class GlobalPoolContext(nn.Module):
         self.project = nn.Conv2d(channels, channels, 1)
 
     def forward(self, z: Tensor) -> Tensor:
-        """z (B, C, H, W) -> z + project(mean over H, W of z) (B, C, H, W)."""
-        if z.ndim != 4 or z.shape[1] != self.channels:
+        """z (B, C, H, W) or a sequence (B, C, N) -> z + project(mean over the positions of
+        z), shaped like z (the flatten rule of the decompositions: every axis after the
+        channels is a position)."""
+        if z.ndim not in (3, 4) or z.shape[1] != self.channels:
             raise ValueError(
-                f"GlobalPoolContext expects (B, {self.channels}, H, W), got {tuple(z.shape)}"
+                f"GlobalPoolContext expects (B, {self.channels}, H, W) maps or "
+                f"(B, {self.channels}, N) sequences, got {tuple(z.shape)}; feed "
+                f"{self.channels} channels or build the context with the input's channel count"
             )
-        return z + self.project(z.mean(dim=(2, 3), keepdim=True))
+        mean = z.flatten(2).mean(dim=2)[..., None, None]  # (B, C, 1, 1)
+        return z + self.project(mean).reshape(*z.shape[:2], *([1] * (z.ndim - 2)))
 
     def extra_repr(self) -> str:
         return f"channels={self.channels}"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from torch import Tensor, nn
 
 from implicit_ham._core.validation import check_positive_int
 from implicit_ham.decompositions.base import Decomposition
-from implicit_ham.nn.tokens import check_tokens
+from implicit_ham.nn.tokens import check_device_and_dtype, check_tokens
 
 
 class HamMixer(nn.Module):
@@ -67,11 +69,6 @@ class HamMixer(nn.Module):
                 f"HamMixer: {type(ham).__name__} needs a non-negative input; keep "
                 "lower_relu=True or choose a ham that accepts signed inputs (VQ, CD, SVD)."
             )
-        if ham.channels is not None and ham.channels != width:
-            raise ValueError(
-                f"HamMixer: the ham was built for channels={ham.channels} but receives "
-                f"ham_channels={width}; make them equal."
-            )
         if not ham.spatial:
             raise ValueError(
                 "HamMixer: the ham must have spatial=True (bases over channels, coefficients "
@@ -82,12 +79,14 @@ class HamMixer(nn.Module):
         if lower_relu:
             lower.append(nn.ReLU())
         self.lower_bread = nn.Sequential(*lower)
+        ham.bind_channels(width)  # "fixed" bases become a buffer drawn once (and exportable)
         self.ham = ham
         self.upper_bread = nn.Linear(width, channels, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         """x (B, N, channels) -> the mixing term (B, N, channels)."""
         check_tokens("HamMixer", x, self.channels)
+        check_device_and_dtype("HamMixer", x, cast(Tensor, self.lower_bread[0].weight))
         h = self.lower_bread(x).transpose(1, 2)  # (B, width, N): the ham's sequence layout
         return self.upper_bread(self.ham(h).transpose(1, 2))
 

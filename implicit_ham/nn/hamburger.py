@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor, nn
 
 from implicit_ham._core.validation import check_choice, check_positive_int
 from implicit_ham.decompositions.base import Decomposition
 from implicit_ham.nn.layers import ActLayer, NormLayer, build_act, build_norm, relu
+from implicit_ham.nn.tokens import check_device_and_dtype
 
 VERSIONS = ("v1", "v2", "v2+")
 
@@ -156,18 +159,7 @@ class Hamburger(nn.Module):
                 f"or (B, {self.channels}, N) sequences, got shape {tuple(z.shape)}; feed "
                 f"{self.channels} channels or build the block with the input's channel count."
             )
-        weight = self.lower_bread[0].weight
-        if z.device != weight.device:
-            raise ValueError(
-                f"Hamburger: the input is on {z.device} but the block's parameters are on "
-                f"{weight.device}; move one of them (block.to(x.device))."
-            )
-        if z.dtype != weight.dtype and not torch.is_autocast_enabled(z.device.type):
-            raise TypeError(
-                f"Hamburger: the input is {z.dtype} but the block's parameters are "
-                f"{weight.dtype}; convert the input (x.to({weight.dtype})) or the block "
-                f"(block.to({z.dtype})), or run under torch.autocast."
-            )
+        check_device_and_dtype("Hamburger", z, cast(Tensor, self.lower_bread[0].weight))
 
     def extra_repr(self) -> str:
         dual = ", dual=True" if self.channel_ham is not None else ""

@@ -1,8 +1,10 @@
-"""The input check shared by the token mixers: tokens (B, N, C), as
-``nn.MultiheadAttention(batch_first=True)`` takes them."""
+"""The input checks shared by the context modules: tokens (B, N, C), as
+``nn.MultiheadAttention(batch_first=True)`` takes them, for the token mixers; an input on the
+module's device and in its dtype (outside autocast), for every module with a first layer."""
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 
@@ -27,3 +29,19 @@ def check_tokens(owner: str, x: Tensor, channels: int) -> None:
     raise ValueError(
         f"{owner} expects tokens (B, N, {channels}), got shape {tuple(x.shape)}; {fix}."
     )
+
+
+def check_device_and_dtype(owner: str, x: Tensor, weight: Tensor) -> None:
+    """ValueError / TypeError naming the fix, before the module's first layer, when x is not
+    on ``weight``'s device or (outside autocast) not in its dtype (O(1))."""
+    if x.device != weight.device:
+        raise ValueError(
+            f"{owner}: the input is on {x.device} but the module's parameters are on "
+            f"{weight.device}; move one of them (module.to(x.device))."
+        )
+    if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(
+            f"{owner}: the input is {x.dtype} but the module's parameters are "
+            f"{weight.dtype}; convert the input (x.to({weight.dtype})) or the module "
+            f"(module.to({x.dtype})), or run under torch.autocast."
+        )

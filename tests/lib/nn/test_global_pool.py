@@ -24,3 +24,13 @@ def test_gap_is_listed_and_rejects_a_wrong_channel_count() -> None:
     assert "gap" in ih.nn.context_names()
     with pytest.raises(ValueError, match="expects \\(B, 5, H, W\\)"):
         ih.make_context("gap", 5)(torch.randn(1, 4, 2, 2))
+
+
+def test_a_sequence_gets_the_output_of_its_map() -> None:
+    """(B, C, N) follows the decompositions' flatten rule: the same as the (B, C, N, 1) map."""
+    torch.manual_seed(0)
+    gap = ih.make_context("gap", 6).double()
+    z = torch.randn(2, 6, 10, dtype=torch.float64)
+    torch.testing.assert_close(gap(z), gap(z[..., None])[..., 0], rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"\(B, 6, N\) sequences"):
+        gap(torch.randn(2, 6))

@@ -174,5 +174,22 @@ def test_ham_mixer_refuses_an_nmf_without_relu_and_a_channel_ham():
         ih.HamMixer(8, ih.NMF(rank=2), lower_relu=False)
     with pytest.raises(ValueError, match="spatial=True"):
         ih.HamMixer(8, ih.VQ(rank=2, spatial=False))
-    with pytest.raises(ValueError, match="channels=4 but receives ham_channels=8"):
+    with pytest.raises(ValueError, match="built for channels=4 but receives 8 channels"):
         ih.HamMixer(8, ih.CD(rank=2, channels=4))
+
+
+def test_ham_mixer_gives_its_width_to_the_ham():
+    """A ham built without channels takes the mixer's width, so its "fixed" initial bases are
+    a buffer drawn once (as in Hamburger), not redrawn from the seed at every forward."""
+    mixer = ih.HamMixer(8, ih.NMF(rank=2, eval_init="fixed"), ham_channels=6).eval()
+    assert mixer.ham.channels == 6 and "ham.fixed_bases" in dict(mixer.named_buffers())
+    x = torch.rand(2, 5, 8)
+    torch.testing.assert_close(mixer(x), mixer(x), rtol=0, atol=0)
+
+
+def test_ham_mixer_names_a_dtype_or_device_mismatch():
+    mixer = ih.HamMixer(8, ih.VQ(rank=2))
+    with pytest.raises(TypeError, match="input is torch.float64 but the module's parameters"):
+        mixer(torch.randn(2, 5, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match="the input is on meta"):
+        mixer(torch.randn(2, 5, 8, device="meta"))

@@ -83,10 +83,10 @@ def test_a_hamburger_names_the_wrong_channels_dtype_before_its_first_conv() -> N
         block(torch.rand(2, 8, 4, 4))
     with pytest.raises(ValueError, match=r"\(B, 16, N\) sequences, got shape \(2, 4, 9\)"):
         block(torch.rand(2, 4, 9))  # a sequence of the wrong width
-    with pytest.raises(TypeError, match=r"input is torch.float64 but the block's parameters are"):
+    with pytest.raises(TypeError, match=r"input is torch.float64 but the module's parameters are"):
         block(torch.rand(2, 16, 4, 4, dtype=torch.float64))
     assert block.double()(torch.rand(2, 16, 4, 4, dtype=torch.float64)).dtype == torch.float64
-    with pytest.raises(ValueError, match="the input is on meta but the block's parameters are on"):
+    with pytest.raises(ValueError, match="the input is on meta but the module's parameters are on"):
         block.float()(torch.rand(2, 16, 4, 4, device="meta"))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert block.float()(torch.rand(2, 16, 4, 4, dtype=torch.bfloat16)).shape == (2, 16, 4, 4)
