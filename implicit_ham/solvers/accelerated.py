@@ -244,9 +244,9 @@ def _coupled(solver: NativeSolver, result: Iterate, image: Tensor, spec: StateSp
     """Whether ``f`` couples the samples, from its value ``image`` (B, N) at the returned point
     ``result.x`` evaluated as one batch: True, after a ``BatchCouplingWarning`` with the numbers,
     when some sample's residual there differs from the one the per-sample solve recorded for it
-    (beyond 1e-3 relative and rounding) or falls on the other side of ``tol`` (one host
-    synchronisation). The samples the solve froze, or whose best iterate came from an earlier
-    evaluation, were recorded beside batch-mates that have moved since."""
+    (beyond 1e-3 relative and rounding) or falls on the other side of ``tol`` beyond rounding
+    (one host synchronisation). The samples the solve froze, or whose best iterate came from an
+    earlier evaluation, were recorded beside batch-mates that have moved since."""
     abs_res = torch.linalg.vector_norm(image - result.x, dim=1)
     size = torch.linalg.vector_norm(image, dim=1)
     rel_res = abs_res / size.clamp_min(torch.finfo(image.dtype).tiny)
@@ -256,7 +256,11 @@ def _coupled(solver: NativeSolver, result: Iterate, image: Tensor, spec: StateSp
         use_rel = solver.stop_mode == "rel"
         metric = rel_res if use_rel else abs_res
         recorded = result.rel_residual if use_rel else result.abs_residual
-        differs |= (metric <= solver.tol) != (recorded <= solver.tol)
+        # a side of tol counts only beyond the metric's rounding: a sample sitting at tol is
+        # not re-solved for the last bit of a norm computed twice
+        margin = 8 * torch.finfo(image.dtype).eps * (torch.ones_like(size) if use_rel else size)
+        crossed = (metric <= solver.tol) != (recorded <= solver.tol)
+        differs |= crossed & ((metric - recorded).abs() > margin)
     if not bool(differs.any()):
         return False
     i = int(torch.where(differs, rel_res, -1.0).argmax())  # the worst sample that differs
