@@ -59,7 +59,12 @@ def distrust_of(stats: Sequence[BackwardStats]) -> list[str]:
                 f"the {s.linear_solver} backward solve fell back to the one-step gradient"
             )
         if s.converged is False:
-            cond = "" if s.cond is None else f", κ(I - J) >= {s.cond:.2e}"
+            if s.cond is not None:  # exact (a dense solve)
+                cond = f", κ(I - J) = {s.cond:.2e}"
+            elif s.cond_lower_bound is not None:  # GMRES's bound from its Krylov space
+                cond = f", κ(I - J) >= {s.cond_lower_bound:.2e}"
+            else:
+                cond = ""
             reasons.append(
                 f"the {s.linear_solver} backward solve did not converge (relative residual "
                 f"{s.rel_residual:.2e}{cond})"
