@@ -8,10 +8,17 @@ A new forward solver derives from ``FixedPointSolver``, a backward mode from ``A
 decomposition from ``Decomposition``; ``StateSpec`` flattens states, ``SolverStats`` /
 ``BackwardStats`` are what solvers and backward passes report, ``SecondOrder`` is a mode's rule
 for ``create_graph=True``. Hold a plug-in to the contract with ``implicit_ham.testing``.
+
+A plug-in validates its options as the built-ins do, with errors that name the owner, the
+option and the value: ``check_positive_int``, ``check_tolerance``, ``check_choice``; a registry
+of its own is a ``Registry`` (``parameter_names`` lists what a registered class or function
+accepts).
 """
 
+from implicit_ham._core.registry import Registry, parameter_names
 from implicit_ham._core.state import StateSpec
 from implicit_ham._core.stats import BackwardStats, SolverStats
+from implicit_ham._core.validation import check_choice, check_positive_int, check_tolerance
 from implicit_ham.adjoints import (
     ADJOINTS,
     Adjoint,
@@ -75,11 +82,15 @@ __all__ = [
     "LinearSolve",
     "LinearSolver",
     "Minimizer",
+    "Registry",
     "RootSolver",
     "SecondOrder",
     "SolverStats",
     "StateSpec",
     "ThroughIterations",
+    "check_choice",
+    "check_positive_int",
+    "check_tolerance",
     "context_names",
     "find_implicit_layers",
     "make_adjoint",
@@ -90,6 +101,7 @@ __all__ = [
     "make_minimizer",
     "make_root_solver",
     "make_solver",
+    "parameter_names",
     "register_adjoint",
     "register_constraint",
     "register_context",

@@ -25,8 +25,7 @@ from torch import nn
 
 import implicit_ham as ih
 from experiments.engine.file_sinks import CSVSink, JSONLSink
-from implicit_ham._core.sinks import MultiSink
-from implicit_ham.diagnostics import DiagnosticsCallback, format_table
+from implicit_ham.diagnostics import DiagnosticsCallback, MultiSink, format_table
 
 
 class DEQLayer(nn.Module):

@@ -15,8 +15,8 @@ from experiments.benchmarks.peers_rows import (
     Table,
     medians,
 )
-from implicit_ham._core.state import StateSpec
 from implicit_ham.linalg.operator import AdjointOperator, LinearSolve, LinearSolver
+from implicit_ham.plugins import StateSpec
 
 
 class StackedGMRES(LinearSolver):

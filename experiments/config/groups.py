@@ -34,11 +34,11 @@ from experiments.config.typed import ContextConf, OptimConf, TargetConf
 from experiments.data import splits
 from experiments.engine import sinks
 from experiments.models.jacobian_penalty import JacobianPenalty
-from implicit_ham._core.registry import Registry, parameter_names
 from implicit_ham.adjoints.modes import ADJOINTS
 from implicit_ham.decompositions.registry import DECOMPOSITIONS
 from implicit_ham.linalg.operator import LINEAR_SOLVERS
 from implicit_ham.nn.context import CONTEXTS, MIXER_SUFFIX, decomposition_of
+from implicit_ham.plugins import Registry, parameter_names
 from implicit_ham.solvers.base import SOLVERS
 
 # Set by the experiment when it builds the module, never from the command line.

@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from experiments.data.errors import DataLayoutError
-from implicit_ham._core.validation import check_choice
+from implicit_ham.plugins import check_choice
 
 SPLITS = ("train", "test")
 NUM_CLASSES = 10

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from experiments.data.digits import NUM_CLASSES, load_digits_arrays, split_indices
-from implicit_ham._core.validation import check_choice, check_positive_int
+from implicit_ham.plugins import check_choice, check_positive_int
 
 CANVAS = 64
 CELL = 16

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from implicit_ham._core.validation import check_choice, check_positive_int
+from implicit_ham.plugins import check_choice, check_positive_int
 
 SPLITS = ("train", "val")
 NUM_CLASSES = 10

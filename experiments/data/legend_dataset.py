@@ -11,7 +11,7 @@ from torch.utils.data import Dataset
 
 from experiments.data.legend_seg import IGNORE_INDEX, LegendLayout, generate_legend_seg
 from experiments.data.textures import render_bank
-from implicit_ham._core.validation import check_choice, check_positive_int
+from implicit_ham.plugins import check_choice, check_positive_int
 
 SPLITS = ("train", "val", "test")
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from experiments.data.shapes import random_blob_mask
 from experiments.data.textures import FIELD_BACKGROUND, LEGEND_FRAME, MAX_PERIOD, TEXTURE_BANK
-from implicit_ham._core.validation import check_positive_int
+from implicit_ham.plugins import check_positive_int
 
 IGNORE_INDEX = 255
 MIN_PATCH = MAX_PERIOD + 2

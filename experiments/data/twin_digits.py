@@ -20,7 +20,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from experiments.data.digits import NUM_CLASSES, SPLITS, load_digits_arrays, split_indices
-from implicit_ham._core.validation import check_choice, check_positive_int
+from implicit_ham.plugins import check_choice, check_positive_int
 
 CANVAS = 32
 DIGIT = 16

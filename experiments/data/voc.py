@@ -17,7 +17,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from experiments.data.errors import DataLayoutError
-from implicit_ham._core.validation import check_choice, check_positive_int
+from implicit_ham.plugins import check_choice, check_positive_int
 
 SPLITS = ("train", "val", "trainval")
 RESIZE_MODES = ("resize", "center_crop")

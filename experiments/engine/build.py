@@ -32,11 +32,11 @@ from experiments.models.sequence import (
     TokenTransformer,
 )
 from experiments.studies.pretraining import load_backbone
-from implicit_ham._core.sinks import Sink
-from implicit_ham._core.validation import check_choice
 from implicit_ham.adjoints.modes import Adjoint
+from implicit_ham.diagnostics import Sink
 from implicit_ham.nn.context import decomposition_of
 from implicit_ham.nn.identity import IdentityContext
+from implicit_ham.plugins import check_choice
 from implicit_ham.solvers.base import FixedPointSolver
 
 

@@ -37,7 +37,7 @@ import torch
 
 from experiments.engine.joblock import pid_alive
 from experiments.engine.write_errors import writing
-from implicit_ham._core.validation import check_positive_int
+from implicit_ham.plugins import check_positive_int
 
 logger = logging.getLogger(__name__)
 

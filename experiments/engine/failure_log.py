@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.engine.distributed import DistributedContext
-from implicit_ham._core.sinks import Sink
+from implicit_ham.diagnostics import Sink
 from implicit_ham.reliability.failures import FailureMonitor
 
 logger = logging.getLogger(__name__)

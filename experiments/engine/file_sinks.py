@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from experiments.engine.write_errors import writing
-from implicit_ham._core.sinks import Scalar, Sink, plain_metrics
+from implicit_ham.diagnostics import Scalar, Sink, plain_metrics
 
 
 def safe_name(name: str) -> str:

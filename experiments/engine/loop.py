@@ -20,7 +20,7 @@ from experiments.engine.distributed import DistributedContext
 from experiments.engine.metrics import ConfusionMatrix
 from experiments.engine.preemption import PreemptedError
 from experiments.engine.sampler import EpochBatchSampler
-from implicit_ham._core.validation import check_positive_int
+from implicit_ham.plugins import check_positive_int
 from implicit_ham.reliability.guard import GuardedStep, StepHooks, unwrap
 
 if TYPE_CHECKING:

@@ -46,7 +46,7 @@ from experiments.engine.checkpoint import CheckpointError, CheckpointStore, read
 from experiments.engine.distributed import DistributedContext
 from experiments.engine.loop import TrainState
 from experiments.engine.results import RESULTS_FILE, ResultsError, read_results
-from implicit_ham._core.validation import check_choice
+from implicit_ham.plugins import check_choice
 from implicit_ham.reliability.failures import FailureMonitor
 from implicit_ham.reliability.guard import unwrap
 from implicit_ham.reliability.rng import capture_rng_state, restore_rng_state

@@ -53,10 +53,9 @@ from experiments.engine.run_checks import check_run_settings
 from experiments.engine.run_events import RunEvents, events_summary
 from experiments.engine.schedule import poly_lr_hooks
 from experiments.engine.targets import check_targets
-from implicit_ham._core.sinks import Sink
-from implicit_ham._core.validation import check_choice
 from implicit_ham.adjoints.layers import find_implicit_layers
-from implicit_ham.diagnostics import DiagnosticsCallback
+from implicit_ham.diagnostics import DiagnosticsCallback, Sink
+from implicit_ham.plugins import check_choice
 from implicit_ham.reliability.divergence import LossDivergence
 from implicit_ham.reliability.failures import FailureMonitor
 from implicit_ham.reliability.guard import GuardedStep, StepHooks, unwrap

@@ -7,7 +7,7 @@ from __future__ import annotations
 from experiments.config.groups import ReliabilityConf, TrainConfig
 from experiments.engine.preemption import parse_signals
 from experiments.engine.resume import THREADS_CHANGES, WORLD_SIZE_CHANGES
-from implicit_ham._core.validation import (
+from implicit_ham.plugins import (
     check_choice,
     check_positive_int,
     check_tolerance,

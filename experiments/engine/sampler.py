@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from implicit_ham._core.validation import check_positive_int
+from implicit_ham.plugins import check_positive_int
 
 
 def epoch_seed(seed: int, epoch: int) -> int:

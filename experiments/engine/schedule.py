@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from implicit_ham._core.validation import check_positive_int
+from implicit_ham.plugins import check_positive_int
 from implicit_ham.reliability.guard import StepHooks
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from experiments.engine.file_sinks import CSVSink, JSONLSink
 from experiments.engine.wandb_sink import WandbSink
-from implicit_ham._core.sinks import Sink
+from implicit_ham.diagnostics import Sink
 
 
 def no_sinks(directory: str | Path, config: Mapping[str, Any]) -> list[Sink]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from experiments.engine.file_sinks import safe_name
-from implicit_ham._core.sinks import Sink, plain_metrics
+from implicit_ham.diagnostics import Sink, plain_metrics
 
 WandbMode = Literal["online", "offline", "disabled", "shared"]
 WANDB_MODES: tuple[WandbMode, ...] = ("online", "offline", "disabled", "shared")

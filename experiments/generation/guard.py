@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from implicit_ham._core.errors import NonFiniteError
-from implicit_ham._core.validation import check_positive_int
+from implicit_ham.errors import NonFiniteError
+from implicit_ham.plugins import check_positive_int
 from implicit_ham.reliability.failures import FailureEvent, FailureMonitor, check_policy
 
 SKIPPING = ("skip_batch", "fallback")

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from experiments.models.gan import ZeroGate, apply_spectral_norm, strip_batchnorm
-from implicit_ham._core.validation import check_positive_int
+from implicit_ham.plugins import check_positive_int
 
 NETWORK = "cell_mlp"  # the design's name in the job definitions (GanJob.network)
 GRID = 4  # cells per side: the noise map's and the context block's resolution

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.parametrizations import spectral_norm
 
-from implicit_ham._core.validation import check_positive_int
+from implicit_ham.plugins import check_positive_int
 
 CONTEXT_SIZE = 16
 

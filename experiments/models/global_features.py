@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from implicit_ham._core.validation import check_positive_int
+from implicit_ham.plugins import check_positive_int
 
 
 class ColourHistogram(nn.Module):

@@ -26,8 +26,8 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 import implicit_ham as ih
-from implicit_ham._core.validation import check_positive_int
 from implicit_ham.diagnostics import find_implicit_layers
+from implicit_ham.plugins import check_positive_int
 
 logger = logging.getLogger(__name__)
 

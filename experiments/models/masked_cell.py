@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from experiments.models.gan import ZeroGate, strip_batchnorm
-from implicit_ham._core.validation import check_positive_int
+from implicit_ham.plugins import check_positive_int
 
 GRID = 4  # cells per side
 CELL = 8  # pixels per cell side

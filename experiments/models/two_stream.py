@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from experiments.models.backbone import LocalBackbone
 from experiments.models.global_features import ColourHistogram, GridPositionCode
-from implicit_ham._core.validation import check_positive_int
+from implicit_ham.plugins import check_positive_int
 
 
 class TwoStreamSegmenter(nn.Module):

@@ -37,7 +37,6 @@ from experiments.engine.loop import Task, evaluate
 from experiments.engine.results import write_results
 from experiments.engine.run import seed_everything
 from experiments.studies.task_gradients import task_gradient_rows
-from implicit_ham._core.errors import ConditioningWarning, ConvergenceWarning
 from implicit_ham.adjoints.modes import Implicit, Neumann, OneStep, Phantom, Truncated, Unroll
 from implicit_ham.decompositions.base import Decomposition
 from implicit_ham.diagnostics import (
@@ -49,6 +48,7 @@ from implicit_ham.diagnostics import (
     plot_residuals,
 )
 from implicit_ham.diagnostics.measure import fork_rng_on
+from implicit_ham.errors import ConditioningWarning, ConvergenceWarning
 from implicit_ham.problems.fixed_point import FixedPointProblem
 from implicit_ham.solvers.accelerated import Anderson, Broyden
 from implicit_ham.solvers.base import FixedPointSolver

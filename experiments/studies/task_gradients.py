@@ -31,10 +31,10 @@ import torch
 from torch import Tensor, nn
 
 from experiments.engine.loop import Task
-from implicit_ham._core.errors import ConditioningWarning, ConvergenceWarning
 from implicit_ham.adjoints.modes import Adjoint, Implicit, OneStep, Phantom, Unroll
 from implicit_ham.decompositions.base import Decomposition
 from implicit_ham.diagnostics.measure import fork_rng_on
+from implicit_ham.errors import ConditioningWarning, ConvergenceWarning
 
 PAPER_ONE_STEP = "one_step (paper: bases detached)"
 THROUGH_BASES = "one_step (through the last step's bases)"

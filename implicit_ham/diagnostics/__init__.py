@@ -25,7 +25,7 @@ from implicit_ham._core.events import (
     label_events,
     label_layers,
 )
-from implicit_ham._core.sinks import MultiSink, Sink
+from implicit_ham._core.sinks import MultiSink, Scalar, Sink, plain_metrics
 from implicit_ham.adjoints.layers import ImplicitLayer, find_implicit_layers
 from implicit_ham.diagnostics.attribution import attribute_events
 from implicit_ham.diagnostics.callback import DiagnosticsCallback
@@ -64,6 +64,7 @@ __all__ = [
     "LayerGradientHooks",
     "MultiSink",
     "Rows",
+    "Scalar",
     "Sink",
     "arnoldi_dominant",
     "attribute_events",
@@ -86,6 +87,7 @@ __all__ = [
     "label_events",
     "label_layers",
     "lanczos_extremes",
+    "plain_metrics",
     "plot_conditioning_history",
     "plot_grad_vs_k",
     "plot_residuals",

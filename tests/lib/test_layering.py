@@ -137,6 +137,43 @@ def test_no_import_cycles() -> None:
             visit(m)
 
 
+def _private_library_imports(path: Path) -> list[str]:
+    """``module:line`` of every import of ``implicit_ham._*`` in one file (module level and in
+    functions; ``from implicit_ham import _core`` too)."""
+    found: list[int] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        if any(n.startswith("implicit_ham._") for n in names):
+            found.append(node.lineno)
+    return [f"{path.name}:{line}" for line in sorted(found)]
+
+
+def test_private_import_finder_sees_every_form(tmp_path: Path) -> None:
+    path = tmp_path / "m.py"
+    path.write_text(
+        "import implicit_ham.plugins\nfrom implicit_ham._core.state import StateSpec\n"
+        "def f():\n    import implicit_ham._core.sinks\nfrom implicit_ham import _core\n"
+    )
+    assert _private_library_imports(path) == ["m.py:2", "m.py:4", "m.py:5"]
+
+
+def test_experiments_use_only_the_public_library() -> None:
+    """experiments/ reaches the library through its public namespaces, never ``implicit_ham._*``
+    (what it needs is exported: validation helpers and registries in ``implicit_ham.plugins``,
+    sinks in ``implicit_ham.diagnostics``, errors in ``implicit_ham.errors``)."""
+    experiments = PACKAGE.parent / "experiments"
+    offenders = [
+        f"{path.relative_to(PACKAGE.parent)}:{where.split(':')[1]}"
+        for path in sorted(experiments.rglob("*.py"))
+        for where in _private_library_imports(path)
+    ]
+    assert offenders == [], f"imports of the library's private modules: {offenders}"
+
+
 def test_import_is_light() -> None:
     code = (
         "import sys, time, json; t0 = time.perf_counter(); import torch; "
