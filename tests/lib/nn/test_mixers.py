@@ -189,7 +189,7 @@ def test_ham_mixer_gives_its_width_to_the_ham():
 
 def test_ham_mixer_names_a_dtype_or_device_mismatch():
     mixer = ih.HamMixer(8, ih.VQ(rank=2))
-    with pytest.raises(TypeError, match="input is torch.float64 but the module's parameters"):
+    with pytest.raises(TypeError, match=r"input is torch\.float64 but the module's parameters"):
         mixer(torch.randn(2, 5, 8, dtype=torch.float64))
     with pytest.raises(ValueError, match="the input is on meta"):
         mixer(torch.randn(2, 5, 8, device="meta"))
