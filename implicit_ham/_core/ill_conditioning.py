@@ -1,7 +1,7 @@
 """The one ``ConditioningWarning`` of the library: ``κ(I - J)`` above a threshold.
 
 Two places measure the condition number of the system an implicit gradient solves: the backward
-pass (``Implicit``'s linear solver reports it, ``adjoints.implicit_backward.finish_backward``)
+pass (``Implicit``'s linear solver reports it, ``adjoints.backward_check.finish_backward``)
 and the diagnostics (``diagnostics.conditioning.warn_if_ill_conditioned``, from a
 ``ConditioningReport``). Both warn through ``warn_ill_conditioned``, so the message, its numbers
 and its advice are the same wherever the number came from.

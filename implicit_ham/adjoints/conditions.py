@@ -22,11 +22,14 @@ from implicit_ham._core.grad_guard import guard_gradient
 from implicit_ham._core.state import State, StateSpec, StepFn
 from implicit_ham._core.stats import BackwardStats, SolverStats
 from implicit_ham._core.transforms import active_transforms
-from implicit_ham.adjoints.fixed_point_check import FixedPointCheck
-from implicit_ham.adjoints.implicit_backward import (
-    attach_fixed_point_gradient,
-    attach_root_gradient,
+from implicit_ham.adjoints.adjoint_system import (
+    AdjointSystem,
+    Attachment,
+    FixedPointSystem,
+    RootSystem,
 )
+from implicit_ham.adjoints.fixed_point_check import FixedPointCheck
+from implicit_ham.adjoints.implicit_backward import attach_gradient
 from implicit_ham.adjoints.modes import (
     Adjoint,
     AtFixedPoint,
@@ -64,6 +67,10 @@ class Condition:
     root_of: str | None
     label: str
 
+    def system(self) -> AdjointSystem:
+        """The adjoint system the backward pass solves (``adjoint_system``)."""
+        return FixedPointSystem() if self.root_of is None else RootSystem(self.label)
+
 
 def differentiate(
     run: Callable[[int], tuple[State, SolverStats]],
@@ -79,6 +86,21 @@ def differentiate(
     if isinstance(adjoint, ThroughIterations):
         z, stats = run(adjoint.grad_steps(solver))  # type: ignore[arg-type]  # reads max_steps
         return z, stats, []
+    adjoint = _at_point(adjoint, condition)
+    with torch.no_grad():
+        z, stats = run(0)
+    log: list[BackwardStats] = []
+    check = FixedPointCheck(
+        adjoint.name, adjoint.fixed_point_tol, adjoint.on_divergence, condition.root_of
+    )
+    setup = Attachment(spec, adjoint.backward_solve, log, check, adjoint.second_order())
+    return attach_gradient(condition.fn, z, condition.system(), setup), stats, log
+
+
+def _at_point(adjoint: Adjoint, condition: Condition) -> AtFixedPoint:
+    """``adjoint`` as an at-point mode, after the clear early errors: a mode that is neither
+    at the point nor through the iterations, a root / argmin solve under vmap, a ridge on a
+    root."""
     if not isinstance(adjoint, AtFixedPoint):
         raise ValueError(
             f"{adjoint.name} is not available for root / argmin layers; use Implicit, Neumann "
@@ -99,18 +121,4 @@ def differentiate(
             "Implicit(ridge > 0) discounts a fixed-point map's Jacobian and has no meaning for "
             "a root / minimum; use ridge=0 (regularise the problem itself instead)"
         )
-    with torch.no_grad():
-        z, stats = run(0)
-    log: list[BackwardStats] = []
-    check = FixedPointCheck(
-        adjoint.name, adjoint.fixed_point_tol, adjoint.on_divergence, condition.root_of
-    )
-    solve, rule = adjoint.backward_solve, adjoint.second_order()
-    if condition.root_of is None:
-        z = attach_fixed_point_gradient(condition.fn, z, spec, solve, log, check, rule)
-    else:
-        z = attach_root_gradient(
-            condition.fn, z, spec, solve, log, check, condition.label, rule
-        )
-    return z, stats, log
-
+    return adjoint

@@ -36,12 +36,11 @@ from implicit_ham._core.validation import (
     check_tolerance,
     check_unit_interval,
 )
+from implicit_ham.adjoints.adjoint_system import Attachment
+from implicit_ham.adjoints.backward_check import SolvePolicy, SolveRecord, finish_backward
 from implicit_ham.adjoints.fixed_point_check import ON_DIVERGENCE, FixedPointCheck
-from implicit_ham.adjoints.implicit_backward import (
-    SecondOrder,
-    attach_fixed_point_gradient,
-    finish_backward,
-)
+from implicit_ham.adjoints.implicit_backward import attach_fixed_point_gradient
+from implicit_ham.adjoints.second_order import SecondOrder
 from implicit_ham.linalg.dense import Dense
 from implicit_ham.linalg.operator import (
     LINEAR_SOLVERS,
@@ -209,9 +208,8 @@ class AtFixedPoint(Adjoint):
             z, stats = solver.solve(f, z0, spec, 0)
         log: list[BackwardStats] = []
         check = FixedPointCheck(self.name, self.fixed_point_tol, self.on_divergence)
-        value = attach_fixed_point_gradient(
-            f, z, spec, self.backward_solve, log, check, self.second_order()
-        )
+        setup = Attachment(spec, self.backward_solve, log, check, self.second_order())
+        value = attach_fixed_point_gradient(f, z, setup)
         return value, stats, log
 
 
@@ -319,7 +317,7 @@ class Implicit(AtFixedPoint):
             op = discounted(op, 1.0 / (1.0 + self.ridge))
         checks = host_checks()
         if checks and not bool(v.any()):
-            return self._finish(op, v, torch.zeros_like(v), solver.name, 0, None, None, op)
+            return self._finish(op, v, torch.zeros_like(v), SolveRecord(solver.name, 0))
         choices = solver.choices(op) if checks else (solver.traced_choice(op),)
         steps, exact = 0, None
         best: tuple[float, _Attempt] | None = None
@@ -344,7 +342,8 @@ class Implicit(AtFixedPoint):
         kept = attempt if best is None else best[1]
         name = solver.name if kept.solver is solver else f"{solver.name}:{kept.solver.name}"
         bound = kept.cond if kept.solver.cond_is_bound else None
-        g, stats = self._finish(kept.system, kept.rhs, kept.g, name, steps, exact, bound, op)
+        record = SolveRecord(name, steps, exact, bound, op.label)
+        g, stats = self._finish(kept.system, kept.rhs, kept.g, record)
         if kept.scale is None:
             return g, stats
         return (v.clone() if stats.fallback else g * kept.scale.rsqrt()), stats
@@ -363,30 +362,11 @@ class Implicit(AtFixedPoint):
         return _Attempt(chosen, system, rhs, scale, g, probes + used, cond)
 
     def _finish(
-        self,
-        system: AdjointOperator,
-        rhs: Tensor,
-        g: Tensor,
-        name: str,
-        steps: int,
-        cond: float | None,
-        bound: float | None,
-        op: AdjointOperator,
+        self, system: AdjointOperator, rhs: Tensor, g: Tensor, record: SolveRecord
     ) -> tuple[Tensor, BackwardStats]:
-        return finish_backward(
-            system,
-            rhs,
-            g,
-            adjoint=self.name,
-            linear_solver=name,
-            steps=steps,
-            tol=self.tol,
-            cond=cond,
-            on_divergence=self.on_divergence,
-            cond_threshold=self.cond_threshold,
-            cond_lower_bound=bound,
-            cond_label=op.label,
-        )
+        """``finish_backward`` on the system solved (``A^T g = rhs``) under this mode's policy."""
+        policy = SolvePolicy(self.name, self.tol, self.on_divergence, self.cond_threshold)
+        return finish_backward(system, rhs, g, policy, record).pair()
 
 
 @ADJOINTS.register("neumann")
@@ -422,17 +402,9 @@ class Neumann(AtFixedPoint):
             term = product if plain else self.tau * product + (1 - self.tau) * term
             total = total + term
         g = total if plain else self.tau * total
-        return finish_backward(
-            op,
-            v,
-            g,
-            adjoint=self.name,
-            linear_solver="neumann_series",
-            steps=self.k - 1,
-            tol=None,
-            cond=None,
-            on_divergence=self.on_divergence,
-        )
+        policy = SolvePolicy(self.name, None, self.on_divergence)
+        record = SolveRecord("neumann_series", self.k - 1)
+        return finish_backward(op, v, g, policy, record).pair()
 
 
 def _plain_autograd() -> bool:

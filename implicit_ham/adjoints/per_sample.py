@@ -76,14 +76,7 @@ class PerSampleCG(LinearSolver):
             if not finite:
                 return LinearSolve(torch.full_like(v, float("nan")), step, None)
             if flat:
-                samples = torch.nonzero(bad).flatten().tolist()
-                raise NotPositiveDefiniteError(
-                    f"PerSampleCG: the system {op.label} is not positive definite for samples "
-                    f"{samples}: direction {step} has curvature p^T A p <= "
-                    f"{self.curvature_tol:g} ||p||^2. CG needs a symmetric positive-definite "
-                    "system (a strict minimum); use linear_solver='gmres' or 'dense', or "
-                    "check that the point is a minimum."
-                )
+                raise self._not_positive_definite(op, bad, step)
             alpha = torch.where(active, rr / torch.where(active, curvature, 1.0), 0.0)
             x = torch.addcmul(x, alpha[:, None], p)
             r = torch.addcmul(r, alpha[:, None], ap, value=-1.0)
@@ -93,3 +86,16 @@ class PerSampleCG(LinearSolver):
             p = torch.addcmul(r, beta[:, None], p)
             rr = torch.where(active, rr_next, rr)
         return LinearSolve(x.reshape(-1), steps, None)
+
+    def _not_positive_definite(
+        self, op: AdjointOperator, bad: Tensor, step: int
+    ) -> NotPositiveDefiniteError:
+        """The error naming the samples (``bad``: (B,) bool) whose direction lacks curvature."""
+        samples = torch.nonzero(bad).flatten().tolist()
+        return NotPositiveDefiniteError(
+            f"PerSampleCG: the system {op.label} is not positive definite for samples "
+            f"{samples}: direction {step} has curvature p^T A p <= "
+            f"{self.curvature_tol:g} ||p||^2. CG needs a symmetric positive-definite "
+            "system (a strict minimum); use linear_solver='gmres' or 'dense', or "
+            "check that the point is a minimum."
+        )

@@ -29,14 +29,21 @@ correctly, but one taken with respect to that tensor itself misses term 3; pass 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from implicit_ham._core.state import BoundStep, State, StateSpec
+from implicit_ham._core.errors import SecondOrderError
+from implicit_ham._core.state import BoundStep, State, StateSpec, StepFn
 from implicit_ham._core.stats import BackwardStats
+from implicit_ham.adjoints.adjoint_system import AdjointSystem, Attachment, RootSystem
+from implicit_ham.adjoints.fixed_point_check import FixedPointCheck
 from implicit_ham.linalg.operator import AdjointOperator
+
+if TYPE_CHECKING:
+    from implicit_ham.adjoints.implicit_backward import AdjointBackward
 
 BackwardSolve = Callable[[AdjointOperator, Tensor], tuple[Tensor, BackwardStats]]
 SECOND_ORDER_KINDS = ("solve", "series")
@@ -97,10 +104,11 @@ def vjp(spec: StateSpec, out: State, at: State, g: Tensor, create_graph: bool) -
 
 
 def graph_operator(
-    spec: StateSpec, out: State, at: State, size: int, root: bool, label: str
+    spec: StateSpec, out: State, at: State, size: int, system: AdjointSystem
 ) -> AdjointOperator:
     """The adjoint operator of ``out`` (f or g evaluated at ``at``) whose products carry a
-    graph (``create_graph=True``): differentiable in z*, θ and the vector."""
+    graph (``create_graph=True``): differentiable in z*, θ and the vector. ``system`` poses it
+    as for the first derivative (``J^T`` for a fixed point, ``A^T`` for a root)."""
 
     def product(x: Tensor) -> Tensor:
         return vjp(spec, out, at, x, create_graph=True)
@@ -108,17 +116,7 @@ def graph_operator(
     def rows(batch: Tensor) -> Tensor:
         return torch.stack([product(r) for r in batch])
 
-    if not root:
-        return AdjointOperator(product, rows, size, label=label, batch=spec.batch)
-    return AdjointOperator(
-        vjp=lambda x: x - product(x),
-        vjp_batched=lambda b: b - rows(b),
-        size=size,
-        system=product,
-        system_batched=rows,
-        label=label,
-        batch=spec.batch,
-    )
+    return system.operator(product, rows, size, spec.batch)
 
 
 def closure_leaves(out: State, own: State, inputs: Sequence[object]) -> list[Tensor]:
@@ -190,4 +188,116 @@ def cross_term(
     total = torch.stack(terms).sum()
     return partials(
         lambda: torch.autograd.grad(total, targets, create_graph=True, allow_unused=True)
+    )
+
+
+Attach = Callable[[StepFn, State, AdjointSystem, Attachment], State]
+Partials = tuple[Tensor | None, ...]
+
+
+@dataclass
+class SecondDerivative:
+    """The backward pass under ``create_graph=True`` (the three terms of the module docstring).
+
+    Attributes:
+        bound: the map with its explicit inputs.
+        rule: the mode's ``SecondOrder`` rule.
+        attach: ``implicit_backward.attach_gradient`` (handed in: the adjoint vector's own
+            implicit gradient is attached by the same Function, and this module sits below it).
+        leaves: the leaves requiring grad that the map closes over (found at construction from
+            ``fz``, the map's graph at z*, and ``z_req``, the state it was evaluated at).
+        partials_only: set while a cross term is taken (the Function then passes no gradient).
+    """
+
+    bound: BoundStep
+    rule: SecondOrder
+    attach: Attach
+    fz: State
+    z_req: State
+    leaves: list[Tensor] = field(default_factory=list)
+    partials_only: bool = False
+
+    def __post_init__(self) -> None:
+        self.leaves = closure_leaves(self.fz, self.z_req, self.bound.inputs)
+
+    def sources(self) -> tuple[Tensor, ...]:
+        """The extra inputs of the Function that receive the cross term (term 3): the
+        explicit inputs requiring grad, then the leaves the map closes over."""
+        return tuple(differentiable_inputs(self.bound).values()) + tuple(self.leaves)
+
+    def backward(
+        self, first: AdjointBackward, grads: Partials, z_out: State
+    ) -> tuple[State, Partials]:
+        """The adjoint vector with its graph (term 1), fed to the map's graph at z* (term 2),
+        and the cross term for ``sources()`` (term 3).
+
+        Args:
+            first: the first-order backward pass (the system, the check, the log).
+            grads: the incoming gradient (with its graph). z_out: the Function's outputs.
+        """
+        v = first.incoming(grads, z_out)
+        z_at = tuple(t.view_as(t) for t in z_out)  # a view: the map's graph reaches z*'s own
+        with torch.enable_grad():
+            out = self.bound(z_at)
+        op = graph_operator(first.spec, out, z_at, v.numel(), first.system)
+        g = first.checked_solve(v, lambda: self._solve_with_graph(first, op, v))
+        adj = first.system.fed(g)
+        cross = cross_term(self.bound, first.spec, z_out, adj.detach(), self.leaves, self._partials)
+        return first.feed(g), cross
+
+    def _solve_with_graph(
+        self, first: AdjointBackward, op: AdjointOperator, v: Tensor
+    ) -> tuple[Tensor, BackwardStats]:
+        """Term 1. "series": the series run on ``op`` (products with a graph) is its own
+        derivative. "solve": the solve runs without a graph, then u gets its implicit gradient."""
+        if self.rule.kind == "series":
+            return first.setup.backward_solve(op, v)
+        g, stats = first.setup.backward_solve(first.operator(v.numel()), v.detach())
+        if stats.fallback:
+            return v, stats
+        return self._adjoint_with_gradient(first, g, v, op), stats
+
+    def _adjoint_with_gradient(
+        self, first: AdjointBackward, u: Tensor, v: Tensor, op: AdjointOperator
+    ) -> Tensor:
+        """u (M,) carrying the implicit gradient of the root of ``r(u) = A^T u - v``: a root
+        of r, attached by the same Function, whose backward pass solves ``(dr/du)^T y = c``,
+        i.e. the transposed system ``A y = c`` (``J y`` as a VJP of a VJP), with
+        ``rule.solve``. ``A^T`` is ``op.system`` for a root, ``I - discount * J^T`` for a fixed
+        point (``Implicit(ridge=λ)`` discounts J)."""
+        rule = self.rule
+        system = op.system or (lambda x: x - rule.discount * op.vjp(x))
+        rows = u.detach().reshape(first.spec.batch, -1)
+
+        def residual(state: State) -> State:
+            return ((system(state[0].reshape(-1)) - v).reshape_as(state[0]),)
+
+        assert rule.solve is not None
+        check = FixedPointCheck(
+            f"{first.setup.check.adjoint} (adjoint)",
+            None,
+            first.setup.check.on_divergence,
+            "A^T g - v",
+        )
+        setup = Attachment(StateSpec.of(rows), rule.solve, first.setup.log, check)
+        system_t = RootSystem(f"({first.system.label})^T")
+        (attached,) = self.attach(residual, (rows,), system_t, setup)
+        return attached.reshape(-1)
+
+    def _partials(self, run: Callable[[], Partials]) -> Partials:
+        """Run ``run`` while the Function passes no gradient on (a partial derivative in θ)."""
+        self.partials_only = True
+        try:
+            return run()
+        finally:
+            self.partials_only = False
+
+
+def refuse_second_order(adjoint: str) -> SecondOrderError:
+    """The error for ``create_graph=True`` through a backward pass without a rule."""
+    return SecondOrderError(
+        f"{adjoint} backward: create_graph=True asks for a derivative of "
+        "this backward pass, which it cannot give (a third derivative through an "
+        "implicit mode, or a mode without a second-order rule); the result would "
+        "silently miss terms. Use Unroll for higher-order gradients."
     )
