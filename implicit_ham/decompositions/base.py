@@ -143,10 +143,10 @@ class Decomposition(InitialBases, ABC):
 
     Class attributes: ``keyword_options`` (the dataclass whose fields are the keywords of
     ``**options``, read by ``parameter_names`` and the config generator), ``default_inv_t``
-    (the softmax inverse temperature when ``inv_t`` is None), ``nonnegative`` (the layer needs a non-negative input), ``exact_unroll`` (the
-    ``Unroll`` gradient is the exact derivative of the output; False when the readout
-    deliberately holds a quantity constant, as VQ's ``||X||``: the conformance kit then skips
-    its finite-difference check).
+    (the softmax inverse temperature when ``inv_t`` is None), ``nonnegative`` (the layer needs
+    a non-negative input), ``exact_unroll`` (the ``Unroll`` gradient is the exact derivative
+    of the output; False when the readout deliberately holds a quantity constant, as VQ's
+    ``||X||``: the conformance kit then skips its finite-difference check).
 
     Attributes:
         last_solution: the ``Solution`` of the latest forward (None before the first, from
