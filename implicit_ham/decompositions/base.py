@@ -136,10 +136,10 @@ class Decomposition(InitialBases, ABC):
     ``initial_bases``, the "fixed" and "online" buffers) is the base class ``InitialBases``.
 
     The keywords from ``groups`` to ``online_update`` (all but ``rank``, ``solver``,
-    ``adjoint``, ``grad_through_bases`` and ``compile``) arrive as ``**options`` and are kept,
-    checked, as the frozen ``options`` (``DecompositionOptions``: the union of
-    ``IterationOptions``, ``LayoutOptions`` and ``BasesOptions``); the layer copies them to the
-    attributes its methods read (``steps``, ``groups``, ``init_mode``, ...).
+    ``adjoint``, ``grad_through_bases`` and ``compile``) arrive as ``**options``, are checked
+    as a frozen ``DecompositionOptions`` (the union of ``IterationOptions``, ``LayoutOptions``
+    and ``BasesOptions``) and set the attributes the methods read (``steps``, ``groups``,
+    ``init_mode``, ...); the property ``options`` gives their current values back as one.
 
     Class attributes: ``keyword_options`` (the dataclass whose fields are the keywords of
     ``**options``, read by ``parameter_names`` and the config generator), ``default_inv_t``
@@ -180,9 +180,8 @@ class Decomposition(InitialBases, ABC):
         super().__init__()
         owner = type(self).__name__
         check_positive_int(owner, "rank", rank)
-        self.options = DecompositionOptions(**options)
-        self.options.check(owner)
-        opts = self.options
+        opts = DecompositionOptions(**options)
+        opts.check(owner)
         self.rank = rank
         self.groups, self.spatial, self.channels = opts.groups, bool(opts.spatial), opts.channels
         self.steps, self.eval_steps = opts.steps, opts.eval_steps
@@ -203,6 +202,27 @@ class Decomposition(InitialBases, ABC):
         if opts.channels is not None:
             self._check_groups(opts.channels)
         self._register_bases()
+
+    @property
+    def options(self) -> DecompositionOptions:
+        """The layer's current options as the frozen dataclass: the attributes its methods
+        read (which a caller may change between calls, e.g. ``steps``), with ``inv_t``
+        resolved to the number in use and ``eval_init`` the evaluation mode's init."""
+        return DecompositionOptions(
+            steps=self.steps,
+            eval_steps=self.eval_steps,
+            inv_t=self.inv_t,
+            eps=self.eps,
+            norm_eps=self.norm_eps,
+            groups=self.groups,
+            spatial=self.spatial,
+            channels=self.channels,
+            init=self.init_mode,
+            eval_init=self.eval_init_mode,
+            init_seed=self.init_seed,
+            eta=self.eta,
+            online_update=self.online_update,
+        )
 
     # ----------------------------------------------------------------- the plug-in interface
     def init(self, x: Tensor, bases: Tensor) -> State:

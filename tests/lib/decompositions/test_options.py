@@ -56,6 +56,7 @@ def test_init_takes_at_most_eight_parameters_and_the_flat_keywords_still_work() 
         adjoint=ih.OneStep(),
     )
     assert layer.options == DecompositionOptions(
+        inv_t=1.0,
         steps=3,
         eval_steps=5,
         eps=1e-5,
@@ -79,6 +80,9 @@ def test_init_takes_at_most_eight_parameters_and_the_flat_keywords_still_work() 
     assert ih.VQ(rank=4, inv_t=7.0).inv_t == 7.0 and ih.CD(rank=4).inv_t == 100.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         layer.options.steps = 4  # type: ignore[misc]
+    layer.steps = 2  # the attributes stay settable between calls; options follows them
+    assert layer.options.steps == 2
+    assert ih.CD(rank=4, init="fixed").options.eval_init == "fixed"
 
 
 def test_the_groups_partition_the_keywords_and_are_what_the_signature_readers_list() -> None:
