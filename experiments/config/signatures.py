@@ -1,7 +1,8 @@
 """Structured configs generated from signatures, so the configs cannot drift from the library.
 
 ``config_class(target)`` reads the keyword parameters of a class (its ``__init__``, followed up
-the class chain while a constructor forwards ``**kwargs``, as ``implicit_ham._core.registry`` does)
+the class chain while a constructor forwards ``**kwargs``, and into the options dataclass a class
+names as ``keyword_options``, as ``implicit_ham.plugins.parameter_names`` does)
 or of a function, with their type hints and defaults, and makes a dataclass with a ``_target_``
 field that Hydra's ConfigStore accepts, derived from a typed base of its group
 (``experiments.config.typed``). OmegaConf then checks every key and type at start-up.
@@ -85,6 +86,10 @@ def _signatures(target: Callable[..., Any]) -> Iterable[Callable[..., Any]]:
             continue
         yield init
         if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
+            return
+        options = vars(klass).get("keyword_options")
+        if options is not None:  # its **kwargs are this dataclass's fields
+            yield options.__init__
             return
 
 

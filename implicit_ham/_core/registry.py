@@ -172,7 +172,9 @@ def check_options(cls: type, kwargs: dict[str, Any], owner: str) -> None:
 
 def parameter_names(cls: type) -> list[str]:
     """The keyword names ``cls(...)`` accepts: a dataclass's init fields, or the named
-    parameters of ``__init__`` followed up the class chain while they forward ``**kwargs``."""
+    parameters of ``__init__`` followed up the class chain while they forward ``**kwargs``
+    (up to a class that declares its ``**kwargs`` as the init fields of a dataclass, its
+    class attribute ``keyword_options``: ``Decomposition``)."""
     if dataclasses.is_dataclass(cls):
         return [f.name for f in dataclasses.fields(cls) if f.init]
     names: list[str] = []
@@ -188,6 +190,10 @@ def parameter_names(cls: type) -> list[str]:
             and p.name not in names
         ]
         if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+        options = vars(klass).get("keyword_options")
+        if options is not None:  # **kwargs are the fields of this options dataclass
+            names += [f.name for f in dataclasses.fields(options) if f.init and f.name not in names]
             break
     return names
 

@@ -75,6 +75,14 @@ class Adjoint(ABC):
         """The registry name of this backward mode."""
         return ADJOINTS.name_of(self) or type(self).__name__
 
+    @property
+    def readout_step_only(self) -> bool:
+        """Whether this mode's whole gradient is one differentiable step at the solution, which
+        a layer with a differentiable readout step may take itself: it then solves without
+        graph, detaches the solution and differentiates only its readout (Hamburger's one-step
+        gradient: bases detached, one coefficient step). False here; ``OneStep``: True."""
+        return False
+
 
 class ThroughIterations(Adjoint):
     """Base of the modes that backpropagate through trailing iterations of the solver itself."""
@@ -148,6 +156,11 @@ class OneStep(ThroughIterations):
 
     def grad_steps(self, solver: FixedPointSolver) -> int:
         return 1
+
+    @property
+    def readout_step_only(self) -> bool:
+        """True: a layer's readout step may be the one step (see ``Adjoint``)."""
+        return True
 
 
 @ADJOINTS.register("phantom")

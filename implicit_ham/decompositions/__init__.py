@@ -4,7 +4,8 @@ Built-ins: ``NMF``, ``VQ``, ``CD`` (Hamburger's three), ``SVD`` (subspace iterat
 ``NormalizedNMF`` (NMF without its scaling symmetry), ``RidgeNMF`` (ridge-regularised NMF
 as an argmin, by projected gradient) and ``RidgeCD`` (CD's soft spherical k-means with the
 sphere replaced by a ridge, by gradient steps), the last four added through the public plug-in
-API only.
+API only. A layer's keywords are checked into the frozen ``DecompositionOptions`` (the union of
+``IterationOptions``, ``LayoutOptions`` and ``BasesOptions``), kept as its ``options``.
 """
 
 from implicit_ham.decompositions.base import Decomposition
@@ -14,6 +15,12 @@ from implicit_ham.decompositions.initial_bases import InitialBases
 from implicit_ham.decompositions.nmf import NMF
 from implicit_ham.decompositions.nmf_normalized import NormalizedNMF
 from implicit_ham.decompositions.nmf_ridge import RidgeNMF
+from implicit_ham.decompositions.options import (
+    BasesOptions,
+    DecompositionOptions,
+    IterationOptions,
+    LayoutOptions,
+)
 from implicit_ham.decompositions.registry import (
     DECOMPOSITIONS,
     DecompositionRegistry,
@@ -29,9 +36,13 @@ __all__ = [
     "NMF",
     "SVD",
     "VQ",
+    "BasesOptions",
     "Decomposition",
+    "DecompositionOptions",
     "DecompositionRegistry",
     "InitialBases",
+    "IterationOptions",
+    "LayoutOptions",
     "NormalizedNMF",
     "RidgeCD",
     "RidgeNMF",

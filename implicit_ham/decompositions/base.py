@@ -22,7 +22,8 @@ Gradient semantics of ``forward`` (the solve always runs ``steps`` iterations in
 ``eval_steps`` in evaluation, so the value does not depend on the backward mode):
 
 * ``adjoint=OneStep()`` and ``grad_through_bases=False`` (the defaults, the paper's one-step
-  gradient): the K iterations run under ``torch.no_grad()``; ``compute_coef`` then runs with
+  gradient; any mode whose ``readout_step_only`` is True): the K iterations run under
+  ``torch.no_grad()``; ``compute_coef`` then runs with
   gradient and the output ``D_K C^T`` uses the detached bases D_K, so the gradient reaches X
   only through the final coefficient computation.
 * ``adjoint=OneStep()`` and ``grad_through_bases=True``: the last iteration carries gradient
@@ -48,15 +49,11 @@ from implicit_ham._core.errors import NonFiniteError
 from implicit_ham._core.registry import check_options
 from implicit_ham._core.state import detached
 from implicit_ham._core.transforms import host_checks
-from implicit_ham._core.validation import (
-    check_choice,
-    check_positive_int,
-    check_tolerance,
-    check_unit_interval,
-)
+from implicit_ham._core.validation import check_positive_int
 from implicit_ham.adjoints.modes import ADJOINTS, Adjoint, OneStep
-from implicit_ham.decompositions.initial_bases import INIT_MODES, ONLINE_UPDATES, InitialBases
+from implicit_ham.decompositions.initial_bases import InitialBases
 from implicit_ham.decompositions.iteration import IterationMap
+from implicit_ham.decompositions.options import DecompositionOptions
 from implicit_ham.problems.fixed_point import FixedPointProblem, Solution
 from implicit_ham.solvers.base import SOLVERS, FixedPointSolver
 from implicit_ham.solvers.iteration import FixedPointIteration
@@ -128,8 +125,9 @@ class Decomposition(InitialBases, ABC):
             its ``max_steps`` is replaced by ``steps`` / ``eval_steps``.
         adjoint: backward mode (instance or registry name), default ``OneStep()``; a plain
             attribute that may be swapped between calls.
-        grad_through_bases: only with ``OneStep``: let the last iteration's bases carry gradient
-            (see the module docstring).
+        grad_through_bases: only with a mode whose ``readout_step_only`` is True
+            (``OneStep``): let the last iteration's bases carry gradient (see the module
+            docstring).
         compile: run ``step`` and ``readout`` through ``torch.compile`` (fused elementwise
             work; the first call per shape and grad mode compiles, which takes seconds and
             needs a C++ compiler on the CPU). Values match eager mode up to rounding.
@@ -137,11 +135,18 @@ class Decomposition(InitialBases, ABC):
     Where the initial bases come from (``init``, ``eval_init``, ``sample_bases``,
     ``initial_bases``, the "fixed" and "online" buffers) is the base class ``InitialBases``.
 
-    Class attributes: ``default_inv_t`` (the softmax inverse temperature when ``inv_t`` is
-    None), ``nonnegative`` (the layer needs a non-negative input), ``exact_unroll`` (the
-    ``Unroll`` gradient is the exact derivative of the output; False when the readout
-    deliberately holds a quantity constant, as VQ's ``||X||``: the conformance kit then skips
-    its finite-difference check).
+    The keywords from ``groups`` to ``online_update`` (all but ``rank``, ``solver``,
+    ``adjoint``, ``grad_through_bases`` and ``compile``) arrive as ``**options``, are checked
+    as a frozen ``DecompositionOptions`` (the union of ``IterationOptions``, ``LayoutOptions``
+    and ``BasesOptions``) and set the attributes the methods read (``steps``, ``groups``,
+    ``init_mode``, ...); the property ``options`` gives their current values back as one.
+
+    Class attributes: ``keyword_options`` (the dataclass whose fields are the keywords of
+    ``**options``, read by ``parameter_names`` and the config generator), ``default_inv_t``
+    (the softmax inverse temperature when ``inv_t`` is None), ``nonnegative`` (the layer needs
+    a non-negative input), ``exact_unroll`` (the ``Unroll`` gradient is the exact derivative
+    of the output; False when the readout deliberately holds a quantity constant, as VQ's
+    ``||X||``: the conformance kit then skips its finite-difference check).
 
     Attributes:
         last_solution: the ``Solution`` of the latest forward (None before the first, from
@@ -152,6 +157,7 @@ class Decomposition(InitialBases, ABC):
     """
 
     default_inv_t: ClassVar[float] = 1.0
+    keyword_options: ClassVar[type] = DecompositionOptions
     nonnegative: ClassVar[bool] = False
     exact_unroll: ClassVar[bool] = True
 
@@ -165,49 +171,25 @@ class Decomposition(InitialBases, ABC):
         self,
         rank: int = 64,
         *,
-        groups: int = 1,
-        steps: int = 6,
-        eval_steps: int = 7,
-        inv_t: float | None = None,
-        eps: float = 1e-6,
-        norm_eps: float = 1e-12,
-        spatial: bool = True,
-        init: str = "random",
-        eval_init: str | None = None,
-        init_seed: int = 0,
-        channels: int | None = None,
-        eta: float = 0.9,
-        online_update: str = "eval",
         solver: FixedPointSolver | str | None = None,
         adjoint: Adjoint | str | None = None,
         grad_through_bases: bool = False,
         compile: bool = False,
+        **options: Any,
     ) -> None:
         super().__init__()
         owner = type(self).__name__
-        for name, value in (
-            ("rank", rank),
-            ("groups", groups),
-            ("steps", steps),
-            ("eval_steps", eval_steps),
-        ):
-            check_positive_int(owner, name, value)
-        check_tolerance(owner, "eps", eps)
-        check_tolerance(owner, "norm_eps", norm_eps)
-        check_tolerance(owner, "inv_t", inv_t, optional=True)
-        check_choice(owner, "init", init, INIT_MODES)
-        if eval_init is not None:
-            check_choice(owner, "eval_init", eval_init, INIT_MODES)
-        check_positive_int(owner, "init_seed", init_seed, minimum=0)
-        check_choice(owner, "online_update", online_update, ONLINE_UPDATES)
-        check_unit_interval(owner, "eta", eta)
-        self.rank, self.groups, self.steps, self.eval_steps = rank, groups, steps, eval_steps
-        self.inv_t = float(self.default_inv_t if inv_t is None else inv_t)
-        self.eps, self.spatial, self.init_mode, self.eta = eps, bool(spatial), init, eta
-        self.eval_init_mode = init if eval_init is None else eval_init
-        self.init_seed = init_seed
-        self.norm_eps, self.online_update = norm_eps, online_update
-        self.channels = channels
+        check_positive_int(owner, "rank", rank)
+        opts = DecompositionOptions(**options)
+        opts.check(owner)
+        self.rank = rank
+        self.groups, self.spatial, self.channels = opts.groups, bool(opts.spatial), opts.channels
+        self.steps, self.eval_steps = opts.steps, opts.eval_steps
+        self.inv_t = float(self.default_inv_t if opts.inv_t is None else opts.inv_t)
+        self.eps, self.norm_eps = opts.eps, opts.norm_eps
+        self.init_mode = opts.init
+        self.eval_init_mode = opts.init if opts.eval_init is None else opts.eval_init
+        self.init_seed, self.eta, self.online_update = opts.init_seed, opts.eta, opts.online_update
         self.solver = SOLVERS.resolve(
             FixedPointIteration() if solver is None else solver, FixedPointSolver
         )
@@ -217,10 +199,30 @@ class Decomposition(InitialBases, ABC):
         self._compiled: dict[str, Callable[..., Any]] = {}
         self._shared: tuple[Tensor, Tensor, Tensor] | None = None
         self.last_solution: Solution | None = None
-        if channels is not None:
-            check_positive_int(owner, "channels", channels)
-            self._check_groups(channels)
+        if opts.channels is not None:
+            self._check_groups(opts.channels)
         self._register_bases()
+
+    @property
+    def options(self) -> DecompositionOptions:
+        """The layer's current options as the frozen dataclass: the attributes its methods
+        read (which a caller may change between calls, e.g. ``steps``), with ``inv_t``
+        resolved to the number in use and ``eval_init`` the evaluation mode's init."""
+        return DecompositionOptions(
+            steps=self.steps,
+            eval_steps=self.eval_steps,
+            inv_t=self.inv_t,
+            eps=self.eps,
+            norm_eps=self.norm_eps,
+            groups=self.groups,
+            spatial=self.spatial,
+            channels=self.channels,
+            init=self.init_mode,
+            eval_init=self.eval_init_mode,
+            init_seed=self.init_seed,
+            eta=self.eta,
+            online_update=self.online_update,
+        )
 
     # ----------------------------------------------------------------- the plug-in interface
     def init(self, x: Tensor, bases: Tensor) -> State:
@@ -405,7 +407,7 @@ class Decomposition(InitialBases, ABC):
             )
         self.last_solution = None  # the previous forward's state is released before this solve
         adjoint = self.active_adjoint()
-        if isinstance(adjoint, OneStep) and not self.grad_through_bases:
+        if adjoint.readout_step_only and not self.grad_through_bases:
             with torch.no_grad():  # z0 = init(X, D0) too: no graph the gradient never uses
                 solution = self.implicit_problem(x, init).solve(self.active_solver(), adjoint)
             # detached: no_grad does not stop forward-mode tangents (torch.func.jvp / jacfwd)
