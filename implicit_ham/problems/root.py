@@ -25,6 +25,7 @@ from implicit_ham.adjoints.modes import (
     ADJOINTS,
     Adjoint,
     Implicit,
+    solve_through_iterations,
 )
 from implicit_ham.problems.fixed_point import Solution
 from implicit_ham.problems.pytree_state import Tree, TreeState
@@ -86,7 +87,9 @@ def root(
 
     def run(grad_steps: int) -> tuple[State, SolverStats]:
         if isinstance(solver, FixedPointSolver):
-            return solver.solve(lambda z: _minus(z, residual(z)), z0_t, spec, grad_steps)
+            return solve_through_iterations(
+                solver, lambda z: _minus(z, residual(z)), z0_t, spec, grad_steps
+            )
         return solver.solve(residual, z0_t, spec, grad_steps)
 
     z, stats, log = differentiate(

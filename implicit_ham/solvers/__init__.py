@@ -11,6 +11,7 @@ from implicit_ham.solvers.accelerated import Anderson, Broyden
 from implicit_ham.solvers.base import (
     SOLVERS,
     FixedPointSolver,
+    ReplaysIterates,
     make_solver,
     register_solver,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "Newton",
     "NewtonCG",
     "NonNegative",
+    "ReplaysIterates",
     "RobustLoss",
     "RootSolver",
     "TorchDEQAnderson",

@@ -215,7 +215,7 @@ class GradientDescent(Minimizer):
     ) -> tuple[State, SolverStats]:
         tol = None if self.tol is None else self.lr * self.tol
         loop = FixedPointIteration(max_steps=self.max_steps, tol=tol, stop_mode="abs")
-        z, stats = loop.solve(self.step_map(objective), z0, objective.spec, grad_steps)
+        z, stats = loop.solve_replaying(self.step_map(objective), z0, objective.spec, grad_steps)
         return z, dataclasses.replace(
             stats,
             solver=self.name,
