@@ -25,6 +25,7 @@ from implicit_ham.solvers.minimizers import (
     MINIMIZERS,
     GradientDescent,
     Minimizer,
+    ReplaysSteps,
     make_minimizer,
     register_minimizer,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "NewtonCG",
     "NonNegative",
     "ReplaysIterates",
+    "ReplaysSteps",
     "RobustLoss",
     "RootSolver",
     "TorchDEQAnderson",

@@ -206,15 +206,3 @@ class ResidualTrace:
                 f"{self.solver}: non-finite residual (NaN or inf) at {where}. Check the "
                 "problem for overflow, damp the steps, or use float64."
             )
-
-
-def refuse_grad_steps(solver: str, grad_steps: int) -> None:
-    """ValueError for a through-iteration backward mode on a solver without differentiable
-    steps (the same refusal as torchdeq's solvers under Unroll)."""
-    if grad_steps > 0:
-        raise ValueError(
-            f"{solver}: its steps (inner linear solves, line searches) are not differentiable "
-            "steps, so it cannot carry a through-iteration gradient (Unroll, Truncated, "
-            "OneStep). Use adjoint=Implicit(...) or Neumann(...), or a solver whose steps "
-            "are plain maps (a fixed-point solver for root, GradientDescent for minimize)."
-        )

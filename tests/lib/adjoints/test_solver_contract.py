@@ -101,3 +101,41 @@ def test_a_map_without_graph_costs_no_extra_evaluation() -> None:
 def test_the_conformance_kit_accepts_a_plain_plugin() -> None:
     report = ih.testing.check_solver(_PlainSolver(), fail_fast=False)
     assert not report.failed, [r.describe(report.plugin) for r in report.failed]
+
+
+def test_the_root_and_argmin_contracts_have_no_grad_steps() -> None:
+    root = list(inspect.signature(ih.plugins.RootSolver.solve).parameters)
+    assert root == ["self", "g", "z0", "spec"]
+    argmin = list(inspect.signature(ih.plugins.Minimizer.minimize).parameters)
+    assert argmin == ["self", "objective", "z0"]
+    assert issubclass(ih.Newton, ih.plugins.ReplaysIterates)
+    assert issubclass(ih.GradientDescent, ih.plugins.ReplaysSteps)
+    assert issubclass(ih.GaussNewton, ih.plugins.ReplaysSteps)
+    assert not issubclass(ih.LBFGS, ih.plugins.ReplaysSteps)
+
+
+@dataclass(frozen=True)
+class _PlainMinimizer(ih.plugins.Minimizer):
+    """A plug-in minimizer that only finds the minimum (gradient descent without gradient)."""
+
+    max_steps: int = 200
+    tol: float | None = None
+
+    def minimize(self, objective, z0):  # type: ignore[no-untyped-def]
+        inner = ih.GradientDescent(lr=0.5, max_steps=self.max_steps, tol=None)
+        with torch.no_grad():
+            return inner.minimize(objective, z0)
+
+
+def test_a_plain_plugin_minimizer_is_refused_by_the_through_iteration_modes_only() -> None:
+    x = torch.randn(2, 3, dtype=DT, requires_grad=True)
+    z0 = torch.zeros(2, 3, dtype=DT)
+
+    def loss(z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * ((z - x) ** 2).sum(-1)
+
+    with pytest.raises(ValueError, match=r"_PlainMinimizer: its steps .* are not differentiable"):
+        ih.minimize(loss, z0, x, solver=_PlainMinimizer(), adjoint=ih.OneStep())
+    sol = ih.minimize(loss, z0, x, solver=_PlainMinimizer(), adjoint=ih.Implicit())
+    (grad,) = torch.autograd.grad(sol.value.sum(), x)
+    torch.testing.assert_close(grad, torch.ones_like(x))  # z* = x, dz*/dx = I
