@@ -4,8 +4,7 @@ Errors: ``NonFiniteError`` (a NaN / inf value or gradient), ``ForwardSolveError`
 ``BackwardSolveError`` and its subclasses ``NotFixedPointError`` (an at-fixed-point gradient
 asked at a point that is not one) and ``NotPositiveDefiniteError`` (CG on an indefinite system),
 ``SecondOrderError`` (a derivative a mode cannot give), ``ExportError`` (an export that
-would not compute what the layer computes), ``SolverContractError`` (a plug-in
-solver that dropped the graph a through-iteration mode differentiates). Warnings:
+would not compute what the layer computes). Warnings:
 ``ConvergenceWarning`` and its subclass ``NotFixedPointWarning``, ``ConditioningWarning``,
 ``BatchCouplingWarning`` (per-sample stopping met an ``f`` that couples the samples).
 """
@@ -22,7 +21,6 @@ from implicit_ham._core.errors import (
     NotFixedPointWarning,
     NotPositiveDefiniteError,
     SecondOrderError,
-    SolverContractError,
 )
 
 __all__ = [
@@ -37,5 +35,4 @@ __all__ = [
     "NotFixedPointWarning",
     "NotPositiveDefiniteError",
     "SecondOrderError",
-    "SolverContractError",
 ]

@@ -1,7 +1,8 @@
 """What a plug-in author needs: every registry with its ``make_*`` / ``register_*`` pair, the
 base classes to derive from, and the pieces their methods receive and return.
 
-A new forward solver derives from ``FixedPointSolver``, a backward mode from ``Adjoint``
+A new forward solver derives from ``FixedPointSolver`` (and declares ``ReplaysIterates`` when
+its steps are plain steps of ``f`` it can rerun with gradient), a backward mode from ``Adjoint``
 (``ThroughIterations`` or ``AtFixedPoint``), a linear solver from ``LinearSolver`` (it sees
 ``J^T`` as an ``AdjointOperator`` and returns a ``LinearSolve``), a root solver from
 ``RootSolver``, a minimizer from ``Minimizer``, a projection from ``Constraint``, a
@@ -52,6 +53,8 @@ from implicit_ham.solvers import (
     Constraint,
     FixedPointSolver,
     Minimizer,
+    ReplaysIterates,
+    ReplaysSteps,
     RootSolver,
     make_constraint,
     make_minimizer,
@@ -83,6 +86,8 @@ __all__ = [
     "LinearSolver",
     "Minimizer",
     "Registry",
+    "ReplaysIterates",
+    "ReplaysSteps",
     "RootSolver",
     "SecondOrder",
     "SolverStats",

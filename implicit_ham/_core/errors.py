@@ -50,12 +50,6 @@ class ForwardSolveError(RuntimeError):
     """A forward solve missed its tolerance under the training policy ``on_failure="raise"``."""
 
 
-class SolverContractError(RuntimeError):
-    """A forward solver broke the solver contract in a way that would make a result silently
-    wrong: under a through-iteration mode it returned a value without the graph of its last
-    ``grad_steps`` steps (a plug-in that runs everything without gradient)."""
-
-
 class ExportError(RuntimeError):
     """A layer was exported (``torch.export`` / ``torch.onnx.export``) in a configuration whose
     exported graph would not compute what the layer computes (e.g. initial bases drawn at random,

@@ -52,6 +52,19 @@ def guarded_inputs(
     return spec, z0_t, args
 
 
+def refuse_without_replay(name: str, grad_steps: int) -> None:
+    """ValueError for a through-iteration backward mode (``grad_steps > 0``) on a root / argmin
+    solver that does not declare the capability of replaying its own steps
+    (``ReplaysIterates`` / ``ReplaysSteps``): its steps are not differentiable maps."""
+    if grad_steps > 0:
+        raise ValueError(
+            f"{name}: its steps (inner linear solves, line searches) are not differentiable "
+            "steps, so it cannot carry a through-iteration gradient (Unroll, Truncated, "
+            "OneStep). Use adjoint=Implicit(...) or Neumann(...), or a solver whose steps "
+            "are plain maps (a fixed-point solver for root, GradientDescent for minimize)."
+        )
+
+
 @dataclass(frozen=True)
 class Condition:
     """The optimality condition an at-point backward mode differentiates.

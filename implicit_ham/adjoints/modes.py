@@ -22,13 +22,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch.autograd import forward_ad
 
-from implicit_ham._core.errors import SolverContractError
 from implicit_ham._core.registry import Registry
 from implicit_ham._core.state import State, StateSpec, StepFn, detached, with_gradient_of
 from implicit_ham._core.stats import BackwardStats, SolverStats
-from implicit_ham._core.transforms import active_transforms, host_checks
+from implicit_ham._core.transforms import host_checks
 from implicit_ham._core.validation import (
     check_choice,
     check_nonnegative,
@@ -51,11 +49,10 @@ from implicit_ham.linalg.operator import (
     row_scales,
     scaled,
 )
-from implicit_ham.solvers.base import FixedPointSolver, damped
+from implicit_ham.solvers.base import FixedPointSolver, ReplaysIterates, apply_steps, damped
 
 logger = logging.getLogger(__name__)
 ADJOINTS: Registry[Adjoint] = Registry("adjoint")
-_LIBRARY = "implicit_ham."  # the module prefix of the library's own solvers
 make_adjoint = ADJOINTS.make_function("make_adjoint", __name__)
 register_adjoint = ADJOINTS.register_function("register_adjoint", __name__)
 
@@ -94,35 +91,33 @@ class ThroughIterations(Adjoint):
     def run(
         self, f: StepFn, z0: State, spec: StateSpec, solver: FixedPointSolver
     ) -> tuple[State, SolverStats, list[BackwardStats]]:
-        steps = self.grad_steps(solver)
-        z, stats = solver.solve(f, z0, spec, steps)
-        if (
-            steps > 0
-            and not type(solver).__module__.startswith(_LIBRARY)  # a plug-in: see the method
-            and _plain_autograd()
-            and not any(t.requires_grad for t in z)
-        ):
-            self._check_graph_kept(solver, f, z, steps)
+        z, stats = solve_through_iterations(solver, f, z0, spec, self.grad_steps(solver))
         return z, stats, []
 
-    def _check_graph_kept(self, solver: FixedPointSolver, f: StepFn, z: State, steps: int) -> None:
-        """SolverContractError when a plug-in solver returned a value without graph although
-        ``f`` at that value has one: it ran its last ``steps`` steps without gradient (it
-        ignores ``grad_steps``), so this mode would silently give no gradient. One evaluation of
-        f, only for a plug-in and only when the value carries no graph; the library's own
-        solvers keep the contract (``ih.testing.check_solver`` in their tests), so a solve
-        whose f has no graph at all (a frozen model run with grad enabled) pays nothing."""
-        with torch.enable_grad():
-            probe = f(detached(z))
-        if any(t.requires_grad for t in probe):
-            raise SolverContractError(
-                f"{solver.name}: under {type(self).__name__} (grad_steps={steps}) the solver "
-                "returned a value without a graph, although f has one at that value: its last "
-                "grad_steps steps must run with gradient (they are what this mode "
-                "differentiates), so the gradient would be silently lost. Fix the solver's "
-                "solve (docs/plugins.md; ih.testing.check_solver reports it) or use an "
-                "at-fixed-point mode (Implicit, Neumann, Phantom)."
-            )
+
+def solve_through_iterations(
+    solver: FixedPointSolver, f: StepFn, z0: State, spec: StateSpec, grad_steps: int
+) -> tuple[State, SolverStats]:
+    """Solve with the last ``grad_steps`` steps of ``f`` carrying gradient.
+
+    A solver that declares ``ReplaysIterates`` (``FixedPointIteration``) runs its own last
+    ``grad_steps`` iterations with gradient. Any other solver only finds z*; the gradient is
+    then that of ``grad_steps`` plain steps of ``f`` taken from z* (detached), attached without
+    changing the value (``with_gradient_of``), and ``Unroll`` (``grad_steps >= max_steps``)
+    is refused: its iterations are not plain steps of ``f``.
+    """
+    if isinstance(solver, ReplaysIterates):
+        return solver.solve_replaying(f, z0, spec, grad_steps)
+    if grad_steps >= solver.max_steps:
+        raise ValueError(
+            f"{type(solver).__name__} runs without gradient and cannot be unrolled through all "
+            f"{solver.max_steps} steps; use FixedPointIteration with Unroll, or an adjoint with "
+            "fewer gradient steps (Truncated, OneStep, Phantom, Implicit, Neumann)."
+        )
+    z, stats = solver.solve(f, z0, spec)
+    if grad_steps == 0 or not torch.is_grad_enabled():
+        return z, stats
+    return with_gradient_of(z, apply_steps(f, detached(z), grad_steps)), stats
 
 
 @ADJOINTS.register("unroll")
@@ -183,7 +178,7 @@ class Phantom(Adjoint):
         self, f: StepFn, z0: State, spec: StateSpec, solver: FixedPointSolver
     ) -> tuple[State, SolverStats, list[BackwardStats]]:
         with torch.no_grad():
-            z, stats = solver.solve(f, z0, spec, 0)
+            z, stats = solver.solve(f, z0, spec)
         if not torch.is_grad_enabled():
             return z, stats, []
         step, p = damped(f, self.tau), detached(z)  # detached: no forward-mode tangent either
@@ -218,7 +213,7 @@ class AtFixedPoint(Adjoint):
         self, f: StepFn, z0: State, spec: StateSpec, solver: FixedPointSolver
     ) -> tuple[State, SolverStats, list[BackwardStats]]:
         with torch.no_grad():
-            z, stats = solver.solve(f, z0, spec, 0)
+            z, stats = solver.solve(f, z0, spec)
         log: list[BackwardStats] = []
         check = FixedPointCheck(self.name, self.fixed_point_tol, self.on_divergence)
         setup = Attachment(spec, self.backward_solve, log, check, self.second_order())
@@ -419,10 +414,3 @@ class Neumann(AtFixedPoint):
         record = SolveRecord("neumann_series", self.k - 1)
         return finish_backward(op, v, g, policy, record).pair()
 
-
-def _plain_autograd() -> bool:
-    """Eager reverse-mode autograd: grad mode on, no torch.func transform, no forward-mode
-    tangents, not compiling (where ``requires_grad`` says whether a value carries a graph)."""
-    if not torch.is_grad_enabled() or active_transforms() or torch.compiler.is_compiling():
-        return False
-    return forward_ad._current_level < 0

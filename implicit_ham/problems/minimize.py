@@ -26,7 +26,12 @@ from implicit_ham._core.errors import name_the_call
 from implicit_ham._core.state import BoundStep, State, StateSpec
 from implicit_ham._core.stats import SolverStats
 from implicit_ham._core.transforms import active_transforms
-from implicit_ham.adjoints.conditions import Condition, differentiate, guarded_inputs
+from implicit_ham.adjoints.conditions import (
+    Condition,
+    differentiate,
+    guarded_inputs,
+    refuse_without_replay,
+)
 from implicit_ham.adjoints.modes import ADJOINTS, Adjoint, Implicit
 from implicit_ham.adjoints.per_sample import PerSampleCG
 from implicit_ham.linalg.auto import BLOCK_MAX, Auto
@@ -40,6 +45,7 @@ from implicit_ham.solvers.minimizers import (
     GradientDescent,
     Minimizer,
     Objective,
+    ReplaysSteps,
 )
 from implicit_ham.solvers.projections import CONSTRAINTS, Constraint
 from implicit_ham.solvers.quasi_newton import LBFGS
@@ -144,8 +150,11 @@ def _solve(
         # a solve without gradient (the at-point modes') evaluates the loss on detached
         # inputs: its autograd graphs then hold only the state's branch
         plain = not torch.is_grad_enabled() and not active_transforms()
-        return solver.minimize(objective_at(_detached(args)) if plain else objective, z0_t,
-                               grad_steps)  # fmt: skip
+        at = objective_at(_detached(args)) if plain else objective
+        if isinstance(solver, ReplaysSteps):
+            return solver.minimize_replaying(at, z0_t, grad_steps)
+        refuse_without_replay(solver.name, grad_steps)
+        return solver.minimize(at, z0_t)
 
     z, stats, log = differentiate(
         run,

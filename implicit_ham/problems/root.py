@@ -20,15 +20,21 @@ from torch import Tensor
 from implicit_ham._core.state import BoundStep, State
 from implicit_ham._core.stats import SolverStats
 from implicit_ham._core.transforms import active_transforms
-from implicit_ham.adjoints.conditions import Condition, differentiate, guarded_inputs
+from implicit_ham.adjoints.conditions import (
+    Condition,
+    differentiate,
+    guarded_inputs,
+    refuse_without_replay,
+)
 from implicit_ham.adjoints.modes import (
     ADJOINTS,
     Adjoint,
     Implicit,
+    solve_through_iterations,
 )
 from implicit_ham.problems.fixed_point import Solution
 from implicit_ham.problems.pytree_state import Tree, TreeState
-from implicit_ham.solvers.base import SOLVERS, FixedPointSolver
+from implicit_ham.solvers.base import SOLVERS, FixedPointSolver, ReplaysIterates
 from implicit_ham.solvers.newton import ROOT_SOLVERS, Newton, RootSolver
 
 
@@ -86,8 +92,13 @@ def root(
 
     def run(grad_steps: int) -> tuple[State, SolverStats]:
         if isinstance(solver, FixedPointSolver):
-            return solver.solve(lambda z: _minus(z, residual(z)), z0_t, spec, grad_steps)
-        return solver.solve(residual, z0_t, spec, grad_steps)
+            return solve_through_iterations(
+                solver, lambda z: _minus(z, residual(z)), z0_t, spec, grad_steps
+            )
+        if isinstance(solver, ReplaysIterates):
+            return solver.solve_replaying(residual, z0_t, spec, grad_steps)
+        refuse_without_replay(solver.name, grad_steps)
+        return solver.solve(residual, z0_t, spec)
 
     z, stats, log = differentiate(
         run, solver, adjoint, Condition(residual, root_of="g", label="dg/dz"), spec

@@ -11,6 +11,7 @@ from implicit_ham.solvers.accelerated import Anderson, Broyden
 from implicit_ham.solvers.base import (
     SOLVERS,
     FixedPointSolver,
+    ReplaysIterates,
     make_solver,
     register_solver,
 )
@@ -24,6 +25,7 @@ from implicit_ham.solvers.minimizers import (
     MINIMIZERS,
     GradientDescent,
     Minimizer,
+    ReplaysSteps,
     make_minimizer,
     register_minimizer,
 )
@@ -67,6 +69,8 @@ __all__ = [
     "Newton",
     "NewtonCG",
     "NonNegative",
+    "ReplaysIterates",
+    "ReplaysSteps",
     "RobustLoss",
     "RootSolver",
     "TorchDEQAnderson",

@@ -2,8 +2,9 @@
 
 Both run the kernels of ``implicit_ham.linalg.acceleration`` on the state flattened to (B, N)
 without gradient and return, per sample, the evaluated iterate with the lowest residual, so its
-residual is known without another evaluation of ``f``; the gradient of ``grad_steps`` plain steps
-of ``f`` taken from the solution is attached without changing the value (``NativeSolver``).
+residual is known without another evaluation of ``f`` (``NativeSolver``). A through-iteration
+backward mode differentiates plain steps of ``f`` it takes from the solution itself
+(``adjoints.modes.solve_through_iterations``).
 Their options (``solvers.options``) are those of torchdeq's solvers (``solvers.torchdeq``:
 ``TorchDEQAnderson``, ``TorchDEQBroyden``), the references they are tested and benchmarked
 against.
@@ -27,7 +28,6 @@ from implicit_ham._core.state import (
     StateSpec,
     StepFn,
     detached,
-    with_gradient_of,
 )
 from implicit_ham._core.stats import SolverStats
 from implicit_ham._core.transforms import host_checks
@@ -36,9 +36,7 @@ from implicit_ham.linalg.acceleration import Iterate, anderson, broyden
 from implicit_ham.solvers.base import (
     SOLVERS,
     FixedPointSolver,
-    apply_steps,
     raise_non_finite,
-    refuse_unroll,
     refuse_vmap,
     warn_if_not_converged,
 )
@@ -53,18 +51,15 @@ class NativeSolver(FixedPointSolver):
     The solve spends ``max_steps`` evaluations of ``f`` without gradient (fewer when every
     sample meets ``tol`` first; ``stats.steps`` counts them) and returns, per sample, the
     evaluated iterate with the lowest residual. After it, ``f`` is evaluated once more at the
-    solution z*, on top of the budget, in two cases only: under a through-iteration backward
-    mode (``grad_steps >= 1`` with gradient enabled) with gradient, as the first gradient step,
-    followed by ``grad_steps - 1`` more plain steps (the result carries their gradient and z*'s
-    value, ``with_gradient_of``, so the value is the same under every backward mode); and,
-    without one, when z* assembles samples from different evaluations (frozen at different
-    steps, or best at different evaluations), to measure z* as one batch. That measurement is
+    solution z*, on top of the budget, only when z* assembles samples from different
+    evaluations (frozen at different steps, or best at different evaluations), to measure z*
+    as one batch. That measurement is
     the check of an ``f`` that couples the samples: when z*'s residuals as one batch differ
     from those the per-sample solve recorded, ``BatchCouplingWarning`` says so and the solve is
     run again with one criterion for the whole batch, whose residuals are those of z*
-    (``batch_coupled=True`` solves so at once). ``Unroll`` (``grad_steps >= max_steps``) is
-    refused. Host synchronisations: one per evaluation with a tolerance (the stopping
-    decision, which also detects NaN / inf), one or two per solve without.
+    (``batch_coupled=True`` solves so at once). Host synchronisations: one per evaluation with
+    a tolerance (the stopping decision, which also detects NaN / inf), one or two per solve
+    without.
     """
 
     max_steps: int
@@ -78,11 +73,8 @@ class NativeSolver(FixedPointSolver):
     ) -> Iterate:
         """Run the native solver on (B, N) states."""
 
-    def solve(
-        self, f: StepFn, z0: State, spec: StateSpec, grad_steps: int = 0
-    ) -> tuple[State, SolverStats]:
+    def solve(self, f: StepFn, z0: State, spec: StateSpec) -> tuple[State, SolverStats]:
         refuse_vmap(self)
-        refuse_unroll(self, grad_steps)
         flat = _Flat(spec)
 
         def flat_f(x: Tensor) -> Tensor:
@@ -94,11 +86,8 @@ class NativeSolver(FixedPointSolver):
         if result.failed_at is not None:
             raise_non_finite(self.name, z0, result.failed_at)
         z = detached(flat.unflatten(result.x))
-        gradient = grad_steps > 0 and torch.is_grad_enabled()
         image: State | None = None  # f(z) as one batch, when evaluated here
-        if gradient:
-            image = f(z)
-        elif result.image is None and not self.batch_coupled and host_checks():
+        if result.image is None and not self.batch_coupled and host_checks():
             with torch.no_grad():
                 image = f(z)
         if not self.batch_coupled and host_checks():
@@ -109,10 +98,6 @@ class NativeSolver(FixedPointSolver):
                 if result.failed_at is not None:
                     raise_non_finite(self.name, z0, result.failed_at)
                 z = detached(flat.unflatten(result.x))
-                image = f(z) if gradient else None
-        if gradient:
-            assert image is not None
-            z = with_gradient_of(z, apply_steps(f, image, grad_steps - 1))
         converged = None
         if self.tol is not None:
             metric = result.rel_residual if self.stop_mode == "rel" else result.abs_residual

@@ -1,18 +1,20 @@
-"""Forward solvers: find z* = f(z*) from z0, spending the last ``grad_steps`` steps with gradient.
+"""Forward solvers: find z* = f(z*) from z0.
 
-Every solver shares one signature, ``solve(f, z0, spec, grad_steps)``, and returns the final
-state and a ``SolverStats``. The solver alone defines its iteration: the backward mode only says
-how many trailing iterations carry gradient (all of them for ``Unroll``, the last k for
-``Truncated(k)``, none for ``Implicit``), so the value cannot depend on the backward mode.
-``FixedPointIteration`` runs those steps with gradient; a solver whose steps are not plain steps
-of ``f`` (Anderson, Broyden) solves without gradient and attaches the gradient of ``grad_steps``
-plain steps of ``f`` taken from its solution, without changing the value (``with_gradient_of``).
+Every solver shares one signature, ``solve(f, z0, spec)``, and returns the final state and a
+``SolverStats``. A solver only finds z*: how the solution is differentiated is the backward
+mode's business (``implicit_ham.adjoints``), so the value cannot depend on the backward mode. A
+through-iteration mode (``Unroll``, ``Truncated``, ``OneStep``) differentiates trailing plain
+steps of ``f``: it takes them itself from the solver's solution (``with_gradient_of``, value
+unchanged), unless the solver declares the capability ``ReplaysIterates`` (as
+``FixedPointIteration`` does, whose steps are plain steps of ``f``): such a solver runs its own
+last ``grad_steps`` iterations with gradient (``solve_replaying``).
 
-This module holds the base class ``FixedPointSolver``, the registry (``make_solver`` /
-``register_solver``) and the pieces the solvers share (the refusals, the non-finite error,
-damping, the convergence warning, the residual trace of the root / argmin solvers). The solvers
-are ``FixedPointIteration`` (``solvers.iteration``), the native ``Anderson`` / ``Broyden``
-(``solvers.accelerated``) and torchdeq's, guarded (``solvers.torchdeq``, optional).
+This module holds the base class ``FixedPointSolver``, the capability ``ReplaysIterates``, the
+registry (``make_solver`` / ``register_solver``) and the pieces the solvers share (the vmap
+refusal, the non-finite error, damping, the convergence warning, the residual trace of the root
+/ argmin solvers). The solvers are ``FixedPointIteration`` (``solvers.iteration``), the native
+``Anderson`` / ``Broyden`` (``solvers.accelerated``) and torchdeq's, guarded
+(``solvers.torchdeq``, optional).
 """
 
 from __future__ import annotations
@@ -51,24 +53,36 @@ class FixedPointSolver(ABC):
     tol: float | None
 
     @abstractmethod
-    def solve(
-        self, f: StepFn, z0: State, spec: StateSpec, grad_steps: int = 0
-    ) -> tuple[State, SolverStats]:
+    def solve(self, f: StepFn, z0: State, spec: StateSpec) -> tuple[State, SolverStats]:
         """Solve ``z = f(z)`` from ``z0``.
 
         Args:
             f: the map, on tuples of tensors shaped like ``spec``.
             z0: the initial state.
             spec: the state's structure.
-            grad_steps: how many trailing iterations carry gradient (clipped to ``max_steps``);
-                the returned value must not depend on it (the conformance kit,
-                ``implicit_ham.testing.check_solver``, checks this).
         """
 
     @property
     def name(self) -> str:
         """The registry name of this solver."""
         return SOLVERS.name_of(self) or type(self).__name__
+
+
+class ReplaysIterates(ABC):
+    """The capability of a solver whose steps are plain steps of ``f``: it can run its own last
+    ``grad_steps`` iterations with gradient, so that ``Unroll`` / ``Truncated`` / ``OneStep``
+    differentiate the very iterations it took (``FixedPointIteration``). A solver without it
+    is differentiated through ``grad_steps`` plain steps of ``f`` taken from its solution, and
+    refuses ``Unroll``."""
+
+    @abstractmethod
+    def solve_replaying(
+        self, f: StepFn, z0: State, spec: StateSpec, grad_steps: int
+    ) -> tuple[State, SolverStats]:
+        """``solve(f, z0, spec)`` with the last ``grad_steps`` iterations (clipped to
+        ``max_steps``) carrying gradient; the returned value must not depend on
+        ``grad_steps`` (the conformance kit, ``implicit_ham.testing.check_solver``, checks
+        this)."""
 
 
 def refuse_vmap(solver: FixedPointSolver) -> None:
@@ -78,16 +92,6 @@ def refuse_vmap(solver: FixedPointSolver) -> None:
             f"{type(solver).__name__} under torch.func.vmap: its steps decide on values "
             "(convergence checks, the mixing system), which vmap cannot trace. Use "
             "FixedPointIteration(tol=None) inside vmap."
-        )
-
-
-def refuse_unroll(solver: FixedPointSolver, grad_steps: int) -> None:
-    """ValueError when every step would need gradient (Unroll) through an accelerated solver."""
-    if grad_steps >= solver.max_steps:
-        raise ValueError(
-            f"{type(solver).__name__} runs without gradient and cannot be unrolled through all "
-            f"{solver.max_steps} steps; use FixedPointIteration with Unroll, or an adjoint with "
-            "fewer gradient steps (Truncated, OneStep, Phantom, Implicit, Neumann)."
         )
 
 
@@ -202,16 +206,3 @@ class ResidualTrace:
                 f"{self.solver}: non-finite residual (NaN or inf) at {where}. Check the "
                 "problem for overflow, damp the steps, or use float64."
             )
-
-
-def refuse_grad_steps(solver: str, grad_steps: int) -> None:
-    """ValueError for a through-iteration backward mode on a solver without differentiable
-    steps (the same refusal as torchdeq's solvers under Unroll)."""
-    if grad_steps > 0:
-        raise ValueError(
-            f"{solver}: its steps (inner linear solves, line searches) are not differentiable "
-            "steps, so it cannot carry a through-iteration gradient (Unroll, Truncated, "
-            "OneStep). Use adjoint=Implicit(...) or Neumann(...), or a solver whose steps "
-            "are plain maps (a fixed-point solver for root, GradientDescent for minimize)."
-        )
-

@@ -1,7 +1,9 @@
 """``FixedPointIteration``: plain, optionally damped, iteration ``z <- f(z)``.
 
-The solver whose steps are plain steps of ``f``: it runs the last ``grad_steps`` of them with
-gradient (so ``Unroll`` / ``Truncated`` differentiate the very iterations), the others without.
+The solver whose steps are plain steps of ``f``: it declares ``ReplaysIterates``, so under a
+through-iteration backward mode it runs the last ``grad_steps`` of them with gradient
+(``solve_replaying``; ``Unroll`` / ``Truncated`` differentiate the very iterations), the others
+without.
 With ``tol=None`` it runs exactly ``max_steps`` steps with no host synchronisation per step
 (Hamburger's K steps), recording the per-step residual trace only when asked (``trace=True``);
 with a tolerance it checks the residual each step (one host synchronisation) and stops each
@@ -44,6 +46,7 @@ from implicit_ham.solvers.base import (
     SOLVERS,
     STOP_MODES,
     FixedPointSolver,
+    ReplaysIterates,
     apply_steps,
     damped,
     warn_if_not_converged,
@@ -55,7 +58,7 @@ DEFAULT_TOL_STEPS = 100  # its budget with a tolerance
 
 @SOLVERS.register("fixed_point")
 @dataclass(frozen=True)
-class FixedPointIteration(FixedPointSolver):
+class FixedPointIteration(FixedPointSolver, ReplaysIterates):
     """Plain (optionally damped) iteration ``z <- damping * f(z) + (1 - damping) * z``.
 
     Args:
@@ -97,9 +100,15 @@ class FixedPointIteration(FixedPointSolver):
         check_unit_interval("FixedPointIteration", "damping", self.damping)
         check_choice("FixedPointIteration", "stop_mode", self.stop_mode, STOP_MODES)
 
-    def solve(
-        self, f: StepFn, z0: State, spec: StateSpec, grad_steps: int = 0
+    def solve(self, f: StepFn, z0: State, spec: StateSpec) -> tuple[State, SolverStats]:
+        """Iterate from ``z0``, every step without gradient (``solve_replaying`` with none)."""
+        return self.solve_replaying(f, z0, spec, 0)
+
+    def solve_replaying(
+        self, f: StepFn, z0: State, spec: StateSpec, grad_steps: int
     ) -> tuple[State, SolverStats]:
+        """``solve`` with the last ``grad_steps`` iterations carrying gradient (see the
+        module's docstring for how a tolerance solve replays them)."""
         step = damped(f, self.damping)
         recording, checks, stats_now = _environment()
         grad_steps = min(grad_steps, self.max_steps) if recording else 0

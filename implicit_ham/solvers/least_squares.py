@@ -56,7 +56,7 @@ from implicit_ham._core.state import State, with_gradient_of
 from implicit_ham._core.stats import SolverStats
 from implicit_ham._core.transforms import host_checks
 from implicit_ham._core.validation import check_budget, check_tolerance
-from implicit_ham.solvers.minimizers import MINIMIZERS, Minimizer, Objective
+from implicit_ham.solvers.minimizers import MINIMIZERS, Minimizer, Objective, ReplaysSteps
 from implicit_ham.solvers.robust import RobustLoss
 from implicit_ham.solvers.sample_jacobian import (
     ResidualFn,
@@ -172,7 +172,7 @@ class _Progress:
     history: deque[tuple[Tensor, Choice]] = field(default_factory=deque)
 
 
-class SumOfSquaresSolver(Minimizer):
+class SumOfSquaresSolver(Minimizer, ReplaysSteps):
     """Base of the batched least-squares solvers (see the module docstring).
 
     A subclass gives ``_direction`` (the step direction, differentiable) and ``_choose`` (the
@@ -199,10 +199,14 @@ class SumOfSquaresSolver(Minimizer):
     def _start(self, lin: Linearisation) -> dict[str, Tensor]:
         """The solver's per-problem state at the start (e.g. LM's μ)."""
 
-    def minimize(
-        self, objective: Objective, z0: State, grad_steps: int = 0
-    ) -> tuple[State, SolverStats]:
+    def minimize(self, objective: Objective, z0: State) -> tuple[State, SolverStats]:
         """The ``Minimizer`` entry point: the whole batch as one coupled problem."""
+        return self.minimize_replaying(objective, z0, 0)
+
+    def minimize_replaying(
+        self, objective: Objective, z0: State, grad_steps: int
+    ) -> tuple[State, SolverStats]:
+        """``minimize`` with the last ``grad_steps`` steps carrying gradient."""
         assert objective.residuals is not None
         spec, fn = objective.spec, objective.residuals
 

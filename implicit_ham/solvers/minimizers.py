@@ -32,7 +32,7 @@ from implicit_ham._core.state import State, StateSpec
 from implicit_ham._core.stats import SolverStats
 from implicit_ham._core.transforms import active_transforms
 from implicit_ham._core.validation import check_budget, check_tolerance
-from implicit_ham.solvers.base import ResidualTrace, refuse_grad_steps
+from implicit_ham.solvers.base import ResidualTrace
 from implicit_ham.solvers.iteration import FixedPointIteration
 from implicit_ham.solvers.projections import Constraint
 
@@ -135,16 +135,28 @@ class Minimizer(ABC):
     supports_constraints: ClassVar[bool] = False
 
     @abstractmethod
-    def minimize(
-        self, objective: Objective, z0: State, grad_steps: int = 0
-    ) -> tuple[State, SolverStats]:
-        """Minimise from ``z0``; the last ``grad_steps`` steps carry gradient (refused with a
-        ValueError by solvers whose steps are not differentiable)."""
+    def minimize(self, objective: Objective, z0: State) -> tuple[State, SolverStats]:
+        """Minimise from ``z0`` (only the minimum: how it is differentiated is the backward
+        mode's business; see ``ReplaysSteps``)."""
 
     @property
     def name(self) -> str:
         """The registry name of this minimizer."""
         return MINIMIZERS.name_of(self) or type(self).__name__
+
+
+class ReplaysSteps(ABC):
+    """The capability of a minimizer whose steps are differentiable maps (gradient descent,
+    Gauss-Newton, Levenberg-Marquardt): it can run its own last ``grad_steps`` steps with
+    gradient, which the through-iteration modes (``Unroll``, ``Truncated``, ``OneStep``)
+    differentiate. A minimizer without it is refused under those modes."""
+
+    @abstractmethod
+    def minimize_replaying(
+        self, objective: Objective, z0: State, grad_steps: int
+    ) -> tuple[State, SolverStats]:
+        """``minimize(objective, z0)`` with the last ``grad_steps`` steps carrying gradient
+        (all of them when ``grad_steps >= max_steps``); the value must not depend on it."""
 
 
 # (x, the residual vector whose norm is recorded): at the start, then after each step
@@ -164,10 +176,7 @@ class FlatMinimizer(Minimizer):
     def _iterates(self, objective: Objective, x: Tensor) -> Iterates:
         """The iterates from the flat start x (M,), each with its residual vector (M,)."""
 
-    def minimize(
-        self, objective: Objective, z0: State, grad_steps: int = 0
-    ) -> tuple[State, SolverStats]:
-        refuse_grad_steps(self.name, grad_steps)
+    def minimize(self, objective: Objective, z0: State) -> tuple[State, SolverStats]:
         spec, trace = objective.spec, ResidualTrace(self.name)
         steps = self._iterates(objective, objective.flat(z0).detach())
         x, residual = next(steps)
@@ -182,7 +191,7 @@ class FlatMinimizer(Minimizer):
 
 @MINIMIZERS.register("gradient_descent")
 @dataclass(frozen=True)
-class GradientDescent(Minimizer):
+class GradientDescent(Minimizer, ReplaysSteps):
     """(Projected) gradient descent ``z <- P(z - lr grad_z loss(z))`` with a fixed step.
 
     Args:
@@ -210,12 +219,15 @@ class GradientDescent(Minimizer):
 
         return step
 
-    def minimize(
-        self, objective: Objective, z0: State, grad_steps: int = 0
+    def minimize(self, objective: Objective, z0: State) -> tuple[State, SolverStats]:
+        return self.minimize_replaying(objective, z0, 0)
+
+    def minimize_replaying(
+        self, objective: Objective, z0: State, grad_steps: int
     ) -> tuple[State, SolverStats]:
         tol = None if self.tol is None else self.lr * self.tol
         loop = FixedPointIteration(max_steps=self.max_steps, tol=tol, stop_mode="abs")
-        z, stats = loop.solve(self.step_map(objective), z0, objective.spec, grad_steps)
+        z, stats = loop.solve_replaying(self.step_map(objective), z0, objective.spec, grad_steps)
         return z, dataclasses.replace(
             stats,
             solver=self.name,

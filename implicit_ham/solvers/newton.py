@@ -33,7 +33,7 @@ from implicit_ham._core.validation import (
     check_unit_interval,
 )
 from implicit_ham.linalg.operator import LINEAR_SOLVERS, AdjointOperator, LinearSolver
-from implicit_ham.solvers.base import ResidualTrace
+from implicit_ham.solvers.base import ReplaysIterates, ResidualTrace
 
 ROOT_SOLVERS: Registry[RootSolver] = Registry("root solver")
 MAX_UNROLLED_SIZE = 4096
@@ -53,12 +53,10 @@ class RootSolver(ABC):
     tol: float | None
 
     @abstractmethod
-    def solve(
-        self, g: StepFn, z0: State, spec: StateSpec, grad_steps: int = 0
-    ) -> tuple[State, SolverStats]:
-        """Solve ``g(z) = 0`` from ``z0``; the last ``grad_steps`` steps carry gradient (a solver
-        whose steps are not differentiable refuses ``grad_steps > 0`` with a ValueError naming
-        the modes that work)."""
+    def solve(self, g: StepFn, z0: State, spec: StateSpec) -> tuple[State, SolverStats]:
+        """Solve ``g(z) = 0`` from ``z0`` (only the root: a solver that can run its own last
+        steps with gradient for the through-iteration modes declares ``ReplaysIterates``;
+        one without is refused under them)."""
 
     @property
     def name(self) -> str:
@@ -68,7 +66,7 @@ class RootSolver(ABC):
 
 @ROOT_SOLVERS.register("newton")
 @dataclass(frozen=True)
-class Newton(RootSolver):
+class Newton(RootSolver, ReplaysIterates):
     """Newton's method: ``z <- z + damping * Δ`` with ``(dg/dz) Δ = -g(z)`` solved by a linear
     solver of the library on Jacobian-vector products (``torch.func.jvp``).
 
@@ -96,9 +94,14 @@ class Newton(RootSolver):
         check_tolerance("Newton", "linear_tol", self.linear_tol)
         check_unit_interval("Newton", "damping", self.damping)
 
-    def solve(
-        self, g: StepFn, z0: State, spec: StateSpec, grad_steps: int = 0
+    def solve(self, g: StepFn, z0: State, spec: StateSpec) -> tuple[State, SolverStats]:
+        return self.solve_replaying(g, z0, spec, 0)
+
+    def solve_replaying(
+        self, g: StepFn, z0: State, spec: StateSpec, grad_steps: int
     ) -> tuple[State, SolverStats]:
+        """``solve`` with the last ``grad_steps`` Newton steps carrying gradient (replayed with
+        the dense Jacobian; refused above ``MAX_UNROLLED_SIZE`` entries)."""
         solver: LinearSolver = self.linear_solver  # type: ignore[assignment]
         trace = ResidualTrace(self.name)
         start = spec.flatten(z0).reshape(-1)

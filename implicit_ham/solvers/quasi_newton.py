@@ -40,7 +40,6 @@ from implicit_ham._core.state import State
 from implicit_ham._core.stats import SolverStats
 from implicit_ham._core.transforms import host_checks
 from implicit_ham._core.validation import check_positive_int, check_tolerance
-from implicit_ham.solvers.base import refuse_grad_steps
 from implicit_ham.solvers.line_search import Probe, Step, backtrack
 from implicit_ham.solvers.minimizers import MINIMIZERS, Minimizer, Objective
 
@@ -79,10 +78,7 @@ class LineSearchMinimizer(Minimizer):
         """The per-row direction rule of this solver (curvature memory, CG)."""
         raise NotImplementedError
 
-    def minimize(
-        self, objective: Objective, z0: State, grad_steps: int = 0
-    ) -> tuple[State, SolverStats]:
-        refuse_grad_steps(self.name, grad_steps)
+    def minimize(self, objective: Objective, z0: State) -> tuple[State, SolverStats]:
         spec = objective.spec
         x0 = objective.flat(z0).detach().reshape(spec.batch, -1)
         probe = Probe.of(objective, x0)

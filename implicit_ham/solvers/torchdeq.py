@@ -22,13 +22,11 @@ import torch
 from torch import Tensor
 
 from implicit_ham._core.errors import NonFiniteError
-from implicit_ham._core.state import State, StateSpec, StepFn, detached, with_gradient_of
+from implicit_ham._core.state import State, StateSpec, StepFn, detached
 from implicit_ham._core.stats import SolverStats, TraceRecorder
 from implicit_ham.solvers.base import (
     SOLVERS,
     FixedPointSolver,
-    apply_steps,
-    refuse_unroll,
     refuse_vmap,
     warn_if_not_converged,
 )
@@ -53,11 +51,9 @@ class _TorchDEQSolver(FixedPointSolver):
     """Shared guard around a torchdeq solver working on flattened (B, N) states.
 
     The solver spends ``max_steps - 1`` evaluations of ``f``, then evaluates ``f`` once more at
-    its solution z* to measure the residual. Under a through-iteration backward mode that
-    evaluation runs with gradient and is followed by ``grad_steps - 1`` more plain steps; the
-    result carries their gradient and z*'s value (``with_gradient_of``), so the value is the
-    same under every backward mode. ``Unroll`` (``grad_steps >= max_steps``) is refused: the
-    accelerated iterations are not differentiable steps.
+    its solution z* to measure the residual (without gradient: a through-iteration backward
+    mode takes its plain steps of ``f`` from the solution itself, and refuses ``Unroll``: the
+    accelerated iterations are not differentiable steps).
     """
 
     max_steps: int
@@ -68,11 +64,8 @@ class _TorchDEQSolver(FixedPointSolver):
     def _run(self, flat_f: Callable[[Tensor], Tensor], x0: Tensor, max_iter: int) -> Tensor:
         """Call the torchdeq solver with plain keyword arguments; return the (B, N) solution."""
 
-    def solve(
-        self, f: StepFn, z0: State, spec: StateSpec, grad_steps: int = 0
-    ) -> tuple[State, SolverStats]:
+    def solve(self, f: StepFn, z0: State, spec: StateSpec) -> tuple[State, SolverStats]:
         refuse_vmap(self)
-        refuse_unroll(self, grad_steps)
         budget = self.max_steps - 1
         rec = TraceRecorder(self.name)
 
@@ -85,13 +78,10 @@ class _TorchDEQSolver(FixedPointSolver):
         with torch.no_grad():
             x = self._run(flat_f, spec.flatten(z0), budget)
         z = detached(spec.unflatten(x))
-        tail = grad_steps > 0 and torch.is_grad_enabled()
-        with torch.set_grad_enabled(tail):
-            fz = f(z)  # the residual check at z*, and the first gradient step when tail
+        with torch.no_grad():
+            fz = f(z)  # the residual check at z*
         rec.record(z, fz)
         rec.check_finite(z0)
-        if tail:
-            z = with_gradient_of(z, apply_steps(f, fz, grad_steps - 1))
         stats = rec.build(spec.batch, x.device, x.dtype, self.tol, self.stop_mode)
         warn_if_not_converged(stats, self.tol)
         return z, stats

@@ -20,9 +20,9 @@ def define_solver() -> type:
         max_steps: int = 8
         tol: float | None = None
 
-        def solve(self, f, z0, spec, grad_steps=0):
+        def solve(self, f, z0, spec):
             inner = ih.FixedPointIteration(max_steps=self.max_steps, tol=self.tol, damping=0.5)
-            z, stats = inner.solve(f, z0, spec, grad_steps)
+            z, stats = inner.solve(f, z0, spec)
             return z, dataclasses.replace(stats, solver=self.name)
 
     return Damped

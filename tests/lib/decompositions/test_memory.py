@@ -54,9 +54,9 @@ def test_the_previous_forwards_state_is_released_before_the_next_solve() -> None
     seen: list[bool] = []
 
     class Probe(ih.FixedPointIteration):
-        def solve(self, f, z0, spec, grad_steps=0):  # type: ignore[no-untyped-def]
+        def solve_replaying(self, f, z0, spec, grad_steps):  # type: ignore[no-untyped-def]
             seen.append(previous is not None and previous() is None)
-            return super().solve(f, z0, spec, grad_steps)
+            return super().solve_replaying(f, z0, spec, grad_steps)
 
     x = torch.rand(1, 16, 8, 8, generator=torch.Generator().manual_seed(0))
     layer = ih.NMF(rank=3, steps=4, eval_steps=4, solver=Probe(max_steps=4)).eval()

@@ -102,8 +102,8 @@ def test_the_report_lists_the_measured_numbers() -> None:
 class GradStepsLeak(ih.FixedPointIteration):
     """Broken: the value moves with the number of gradient-carrying steps."""
 
-    def solve(self, f, z0, spec, grad_steps=0):
-        z, stats = super().solve(f, z0, spec, grad_steps)
+    def solve_replaying(self, f, z0, spec, grad_steps):
+        z, stats = super().solve_replaying(f, z0, spec, grad_steps)
         return tuple(t + 1e-3 * min(grad_steps, self.max_steps) for t in z), stats
 
 
@@ -224,8 +224,8 @@ def test_a_mode_whose_gradient_was_never_compared_is_not_ok() -> None:
 class AlwaysConverged(ih.FixedPointIteration):
     """Broken: reports every sample converged even without a tolerance."""
 
-    def solve(self, f, z0, spec, grad_steps=0):
-        z, stats = super().solve(f, z0, spec, grad_steps)
+    def solve_replaying(self, f, z0, spec, grad_steps):
+        z, stats = super().solve_replaying(f, z0, spec, grad_steps)
         if self.tol is None:
             batch = z[0].shape[0]
             stats = dataclasses.replace(stats, converged=torch.ones(batch, dtype=torch.bool))
@@ -241,7 +241,7 @@ def test_a_converged_flag_without_a_tolerance_fails() -> None:
 def test_a_crash_inside_a_plugin_is_a_named_failure() -> None:
     @dataclass(frozen=True)
     class Crashing(ih.FixedPointIteration):
-        def solve(self, f, z0, spec, grad_steps=0):
+        def solve_replaying(self, f, z0, spec, grad_steps):
             raise RuntimeError("boom")
 
     with pytest.raises(ConformanceError, match=r"runs_under_every_mode.*RuntimeError: boom"):

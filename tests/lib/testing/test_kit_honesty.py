@@ -24,9 +24,9 @@ class FakesConvergence(ih.plugins.FixedPointSolver):
     max_steps: int = 50
     tol: float | None = 1e-6
 
-    def solve(self, f, z0, spec, grad_steps=0):
+    def solve(self, f, z0, spec):
         inner = ih.FixedPointIteration(max_steps=5, tol=None, trace=True)
-        z, stats = inner.solve(f, z0, spec, min(grad_steps, 5))
+        z, stats = inner.solve(f, z0, spec)
         flag = torch.ones(spec.batch, dtype=torch.bool, device=z0[0].device)
         return z, dataclasses.replace(stats, converged=flag)
 
@@ -40,7 +40,7 @@ def _relax(z: torch.Tensor, fz: torch.Tensor, a: float) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class LerpISTA(ih.plugins.FixedPointSolver):
+class LerpISTA(ih.plugins.FixedPointSolver, ih.plugins.ReplaysIterates):
     """A relaxed (ISTA-like) iteration whose step kernel depends on the grad mode (``_relax``):
     the trailing ``grad_steps`` run with autograd recording, the others without, so the value
     moves by a few eps with the backward mode."""
@@ -49,7 +49,10 @@ class LerpISTA(ih.plugins.FixedPointSolver):
     tol: float | None = None
     relax: float = 0.7
 
-    def solve(self, f, z0, spec, grad_steps=0):
+    def solve(self, f, z0, spec):
+        return self.solve_replaying(f, z0, spec, 0)
+
+    def solve_replaying(self, f, z0, spec, grad_steps):
         grad_steps = min(grad_steps, self.max_steps)
 
         def step(z):
@@ -71,8 +74,8 @@ class LerpISTA(ih.plugins.FixedPointSolver):
 class GradStepsLeak(ih.FixedPointIteration):
     """Broken by logic: the value moves with grad_steps even without autograd."""
 
-    def solve(self, f, z0, spec, grad_steps=0):
-        z, stats = super().solve(f, z0, spec, grad_steps)
+    def solve_replaying(self, f, z0, spec, grad_steps):
+        z, stats = super().solve_replaying(f, z0, spec, grad_steps)
         return tuple(t + 1e-3 * min(grad_steps, self.max_steps) for t in z), stats
 
 

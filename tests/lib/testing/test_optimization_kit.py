@@ -35,17 +35,17 @@ class GiveUpEarly(ih.plugins.RootSolver):
     max_steps: int = 1
     tol: float | None = None
 
-    def solve(self, g, z0, spec, grad_steps=0):
-        return ih.Newton(max_steps=1, tol=None, damping=0.5).solve(g, z0, spec, grad_steps)
+    def solve(self, g, z0, spec):
+        return ih.Newton(max_steps=1, tol=None, damping=0.5).solve(g, z0, spec)
 
 
 @dataclasses.dataclass(frozen=True)
 class ModeDependent(ih.GradientDescent):
     """A broken plug-in: it runs extra steps when a through-iteration mode asks for gradient."""
 
-    def minimize(self, objective, z0, grad_steps=0):
+    def minimize_replaying(self, objective, z0, grad_steps):
         inner = dataclasses.replace(self, max_steps=self.max_steps + 5 * grad_steps, tol=None)
-        return ih.GradientDescent.minimize(inner, objective, z0, grad_steps)
+        return ih.GradientDescent.minimize_replaying(inner, objective, z0, grad_steps)
 
 
 def test_broken_plugins_fail_with_the_check_named() -> None:
