@@ -109,3 +109,19 @@ def environment() -> jinja2.Environment:
 def render(template: str, **data: Any) -> str:
     """The document ``template`` (a path under ``templates/``) filled with ``data``."""
     return environment().get_template(template).render(**data)
+
+
+@functools.cache
+def environment_beside(folder: Path) -> jinja2.Environment:
+    """``environment()`` that finds a template in ``folder`` first (a study's or benchmark's
+    own template beside its code), then under ``templates/`` (shared macros)."""
+    base = environment()
+    assert base.loader is not None
+    loader = jinja2.ChoiceLoader([jinja2.FileSystemLoader(str(folder)), base.loader])
+    return base.overlay(loader=loader)
+
+
+def render_beside(module_file: str, template: str, **data: Any) -> str:
+    """The template ``template`` beside the module ``module_file`` (pass ``__file__``) filled
+    with ``data``."""
+    return environment_beside(Path(module_file).parent).get_template(template).render(**data)

@@ -20,9 +20,10 @@ their defaults:
 Before timing, both sides are checked to agree: the outer values and hypergradients within
 1e-6 (float64) / 1e-4 (float32) relative to the largest entry. Every ratio is TorchOpt time /
 ours (above 1: this library is faster), medians of interleaved rounds on one thread. This is a
-benchmark, not a test: it needs the TorchOpt virtualenv (``experiments/scripts/peer_venvs.sh``)::
+benchmark, not a test: it needs the TorchOpt virtualenv
+(``experiments/benchmarks/peers/venvs.sh``)::
 
-    PYTHONPATH=. .peers/torchopt/bin/python -m experiments.benchmarks.peers_torchopt \\
+    PYTHONPATH=. .peers/torchopt/bin/python -m experiments.benchmarks.peers.torchopt \\
         --json /tmp/torchopt.json
 """
 
@@ -44,7 +45,7 @@ from torch import Tensor, nn
 
 import implicit_ham as ih
 from experiments.benchmarks.measure import interleaved_medians
-from experiments.benchmarks.peers_rows import run_meta
+from experiments.benchmarks.peers.rows import run_meta
 
 COLUMNS = ("target", "case", "peer", "ours_ms", "peer_ms", "ratio", "goal", "met", "notes")
 GOAL = 1.1
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = measure(args.repeats, args.warmup)
     if args.json is not None:
         command = " ".join(
-            ["python -m experiments.benchmarks.peers_torchopt", *(argv or sys.argv[1:])]
+            ["python -m experiments.benchmarks.peers.torchopt", *(argv or sys.argv[1:])]
         )
         meta = run_meta(command, args.threads, "wall", args.repeats)
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -16,13 +16,13 @@ problem without noise, where Theseus's Gauss-Newton-Hessian gradient is exact to
 / 1e-3. On the noisy data Theseus's gradient differs from the exact one by the residual term of
 the Hessian it leaves out; the notes give that gap.
 
-Needs Theseus (``experiments/scripts/peer_venvs.sh`` makes ``.peers/theseus``); never run by
+Needs Theseus (``experiments/benchmarks/peers/venvs.sh`` makes ``.peers/theseus``); never run by
 the tests:
 
-    PYTHONPATH=. .peers/theseus/bin/python -m experiments.benchmarks.peers_theseus \\
+    PYTHONPATH=. .peers/theseus/bin/python -m experiments.benchmarks.peers.theseus \\
         --json runs/1/theseus.json
 
-The JSON file follows the row format of ``experiments.benchmarks.peers`` (``section``,
+The JSON file follows the row format of ``experiments.benchmarks.peers.run`` (``section``,
 ``meta``, ``rows`` with the columns target, case, peer, ours_ms, peer_ms, ratio, goal, met,
 notes).
 """

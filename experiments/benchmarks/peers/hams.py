@@ -1,6 +1,6 @@
 """The hams against the official formulation (time, with the matmul floor) and the memory
 rows (saved bytes of a training step, peak RSS of separate processes): sections ``hams`` and
-``memory`` of ``experiments.benchmarks.peers``."""
+``memory`` of ``experiments.benchmarks.peers.run``."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import implicit_ham as ih
-from experiments.benchmarks.official_hams import OFFICIAL
-from experiments.benchmarks.peers_rows import (
+from experiments.benchmarks.peers.official_hams import OFFICIAL
+from experiments.benchmarks.peers.rows import (
     Table,
     check_same,
     medians,
@@ -225,7 +225,7 @@ def rss_probe(
 def peak_rss(who: str, name: str, size: int, train: bool) -> int:
     """``rss_probe`` in a separate process (this interpreter, this checkout)."""
     code = (
-        "from experiments.benchmarks.peers_hams import rss_probe; "
+        "from experiments.benchmarks.peers.hams import rss_probe; "
         f"print(rss_probe({who!r}, {name!r}, {size}, {train}))"
     )
     root = str(Path(__file__).resolve().parents[2])

@@ -17,7 +17,7 @@ make_venv() {
 }
 make_venv torchopt torchopt==0.7.3
 if ! test -e /usr/include/suitesparse/cholmod.h; then
-  echo "peer_venvs.sh: SuiteSparse headers missing; install libsuitesparse-dev first" >&2
+  echo "venvs.sh: SuiteSparse headers missing; install libsuitesparse-dev first" >&2
   exit 1
 fi
 make_venv theseus numpy scipy cython setuptools wheel

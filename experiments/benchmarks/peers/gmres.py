@@ -1,6 +1,6 @@
 """One backward GMRES solve on the README's NMF problem against the previous, stacked-basis GMRES
 of this library (``StackedGMRES``, kept here for the comparison): section ``gmres`` of
-``experiments.benchmarks.peers``."""
+``experiments.benchmarks.peers.run``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import implicit_ham as ih
-from experiments.benchmarks.peers_rows import (
+from experiments.benchmarks.peers.rows import (
     Table,
     medians,
 )

@@ -1,6 +1,7 @@
-"""The DEQ rows of ``experiments.benchmarks.peers`` against torchdeq 0.1.0: the native Anderson /
-Broyden on a dense and a convolutional DEQ (``solvers``), residual and gradient accuracy at equal
-evaluation budgets (``accuracy``) and a whole DEQ training step (``deq_train``)."""
+"""The DEQ rows of ``experiments.benchmarks.peers.run`` against torchdeq 0.1.0: the native
+Anderson / Broyden on a dense and a convolutional DEQ (``solvers``), residual and gradient
+accuracy at equal evaluation budgets (``accuracy``) and a whole DEQ training step
+(``deq_train``)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from torchdeq import get_deq
 from torchdeq.solver import anderson_solver, broyden_solver
 
 import implicit_ham as ih
-from experiments.benchmarks.peers_rows import Table, check_same, medians
+from experiments.benchmarks.peers.rows import Table, check_same, medians
 
 
 @dataclass

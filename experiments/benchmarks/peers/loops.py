@@ -1,7 +1,7 @@
 """The library's loops against the same loops written bare, and against TorchOpt 0.7.3.
 
 Two sections of the peer page (``docs/benchmarks_peers.md``), written as JSON rows in the format
-of ``experiments.benchmarks.peers`` (``--json``):
+of ``experiments.benchmarks.peers.run`` (``--json``):
 
 * ``loops``: ``FixedPointIteration`` against a bare Python loop of the same ``f`` (a
   ``z = tanh(W z + x)`` map, B = 64, N = 256, and the NMF step of the README's problem), with a
@@ -12,12 +12,12 @@ of ``experiments.benchmarks.peers`` (``--json``):
 * ``torchopt``: the same algorithms in TorchOpt 0.7.3 (``torchopt.diff.implicit.custom_root``):
   a plain fixed-point forward with a 20-term Neumann backward, and 200 gradient-descent steps on
   a ridge problem with a CG backward (goal peer / ours >= 1.0). Runs where TorchOpt is installed
-  (its own virtualenv, ``experiments/scripts/peer_venvs.sh``; run from this checkout's root with
+  (its own virtualenv, ``experiments/benchmarks/peers/venvs.sh``; run from this checkout's root with
   ``PYTHONPATH`` on it); skipped with a note otherwise.
 
 Each case first checks that both sides compute the same value and gradient (``check_same``).
 
-    PYTHONPATH=. .peers/torchopt/bin/python -m experiments.benchmarks.peers_loops \
+    PYTHONPATH=. .peers/torchopt/bin/python -m experiments.benchmarks.peers.loops \
         --json runs/1/loops.json
 """
 
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import implicit_ham as ih
-from experiments.benchmarks.peers_rows import (
+from experiments.benchmarks.peers.rows import (
     CLOCK,
     Table,
     _clock,
@@ -340,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> Table:
     print(table.markdown())
     if args.json:
         words = sys.argv[1:] if argv is None else list(argv)
-        command = " ".join(["python -m experiments.benchmarks.peers_loops", *words])
+        command = " ".join(["python -m experiments.benchmarks.peers.loops", *words])
         write_json(
             args.json, "loops", table, run_meta(command, args.threads, args.clock, args.rounds)
         )

@@ -3,7 +3,7 @@
 Peers, all run in the same process and the same interleaved rounds as the library's code:
 
 * the official Hamburger formulation of the NMF / VQ / CD hams
-(``experiments.benchmarks.official_hams``,
+(``experiments.benchmarks.peers.official_hams``,
   a plain re-implementation of the official code's equations: ``torch.bmm`` loops,
   ``F.normalize``, softmax, ``no_grad`` over the K steps, then ``compute_coef`` with gradient);
 * torchdeq 0.1.0 (a dependency): its Anderson and Broyden solvers on a dense and a convolutional
@@ -19,11 +19,11 @@ dispatch mode and replayed on tensors of the same shapes and strides), timed in 
 rounds; ``floor/ours`` says how close a ham gets to it. Memory: bytes autograd saves for the
 backward pass of a training step, library over peer.
 
-    python -m experiments.benchmarks.peers                                  # all targets, ~5 min
-    python -m experiments.benchmarks.peers --markdown docs/benchmarks_peers.md   # also the docs
+    python -m experiments.benchmarks.peers.run                              # all targets, ~5 min
+    python -m experiments.benchmarks.peers.run --markdown docs/benchmarks_peers.md   # also the docs
     page
-    python -m experiments.benchmarks.peers --only hams --sizes 64           # one group
-    python -m experiments.benchmarks.peers --json runs/1/peers.json          # the rows as JSON
+    python -m experiments.benchmarks.peers.run --only hams --sizes 64           # one group
+    python -m experiments.benchmarks.peers.run --json runs/1/peers.json          # the rows as JSON
 
 Before timing, every case checks that both sides compute the same thing: the hams' outputs and
 input gradients from the same initial bases (``check_same``: relative difference below the
@@ -31,7 +31,7 @@ case's tolerance, else ``SystemExit`` naming the case), the solvers' residuals, 
 dL/dW.
 
 **The JSON row format** (``--json``), shared by every section of the peer page, whichever
-virtualenv produced it (this module; ``experiments.benchmarks.peers_loops`` in the TorchOpt
+virtualenv produced it (this module; ``experiments.benchmarks.peers.loops`` in the TorchOpt
 virtualenv; the optimisation-layer sections for Theseus / TorchOpt in their own files): one
 file per section run,
 
@@ -69,10 +69,10 @@ from pathlib import Path
 import torch
 
 import implicit_ham as ih
-from experiments.benchmarks.peers_deq import measure_accuracy, measure_deq_train, measure_solvers
-from experiments.benchmarks.peers_gmres import measure_gmres
-from experiments.benchmarks.peers_hams import measure_hams, measure_memory
-from experiments.benchmarks.peers_rows import (
+from experiments.benchmarks.peers.deq import measure_accuracy, measure_deq_train, measure_solvers
+from experiments.benchmarks.peers.gmres import measure_gmres
+from experiments.benchmarks.peers.hams import measure_hams, measure_memory
+from experiments.benchmarks.peers.rows import (
     CLOCK,
     COLUMNS,
     Table,
@@ -82,7 +82,7 @@ from experiments.benchmarks.peers_rows import (
     write_json,
 )
 from experiments.reports.render import Table as MarkdownTable
-from experiments.reports.render import render
+from experiments.reports.render import render_beside
 
 GROUPS = ("hams", "memory", "solvers", "accuracy", "gmres", "deq_train")
 __all__ = ["COLUMNS", "Table", "read_json", "write_json"]
@@ -132,17 +132,17 @@ def main(argv: Sequence[str] | None = None) -> Table:
     if "deq_train" in args.only:
         measure_deq_train(table, args.rounds)
     words = sys.argv[1:] if argv is None else list(argv)
-    command = " ".join(["python -m experiments.benchmarks.peers", *words])
+    command = " ".join(["python -m experiments.benchmarks.peers.run", *words])
     page = PeerPage(
         command, torch.__version__, args.threads, args.clock, args.rounds, table.as_table()
     )
-    print(render("benchmarks/peers_console.txt.j2", page=page), end="")
+    print(render_beside(__file__, "console.txt.j2", page=page), end="")
     if args.json:
         meta = run_meta(command, args.threads, args.clock, args.rounds)
         write_json(args.json, "peers", table, meta)
     if args.markdown:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.markdown).write_text(render("benchmarks/peers.md.j2", page=page))
+        Path(args.markdown).write_text(render_beside(__file__, "page.md.j2", page=page))
     return table
 
 

@@ -1,5 +1,5 @@
 """The rows of the peer page and what every peer section shares: the row table, the JSON row
-format (documented in ``experiments.benchmarks.peers``), interleaved medians, the same-result
+format (documented in ``peers.run``), interleaved medians, the same-result
 check. Needs only torch, so a section can run in another virtualenv (TorchOpt's, Theseus')."""
 
 from __future__ import annotations
