@@ -4,7 +4,7 @@ Every number, setting and verdict is computed from the run outputs (the configs 
 each job saved) into frozen dataclasses, one per section (``study_stress``,
 ``study_gradients``, ``study_baselines``, ``study_convergence``, ``study_ridge``); the prose is
 in the templates ``templates/study/*.md.j2``. Section 1, the paper regime (study v3), comes from
-its committed CSV (``paper_v3_page``: the same block ``--from-csv`` rewrites). Where a part of
+its committed CSV (``paper_v3.page``: the same block ``--from-csv`` rewrites). Where a part of
 the study is missing, the document says so. ``write_study_report`` also writes ``findings.md``
 beside the figures: the summary, the closing note and the study v3 verdicts, which
 ``docs/index.md`` includes.
@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.reports.paper_v3_page import V3Blocks, blocks
 from experiments.reports.render import render
 from experiments.reports.study_baselines import Baselines, baselines
 from experiments.reports.study_convergence import Convergence, convergence
@@ -35,10 +34,11 @@ from experiments.reports.study_data import (
     train_steps,
 )
 from experiments.reports.study_gradients import Gradients, gradients
-from experiments.reports.study_paper_v3 import BUDGET_MIN
 from experiments.reports.study_ridge import Ridge, ridge
 from experiments.reports.study_stress import StressTest, stress_test
 from experiments.reports.sweep import sweep_span_s
+from experiments.studies.paper_v3.page import V3Blocks, blocks
+from experiments.studies.paper_v3.report import BUDGET_MIN
 
 FINDINGS = "findings.md"  # written into the figures folder: docs/results/findings.md
 
@@ -135,7 +135,8 @@ def study_document(
     runs: StudyRuns, figures: Figures, commands: str, paper_v3: V3Blocks
 ) -> StudyDocument:
     """Compute every section of the document (writing the figures into ``figures``);
-    ``paper_v3``: the study v3 blocks of the page and of findings.md (``paper_v3_page.blocks``)."""
+    ``paper_v3``: the study v3 blocks of the page and of findings.md
+    (``paper_v3.page.blocks``)."""
     return StudyDocument(
         root=runs.root,
         date=datetime.date.today().isoformat(),

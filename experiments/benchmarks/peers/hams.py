@@ -228,7 +228,7 @@ def peak_rss(who: str, name: str, size: int, train: bool) -> int:
         "from experiments.benchmarks.peers.hams import rss_probe; "
         f"print(rss_probe({who!r}, {name!r}, {size}, {train}))"
     )
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[3])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=root

@@ -1,8 +1,8 @@
-"""``docs/deq_training.md`` from the job files of ``experiments.studies.deq_training``.
+"""``docs/deq_training.md`` from the job files of ``experiments.studies.deq_training.run``.
 
 ``build_page(study_dir, figure_dir)`` reads every ``jobs/<arm>_seed<seed>.json``, computes each
 arm's numbers (a ``DEQPage`` of ``ArmRow``s) and the "what was found" sentences from them, and
-draws the curves; ``render`` fills ``templates/deq_training.md.j2`` with the page (Jinja2, strict:
+draws the curves; ``render`` fills ``page.md.j2`` with the page (Jinja2, strict:
 a missing field is an error). Nothing on the page is typed in: every number and verdict comes
 from the job files.
 
@@ -25,14 +25,14 @@ import jinja2
 from matplotlib.figure import Figure
 from scipy import stats
 
-from experiments.studies.deq_training import ARMS, DEFAULT_OUT, median_step_time
+from experiments.studies.deq_training.run import ARMS, DEFAULT_OUT, median_step_time
 
 logger = logging.getLogger(__name__)
 
-TEMPLATES = Path(__file__).parent / "templates"
+TEMPLATES = Path(__file__).parent
 COMMAND = (
     "make deq-study   # = the two commands below\n"
-    f"python -m experiments.studies.deq_training {DEFAULT_OUT} --workers 2\n"
+    f"python -m experiments.studies.deq_training.run {DEFAULT_OUT} --workers 2\n"
     f"python -m experiments.report --deq {DEFAULT_OUT}"
 )
 WARNING_KINDS = ("NotFixedPointWarning", "ConvergenceWarning", "ConditioningWarning")
@@ -333,7 +333,7 @@ def build_page(study_dir: str | Path, figure_dir: str | Path) -> DEQPage:
     if not jobs:
         raise FileNotFoundError(
             f"no finished job under {study_dir / 'jobs'}; run python -m "
-            f"experiments.studies.deq_training {study_dir} first"
+            f"experiments.studies.deq_training.run {study_dir} first"
         )
     config = json.loads((study_dir / "config.json").read_text())
     planned = [f"{a}_seed{s}" for a in config["arms"] for s in config["seeds"]]
@@ -363,7 +363,7 @@ def _num(value: float | None, digits: int = 3) -> str:
 
 
 def render(page: DEQPage) -> str:
-    """The markdown page (``templates/deq_training.md.j2`` filled with ``page``)."""
+    """The markdown page (``page.md.j2`` filled with ``page``)."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES),
         undefined=jinja2.StrictUndefined,
@@ -372,7 +372,7 @@ def render(page: DEQPage) -> str:
     )
     env.filters["num"] = _num
     env.filters["pct"] = _pct
-    return env.get_template("deq_training.md.j2").render(page=page, kinds=WARNING_KINDS)
+    return env.get_template("page.md.j2").render(page=page, kinds=WARNING_KINDS)
 
 
 JOB_COLUMNS = (

@@ -24,7 +24,7 @@ tolerance, whether the backward was at a fixed point and converged (from ``Solut
 One job per (arm, seed), written to ``OUT/jobs/<arm>_seed<seed>.json`` when it finishes; a job
 whose file exists (with the same configuration) is skipped, so an interrupted study resumes.
 
-    python -m experiments.studies.deq_training [OUT_DIR] [--workers 2]
+    python -m experiments.studies.deq_training.run [OUT_DIR] [--workers 2]
     python -m experiments.report --deq [OUT_DIR]          # the page, docs/deq_training.md
 """
 

@@ -1,6 +1,6 @@
 """The jobs of the paper-regime study v3 and the automatic learning-rate selection.
 
-The study (``experiments.studies.paper_v3`` runs it, ``experiments.reports.study_paper_v3``
+The study (``experiments.studies.paper_v3`` runs it, ``experiments.studies.paper_v3.report``
 reports it) has four stages, every job a (context, gradient, K, inv_t, lr, replicate, epochs):
 
 1. ``pretrain``: one backbone per replicate, on that replicate's clean train scans.

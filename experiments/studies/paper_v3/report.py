@@ -7,8 +7,8 @@ the main arms on the test split, the training-length check (``paper_v3_length``)
 curves' tail gains, the verdicts (paired
 95 % t-intervals over replicates, margin ``MARGIN``, Holm over the family), the collapse flags,
 the K axis, the gradient fidelity along training and the measured time (``paper_v3_budget``).
-Selection is recomputed with the runner's own functions (``experiments.studies.paper_v3_plan``),
-so the page and the run agree on which job is which. ``templates/study/paper_v3.md.j2`` writes it.
+Selection is recomputed with the runner's own functions (``experiments.studies.paper_v3.plan``),
+so the page and the run agree on which job is which. ``page.md.j2`` writes it.
 """
 
 from __future__ import annotations
@@ -22,14 +22,6 @@ from typing import Any
 
 from experiments.data.digit_canvas import CANVAS
 from experiments.models.backbone import LocalBackbone
-from experiments.reports.paper_v3_budget import ok_row, plan_budget
-from experiments.reports.paper_v3_length import (
-    ComparisonAtLength,
-    Curve,
-    comparison_at_length,
-    flatness,
-    length_check,
-)
 from experiments.reports.render import Table
 from experiments.reports.verdicts import (
     INFERIOR,
@@ -41,7 +33,15 @@ from experiments.reports.verdicts import (
     paired_interval,
     verdict,
 )
-from experiments.studies.paper_v3_plan import (
+from experiments.studies.paper_v3.budget import ok_row, plan_budget
+from experiments.studies.paper_v3.length import (
+    ComparisonAtLength,
+    Curve,
+    comparison_at_length,
+    flatness,
+    length_check,
+)
+from experiments.studies.paper_v3.plan import (
     BASELINES,
     BPTT,
     HAMS,
@@ -60,7 +60,7 @@ from experiments.studies.paper_v3_plan import (
     settled,
     tune_jobs,
 )
-from experiments.studies.paper_v3_table import decode_curve
+from experiments.studies.paper_v3.table import decode_curve
 
 MARGIN = 0.01  # δ in mIoU: the paper's own gaps are about one point
 BUDGET_MIN = 150  # issue 27: the whole `make study` on 2 idle cores
@@ -320,7 +320,7 @@ def _verdicts(
 
 def _differs(plan: Plan) -> Table:
     """Ours (from the composed config of a main job) vs the official settings."""
-    from experiments.studies.paper_v3 import compose_job
+    from experiments.studies.paper_v3.run import compose_job
 
     job = Job("main", "vq", ONE_STEP, plan.main_k, plan.inv_ts[0], plan.lrs[0], 0, plan.main_epochs)
     cfg = compose_job(job, plan, Path("multirun/study_v3"))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from experiments.reports.render import Table
-from experiments.studies.paper_v3_plan import Job, Plan
+from experiments.studies.paper_v3.plan import Job, Plan
 
 STAGES = ("pretrain", "tune", "main", "k_axis", "length")
 

@@ -1,12 +1,12 @@
 """The paper-regime study v3: independent replicates, a held-out test split, tuned arms, the
 temperature and K axes, one committed CSV row per job.
 
-Stages and selection: ``experiments.studies.paper_v3_plan``. Every training job is composed
+Stages and selection: ``experiments.studies.paper_v3.plan``. Every training job is composed
 from the project's configs (``conf/config.yaml`` + ``+experiment=paper_v3`` + ``+arm=<arm>``
 + the job's overrides) into the typed ``TrainConfig`` and trained by the engine's
 ``run_training`` in ``OUT/jobs/<job key>``; afterwards its test metrics, val curve and (one-step
-arms) gradient fidelity are read (``experiments.studies.paper_v3_eval``) and its row is written
-to the CSV (``experiments.studies.paper_v3_table``), atomically, as each job ends. A job whose
+arms) gradient fidelity are read (``experiments.studies.paper_v3.eval``) and its row is written
+to the CSV (``experiments.studies.paper_v3.table``), atomically, as each job ends. A job whose
 row says ``ok`` (with this plan) is skipped without touching ``OUT``, so the study resumes from
 the committed CSV alone on a fresh machine; a replicate's backbone
 (``OUT/pretrain/replicate<r>.pt``) is rebuilt, deterministically, only when a job that still
@@ -33,9 +33,9 @@ from hydra import compose, initialize_config_dir
 from experiments.config.groups import TrainConfig, register_configs
 from experiments.config.typed import typed_config
 from experiments.engine.run import run_training
-from experiments.studies import paper_v3_eval as job_eval
 from experiments.studies.job_runner import Schedule, run_schedule
-from experiments.studies.paper_v3_plan import (
+from experiments.studies.paper_v3 import eval as job_eval
+from experiments.studies.paper_v3.plan import (
     REGIME,
     STUDY,
     THROUGH_BASES,
@@ -44,7 +44,7 @@ from experiments.studies.paper_v3_plan import (
     all_jobs,
     tune_jobs,
 )
-from experiments.studies.paper_v3_table import (
+from experiments.studies.paper_v3.table import (
     COLUMNS,
     append_session,
     encode_curve,
@@ -55,7 +55,7 @@ from experiments.studies.pretraining import PretrainConf, ensure_pretrained
 
 logger = logging.getLogger(__name__)
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 DEFAULT_OUT = Path("multirun/study_v3")
 DEFAULT_CSV = Path("docs/results/paper_v3.csv")
 
