@@ -24,10 +24,10 @@ from pathlib import Path
 
 from experiments.generation.page import COMMAND
 from experiments.generation.report import write_generation_report
-from experiments.reports.study import write_study_report
 from experiments.reports.sweep import write_report
 from experiments.reports.sweep_metrics import UnknownMetricError
 from experiments.studies.deq_training.report import write_deq_report
+from experiments.studies.legend_seg.report import write_study_report
 from experiments.studies.paper_v3.page import write_from_csv
 
 logger = logging.getLogger("experiments.report")

@@ -113,15 +113,16 @@ def render(template: str, **data: Any) -> str:
 
 @functools.cache
 def environment_beside(folder: Path) -> jinja2.Environment:
-    """``environment()`` that finds a template in ``folder`` first (a study's or benchmark's
-    own template beside its code), then under ``templates/`` (shared macros)."""
+    """``environment()`` that finds a template in ``folder`` or ``folder/templates`` first (a
+    study's or benchmark's own templates beside its code), then under ``templates/``."""
     base = environment()
     assert base.loader is not None
-    loader = jinja2.ChoiceLoader([jinja2.FileSystemLoader(str(folder)), base.loader])
+    own = jinja2.FileSystemLoader([str(folder), str(folder / "templates")])
+    loader = jinja2.ChoiceLoader([own, base.loader])
     return base.overlay(loader=loader)
 
 
 def render_beside(module_file: str, template: str, **data: Any) -> str:
-    """The template ``template`` beside the module ``module_file`` (pass ``__file__``) filled
-    with ``data``."""
+    """The template ``template`` beside the module ``module_file`` (pass ``__file__``; or in the
+    ``templates`` folder beside it) filled with ``data``."""
     return environment_beside(Path(module_file).parent).get_template(template).render(**data)

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from experiments.reports.render import Table
-from experiments.reports.study_data import (
+from experiments.reports.sweep import Row
+from experiments.studies.legend_seg.data import (
     ADJOINTS,
     CONTEXTS,
     METRICS,
@@ -25,7 +26,6 @@ from experiments.reports.study_data import (
     mean_std,
     select,
 )
-from experiments.reports.sweep import Row
 
 BASELINE_ARMS = ("none", "sdpa_matched", "self_attention_matched")
 BENCH_COLUMNS = ("params_M", "fwd_GF", "train_GF", "fwd_ms", "train_ms", "peak_MiB")

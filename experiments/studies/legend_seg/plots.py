@@ -9,8 +9,8 @@ from typing import Any
 import matplotlib.ticker
 from matplotlib.figure import Figure
 
-from experiments.reports.study_data import k_steps, mean_std, select
 from experiments.reports.sweep import Row
+from experiments.studies.legend_seg.data import k_steps, mean_std, select
 
 POINT_STYLE = {"init": "--", "trained": "-"}
 

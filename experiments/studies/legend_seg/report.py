@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.reports.render import render
-from experiments.reports.study_baselines import Baselines, baselines
-from experiments.reports.study_convergence import Convergence, convergence
-from experiments.reports.study_data import (
+from experiments.reports.render import render_beside
+from experiments.reports.sweep import sweep_span_s
+from experiments.studies.legend_seg.baselines import Baselines, baselines
+from experiments.studies.legend_seg.convergence import Convergence, convergence
+from experiments.studies.legend_seg.data import (
     LEGEND_SWEEPS,
     PAPER_TASK,
     Figures,
@@ -33,10 +34,9 @@ from experiments.reports.study_data import (
     study_seconds,
     train_steps,
 )
-from experiments.reports.study_gradients import Gradients, gradients
-from experiments.reports.study_ridge import Ridge, ridge
-from experiments.reports.study_stress import StressTest, stress_test
-from experiments.reports.sweep import sweep_span_s
+from experiments.studies.legend_seg.gradients import Gradients, gradients
+from experiments.studies.legend_seg.ridge import Ridge, ridge
+from experiments.studies.legend_seg.stress import StressTest, stress_test
 from experiments.studies.paper_v3.page import V3Blocks, blocks
 from experiments.studies.paper_v3.report import BUDGET_MIN
 
@@ -125,9 +125,10 @@ def write_study_report(
     (out_dir / figures).mkdir(parents=True, exist_ok=True)
     v3 = blocks(csv if csv is not None else out_dir / figures / "paper_v3.csv", out_dir, figures)
     doc = study_document(runs, Figures(out_dir, figures), commands, v3)
-    (out_dir / figures / FINDINGS).write_text(render("study/findings.md.j2", doc=doc))
+    findings = render_beside(__file__, "study/findings.md.j2", doc=doc)
+    (out_dir / figures / FINDINGS).write_text(findings)
     path = out_dir / "results.md"
-    path.write_text(render("study/results.md.j2", doc=doc))
+    path.write_text(render_beside(__file__, "study/results.md.j2", doc=doc))
     return path
 
 

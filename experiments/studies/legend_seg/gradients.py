@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from experiments.reports.render import Table
-from experiments.reports.study_data import (
+from experiments.reports.sweep import Row
+from experiments.studies.legend_seg.data import (
     CONTEXTS,
     METRICS,
     REFERENCE_K,
@@ -27,9 +28,8 @@ from experiments.reports.study_data import (
     select,
     trained_from,
 )
-from experiments.reports.study_plots import plot_grad_study
-from experiments.reports.study_task_grad import TaskGradients, f3, task_gradients
-from experiments.reports.sweep import Row
+from experiments.studies.legend_seg.plots import plot_grad_study
+from experiments.studies.legend_seg.task_grad import TaskGradients, f3, task_gradients
 
 REMEDY_MODES = ("implicit", "implicit(ridge=0.1)")
 GRAD_CONTEXTS = (*CONTEXTS, "nmf_normalized")

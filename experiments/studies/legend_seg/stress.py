@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from experiments.reports.render import Table
-from experiments.reports.study_data import (
+from experiments.reports.sweep import Row
+from experiments.studies.legend_seg.data import (
     ADJOINTS,
     CONTEXTS,
     KS,
@@ -29,8 +30,7 @@ from experiments.reports.study_data import (
     select,
     target_name,
 )
-from experiments.reports.study_plots import plot_metric_vs_k
-from experiments.reports.sweep import Row
+from experiments.studies.legend_seg.plots import plot_metric_vs_k
 
 # Hamburger paper, PASCAL VOC val mIoU (%): (one-step, BPTT); see docs/hamburger.md §3.
 PAPER_ONE_STEP_VS_BPTT = {"nmf": (78.3, 77.4), "vq": (77.7, 76.6), "cd": (78.1, 75.0)}

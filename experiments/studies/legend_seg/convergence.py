@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from experiments.reports.render import Table
-from experiments.reports.study_data import (
+from experiments.studies.legend_seg.data import (
     CONTEXTS,
     METRICS,
     STRESS_TASK,
@@ -18,7 +18,7 @@ from experiments.reports.study_data import (
     TrainedFrom,
     trained_from,
 )
-from experiments.reports.study_plots import plot_convergence, plot_eval_solvers
+from experiments.studies.legend_seg.plots import plot_convergence, plot_eval_solvers
 
 EFFECT = 0.05  # a blob-accuracy change beyond ± this is called help / hurt
 TOL_KEY = "steps_to_"  # results.json's "steps_to_<tol>" column of experiments.convergence

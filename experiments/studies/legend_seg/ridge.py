@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.reports.render import Table, render
-from experiments.reports.study_data import (
+from experiments.reports.render import Table, render_beside
+from experiments.reports.sweep import Row, collect_jobs, group_jobs
+from experiments.studies.legend_seg.data import (
     REFERENCE_K,
     config_value,
     config_with,
@@ -23,7 +24,6 @@ from experiments.reports.study_data import (
     pct,
     select,
 )
-from experiments.reports.sweep import Row, collect_jobs, group_jobs
 
 RIDGE_SWEEP = "ridge"
 PAIRS = (("nmf", "nmf_ridge"), ("cd", "cd_ridge"))  # plain ham, its argmin (ridge) version
@@ -107,7 +107,7 @@ def ridge(root: str | Path) -> Ridge:
 
 def ridge_section(root: str | Path) -> str:
     """The section alone, as markdown (the study document renders it with the rest)."""
-    return render("study/ridge_section.md.j2", s=ridge(root))
+    return render_beside(__file__, "study/ridge_section.md.j2", s=ridge(root))
 
 
 def _has(row: Row | None) -> bool:

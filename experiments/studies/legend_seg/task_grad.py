@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from experiments.reports.render import Table
-from experiments.reports.study_data import REFERENCE_K
+from experiments.studies.legend_seg.data import REFERENCE_K
 from experiments.studies.task_gradients import PAPER_ONE_STEP, THROUGH_BASES
 
 
