@@ -12,7 +12,7 @@ For a non-negative X (12 x 20, rank 3) built from dense positive factors and fro
 
 J and the Hessian are dense (``torch.func.jacrev`` / ``hessian``).
 
-    python -m experiments.studies.ridge_nmf_conditioning
+    python -m experiments.studies.ridge_conditioning.nmf
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ and the same unit-norm random initial bases:
 
 J and H are dense (``torch.func.jacrev`` / ``hessian``).
 
-    python -m experiments.studies.ridge_cd_conditioning
+    python -m experiments.studies.ridge_conditioning.cd
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 import implicit_ham as ih
-from experiments.studies.ridge_nmf_conditioning import ZERO_MODE, _fmt, flat, solve
+from experiments.studies.ridge_conditioning.nmf import ZERO_MODE, _fmt, flat, solve
 
 F64 = torch.float64
 CD_STEPS, RIDGE_STEPS = 500, 2000

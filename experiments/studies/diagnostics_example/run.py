@@ -7,7 +7,7 @@
 3. Convergence of three forward solvers, and the gradient as a function of K per mode.
 4. A figure with the residual traces and the gradient-vs-K curves: docs/diagnostics_example.png.
 
-    python -m experiments.studies.diagnostics_example [--out docs/diagnostics_example.png]
+    python -m experiments.studies.diagnostics_example.run [--out docs/diagnostics_example.png]
 """
 
 from __future__ import annotations
