@@ -82,7 +82,7 @@ generate-gan: install
 # The DEQ training study of docs/deq_training.md: 5 arms x 3 seeds, two jobs at a time, one
 # thread each (resumable: run it again to continue), then the page.
 deq-study: install
-	OMP_NUM_THREADS=1 $(PY) -m experiments.studies.deq_training multirun/deq_training --workers 2
+	OMP_NUM_THREADS=1 $(PY) -m experiments.studies.deq_training.run multirun/deq_training --workers 2
 	$(PY) -m experiments.report --deq multirun/deq_training
 
 # Runs both benchmark scripts and rewrites the tables of docs/benchmarks.md (~30 min on 2 cores).

@@ -8,7 +8,7 @@ PART is one of
 * ``compile``: compiled against eager, graph breaks (``experiments.benchmarks.compiled``);
 * ``diagnostics``: the cost of the diagnostics (``experiments.benchmarks.diagnostics``);
 * ``peers``: against the official Hamburger code, torchdeq and TorchOpt
-  (``experiments.benchmarks.peers``);
+  (``experiments.benchmarks.peers.run``);
 * ``sequence``: token mixers (ham, SDPA and linear attention) against the sequence length
   (``experiments.benchmarks.sequence_cost``; writes docs/benchmarks_sequence.md);
 * ``page``: reruns ``blocks`` and ``adjoints`` and rewrites docs/benchmarks.md

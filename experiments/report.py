@@ -24,11 +24,11 @@ from pathlib import Path
 
 from experiments.generation.page import COMMAND
 from experiments.generation.report import write_generation_report
-from experiments.reports.deq_training import write_deq_report
-from experiments.reports.paper_v3_page import write_from_csv
-from experiments.reports.study import write_study_report
 from experiments.reports.sweep import write_report
 from experiments.reports.sweep_metrics import UnknownMetricError
+from experiments.studies.deq_training.report import write_deq_report
+from experiments.studies.legend_seg.report import write_study_report
+from experiments.studies.paper_v3.page import write_from_csv
 
 logger = logging.getLogger("experiments.report")
 STUDY_SCRIPT = Path(__file__).parent / "scripts" / "study.sh"

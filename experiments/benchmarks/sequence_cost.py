@@ -49,7 +49,7 @@ from experiments.benchmarks.measure import (
     count_flops,
     interleaved_medians,
 )
-from experiments.benchmarks.peers_rows import run_meta
+from experiments.benchmarks.peers.rows import run_meta
 from implicit_ham.diagnostics.table import markdown_table
 
 logger = logging.getLogger("experiments.benchmarks.sequence_cost")

@@ -1,5 +1,5 @@
 """A small convolutional DEQ classifier on sequences (B, C, N): the 1-D version of
-``experiments.studies.deq_training``'s cell, solved by ``ih.fixed_point`` with the run's
+``experiments.studies.deq_training.run``'s cell, solved by ``ih.fixed_point`` with the run's
 forward solver and backward mode."""
 
 from __future__ import annotations

@@ -109,3 +109,20 @@ def environment() -> jinja2.Environment:
 def render(template: str, **data: Any) -> str:
     """The document ``template`` (a path under ``templates/``) filled with ``data``."""
     return environment().get_template(template).render(**data)
+
+
+@functools.cache
+def environment_beside(folder: Path) -> jinja2.Environment:
+    """``environment()`` that finds a template in ``folder`` or ``folder/templates`` first (a
+    study's or benchmark's own templates beside its code), then under ``templates/``."""
+    base = environment()
+    assert base.loader is not None
+    own = jinja2.FileSystemLoader([str(folder), str(folder / "templates")])
+    loader = jinja2.ChoiceLoader([own, base.loader])
+    return base.overlay(loader=loader)
+
+
+def render_beside(module_file: str, template: str, **data: Any) -> str:
+    """The template ``template`` beside the module ``module_file`` (pass ``__file__``; or in the
+    ``templates`` folder beside it) filled with ``data``."""
+    return environment_beside(Path(module_file).parent).get_template(template).render(**data)

@@ -23,7 +23,7 @@ import torch
 
 from experiments.data.far_twins import FarTwinsDataset, right_cell
 from experiments.generation.paired import paired_interval
-from experiments.reports.render import Table, render
+from experiments.reports.render import Table, render_beside
 from experiments.studies.generation_v3.plan import ARMS, PILOT_ARMS, Plan
 
 DEFAULT_RESULTS = Path("docs/generation_v3/results.jsonl")
@@ -195,8 +195,9 @@ def write_page(results: Path, out: Path, plan: Plan | None = None) -> Path:
     rows = read_rows(results)
     expected = {job.key for job in plan.main_jobs()}
     done = {r["job"] for r in rows if r["plan"] == plan.digest()}
-    text = render(
-        "generation_v3/page.md.j2",
+    text = render_beside(
+        __file__,
+        "page.md.j2",
         command=COMMAND,
         results=results.as_posix(),
         plan=plan,

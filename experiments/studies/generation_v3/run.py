@@ -35,7 +35,7 @@ from experiments.engine.file_sinks import read_jsonl
 from experiments.engine.run import run_training
 from experiments.studies.generation_v3.plan import Job, Plan, job_overrides
 from experiments.studies.generation_v3.report import gate, plateau_change, read_rows
-from experiments.studies.paper_v3 import _peak_memory_mb, _reset_peak_memory
+from experiments.studies.paper_v3.run import _peak_memory_mb, _reset_peak_memory
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.studies.paper_v3_plan import (
+from experiments.studies.paper_v3.plan import (
     BPTT,
     HAMS,
     NO_GRADIENT,

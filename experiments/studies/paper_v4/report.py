@@ -34,8 +34,8 @@ from experiments.reports.verdicts import (
     paired_interval,
     verdict,
 )
-from experiments.studies.paper_v3_plan import BPTT, HAMS, NO_GRADIENT, ONE_STEP, THROUGH_BASES, Job
-from experiments.studies.paper_v3_table import read_rows, read_sessions
+from experiments.studies.paper_v3.plan import BPTT, HAMS, NO_GRADIENT, ONE_STEP, THROUGH_BASES, Job
+from experiments.studies.paper_v3.table import read_rows, read_sessions
 from experiments.studies.paper_v4.plan import (
     BASELINES,
     GRADIENTS,
@@ -540,7 +540,7 @@ def write(csv: str | Path, out_dir: str | Path, plan: Plan | None = None,
           v3_csv: str | Path = V3_CSV) -> Path:  # fmt: skip
     """Regenerate study v4's block in ``out_dir/results.md`` and ``out_dir/results/findings.md``
     (placed at the top of each, after its first line, the first time); returns the page."""
-    from experiments.reports.paper_v3_page import splice
+    from experiments.studies.paper_v3.page import splice
 
     doc = paper_v4(
         read_rows(csv, COLUMNS),

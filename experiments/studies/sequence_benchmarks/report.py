@@ -21,7 +21,7 @@ from typing import Any
 import jinja2
 
 from experiments.reports.render import Table, environment
-from experiments.studies.paper_v3_table import read_rows, read_sessions
+from experiments.studies.paper_v3.table import read_rows, read_sessions
 from experiments.studies.sequence_benchmarks.plan import (
     EPOCH_S,
     H3_TASKS,

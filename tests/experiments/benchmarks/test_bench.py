@@ -196,7 +196,7 @@ def test_interleaved_times_carry_the_quartiles_of_their_per_round_ratios(tmp_pat
     import json
     import statistics
 
-    from experiments.benchmarks.peers_rows import Table, medians, write_json
+    from experiments.benchmarks.peers.rows import Table, medians, write_json
 
     ticks = iter(range(1000))
     slow = {"peer": 0}

@@ -1,7 +1,7 @@
 """Issue 15: the native Anderson / Broyden against torchdeq's (same run), GMRES's host reads
 and agreement with the previous (stacked-basis, lstsq) GMRES, the opt-in residual trace of
-FixedPointIteration, and a smoke run of ``experiments.benchmarks.peers``. No timings: speed lives
-in the benchmark."""
+FixedPointIteration, and a smoke run of ``experiments.benchmarks.peers.run``. No timings: speed
+lives in the benchmark."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from helpers.host_sync import HostSyncCounter
 from torch import Tensor
 
 import implicit_ham as ih
-from experiments.benchmarks import peers as bench_peers
-from experiments.benchmarks.official_hams import OFFICIAL
-from experiments.benchmarks.peers_deq import DEQ_TRAIN_PROBLEMS, deq_train_cases
-from experiments.benchmarks.peers_gmres import StackedGMRES
+from experiments.benchmarks.peers import run as bench_peers
+from experiments.benchmarks.peers.deq import DEQ_TRAIN_PROBLEMS, deq_train_cases
+from experiments.benchmarks.peers.gmres import StackedGMRES
+from experiments.benchmarks.peers.official_hams import OFFICIAL
 from implicit_ham.linalg.operator import AdjointOperator
 
 DT = torch.float64
@@ -211,7 +211,7 @@ def test_bench_peers_writes_its_table_as_a_page(tmp_path) -> None:
     table = bench_peers.main(["--only", "solvers", "--rounds", "1", "--markdown", str(page)])
     assert len(table.rows) == 4
     text = page.read_text()
-    assert "python -m experiments.benchmarks.peers --only solvers" in text
+    assert "python -m experiments.benchmarks.peers.run --only solvers" in text
     assert "| 2. Anderson forward |" in text
 
 

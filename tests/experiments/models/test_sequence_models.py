@@ -19,7 +19,7 @@ from experiments.models.sequence import (
     MLPClassifier,
     TokenTransformer,
 )
-from experiments.studies.paper_v3 import compose_overrides
+from experiments.studies.paper_v3.run import compose_overrides
 
 TOKENS = TaskInfo("classification", 12, 1, None, None, length=9, vocab_size=12)
 SERIES = TaskInfo("classification", 10, 1, None, None, length=16)

@@ -9,7 +9,8 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from experiments.reports.render import Table, fixed, paragraph, render, setting
+from experiments.reports.render import Table, fixed, paragraph, render_beside, setting
+from experiments.studies.legend_seg import ridge
 from implicit_ham.diagnostics.table import markdown_table
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -51,7 +52,7 @@ def test_filters_write_settings_numbers_and_paragraphs() -> None:
 def test_templates_fail_on_an_unknown_field() -> None:
     """StrictUndefined: a misspelt field is an error, not an empty string in the document."""
     with pytest.raises(jinja2.UndefinedError, match="has no attribute 'ran'"):
-        render("study/ridge_section.md.j2", s=Table.of([], []))
+        render_beside(ridge.__file__, "study/ridge_section.md.j2", s=Table.of([], []))
 
 
 def test_no_markdown_table_is_built_by_hand_in_the_experiments() -> None:

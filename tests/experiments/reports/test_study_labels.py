@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from experiments.config.groups import register_configs
-from experiments.reports.study_data import PAPER_TASK, STRESS_TASK
+from experiments.studies.legend_seg.data import PAPER_TASK, STRESS_TASK
 
 CONF = Path(__file__).resolve().parents[3] / "conf"
 
@@ -31,7 +31,7 @@ def test_the_task_names_are_the_presets_datasets() -> None:
 def test_the_one_step_closer_count_separates_ties_from_wins() -> None:
     """The Q2 line counts a (ham, model) case for the one-step only when its cosine beats BPTT's
     by at least 0.001 (the page's three decimals); closer ones are ties, listed apart."""
-    from experiments.reports import study_gradients as sg
+    from experiments.studies.legend_seg import gradients as sg
 
     cosines = {("nmf", "init"): (0.9004, 0.9), ("nmf", "trained"): (0.95, 0.9),
                ("vq", "init"): (0.8, 0.9)}  # fmt: skip

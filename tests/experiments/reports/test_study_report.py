@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-import experiments.reports.study as study_report
-from experiments.reports.paper_v3_page import BEGIN, END, V3Blocks
-from experiments.reports.study import write_study_report
+import experiments.studies.legend_seg.report as study_report
 from experiments.reports.sweep import find_job
+from experiments.studies.legend_seg.report import write_study_report
+from experiments.studies.paper_v3.page import BEGIN, END, V3Blocks
 
 CONFIG = {
     "data": {

@@ -7,8 +7,8 @@ import json
 import statistics
 from pathlib import Path
 
-from experiments.reports.study import write_study_report
-from experiments.reports.study_ridge import ridge_section
+from experiments.studies.legend_seg.report import write_study_report
+from experiments.studies.legend_seg.ridge import ridge_section
 
 STEPS = 384
 CONFIG = {"data": {"train_size": 512}, "batch_size": 16, "epochs": 12}

@@ -15,9 +15,9 @@ import pytest
 from scipy import stats
 
 from experiments import report
-from experiments.reports import deq_training as page_module
-from experiments.studies import deq_training as study_module
-from experiments.studies.deq_training import StudyConfig, job_path, run_study
+from experiments.studies.deq_training import report as page_module
+from experiments.studies.deq_training import run as study_module
+from experiments.studies.deq_training.run import StudyConfig, job_path, run_study
 
 TINY = StudyConfig(
     arms=("none", "jacobian"), seeds=(0,), steps=4, batch=16, width=4, groups=2,

@@ -13,16 +13,16 @@ from typing import Any
 import pytest
 from scipy import stats
 
-from experiments.reports.paper_v3_length import (
+from experiments.studies.paper_v3 import run as paper_v3
+from experiments.studies.paper_v3.length import (
     comparison_at_length,
     flatness,
     length_check,
     side,
     tail_jitter,
 )
-from experiments.reports.paper_v3_page import BEGIN, END, write_from_csv
-from experiments.studies import paper_v3
-from experiments.studies.paper_v3_plan import (
+from experiments.studies.paper_v3.page import BEGIN, END, write_from_csv
+from experiments.studies.paper_v3.plan import (
     BPTT,
     ONE_STEP,
     THROUGH_BASES,
@@ -38,7 +38,7 @@ from experiments.studies.paper_v3_plan import (
     select_lr,
     tune_jobs,
 )
-from experiments.studies.paper_v3_table import append_session, encode_curve, read_rows, write_rows
+from experiments.studies.paper_v3.table import append_session, encode_curve, read_rows, write_rows
 
 PLAN = Plan(
     replicates=3, tune_replicates=(0, 1), k_replicates=(0, 1), lrs=(0.05, 0.1),
@@ -377,7 +377,7 @@ def test_length_jobs_rerun_the_main_arms_longer_on_the_length_replicates() -> No
 
 
 def test_a_verdict_against_a_collapsed_bptt_arm_carries_the_caveat() -> None:
-    from experiments.reports.study_paper_v3 import _verdicts
+    from experiments.studies.paper_v3.report import _verdicts
 
     rows = synthetic_rows()
     main = main_jobs(PLAN, rows)

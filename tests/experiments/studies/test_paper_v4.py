@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from experiments.studies.paper_v3_plan import BPTT, NO_GRADIENT, ONE_STEP, Job
-from experiments.studies.paper_v3_table import read_rows, write_rows
+from experiments.studies.paper_v3.plan import BPTT, NO_GRADIENT, ONE_STEP, Job
+from experiments.studies.paper_v3.table import read_rows, write_rows
 from experiments.studies.paper_v4 import report, run
 from experiments.studies.paper_v4.plan import (
     HAMS,

@@ -4,7 +4,7 @@ References independent of the layer: ``psi`` below re-implements the objective f
 (``F.normalize``, ``logsumexp``); its autograd gradient and ``torch.func.hessian`` give the
 stationarity, the gradient step and the Hessian; central differences of the converged layer
 check the implicit gradient. The full conditioning measurement is
-experiments/studies/ridge_cd_conditioning.py.
+experiments/studies/ridge_conditioning/cd.py.
 """
 
 from __future__ import annotations

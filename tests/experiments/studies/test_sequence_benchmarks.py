@@ -10,8 +10,8 @@ import torch
 import implicit_ham as ih
 from experiments.engine.build import build_datasets, build_model
 from experiments.engine.checkpoint import read_checkpoint
-from experiments.studies.paper_v3 import compose_overrides
-from experiments.studies.paper_v3_table import read_rows
+from experiments.studies.paper_v3.run import compose_overrides
+from experiments.studies.paper_v3.table import read_rows
 from experiments.studies.sequence_benchmarks import report
 from experiments.studies.sequence_benchmarks.plan import H3_TASKS, Plan, cost, jobs
 from experiments.studies.sequence_benchmarks.run import (

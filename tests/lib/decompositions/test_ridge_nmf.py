@@ -1,7 +1,7 @@
 """``RidgeNMF``: NMF posed as the argmin of a ridge-regularised loss under non-negativity (issue
 18, item 4). Its fixed point satisfies the KKT conditions of that loss; with sparse factors the
 ridge and the active constraints leave a well-conditioned I − J, where NMF's multiplicative
-updates are nearly singular (the full measurement: experiments/studies/ridge_nmf_conditioning.py).
+updates are nearly singular (the full measurement: experiments/studies/ridge_conditioning/nmf.py).
 """
 
 from __future__ import annotations

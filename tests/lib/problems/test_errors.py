@@ -68,7 +68,7 @@ def test_unknown_option_message_lists_the_valid_options() -> None:
     [
         (lambda: ih.Anderson(max_iter=30), "max_iter", "max_steps, tol, m,"),
         (lambda: ih.Implicit(b_tol=1e-3), "b_tol", "linear_solver, max_steps, tol,"),
-        (lambda: ih.NMF(rank=8, stepz=3), "stepz", "rank, groups, steps,"),
+        (lambda: ih.NMF(rank=8, stepz=3), "stepz", "rank, solver, adjoint, .*, steps, eval_steps,"),
     ],
 )
 def test_a_constructor_given_an_unknown_key_lists_the_valid_options(build, bad_key, valid) -> None:

@@ -1,0 +1,425 @@
+"""A DEQ training study on the 8x8 digits: what keeps a convolutional DEQ contractive.
+
+A small MDEQ-like classifier (single scale): a convolution stem and injection, the fixed-point
+cell ``z = GroupNorm(ReLU(gain * conv(z) + x))`` solved by ``ih.fixed_point`` (Anderson forward,
+implicit backward), a 2x2-pooled linear head. It is trained in plain PyTorch with the library's
+stabilisers, one arm each and a combination:
+
+* ``none``: no stabilisation;
+* ``jacobian``: ``+ w * ih.jacobian_penalty(cell, z*, x)`` (Hutchinson ``||J||_F^2 / numel``);
+* ``spectral``: ``ih.nn.apply_norm(cell, "spectral")`` on the cell's convolution;
+* ``correction``: ``ih.fixed_point(..., states=[...])`` and ``ih.fixed_point_correction`` of the
+  loss over the intermediate states and the solution;
+* ``combined``: the Jacobian penalty with the spectral norm (the two stabilisers that kept
+  ρ(J) below 1 in exploratory single-seed runs of the single arms).
+
+Before training, every ``probe_every`` steps and at the end, a fixed probe batch is solved
+tightly and the conditioning of the cell at its fixed point is measured
+(``ih.diagnostics.estimate_conditioning``: ρ(J), κ(I - J)), with the test accuracy. Every
+training step records its loss, the forward steps, whether the forward solve reached its
+tolerance, whether the backward was at a fixed point and converged (from ``Solution.stats`` /
+``backward_log``), the warnings the library issued (counted with
+``warnings.catch_warnings(record=True)``), and its wall time.
+
+One job per (arm, seed), written to ``OUT/jobs/<arm>_seed<seed>.json`` when it finishes; a job
+whose file exists (with the same configuration) is skipped, so an interrupted study resumes.
+
+    python -m experiments.studies.deq_training.run [OUT_DIR] [--workers 2]
+    python -m experiments.report --deq [OUT_DIR]          # the page, docs/deq_training.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import os
+import statistics
+import time
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils import parametrize
+
+import implicit_ham as ih
+from experiments.data.digits import NUM_CLASSES, DigitsDataset
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_OUT = Path("multirun/deq_training")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """Which stabilisers an arm uses."""
+
+    title: str
+    jacobian: bool = False
+    spectral: bool = False
+    correction: bool = False
+
+
+ARMS: dict[str, Arm] = {
+    "none": Arm("no stabilisation"),
+    "jacobian": Arm("Jacobian penalty", jacobian=True),
+    "spectral": Arm("spectral norm", spectral=True),
+    "correction": Arm("fixed-point correction", correction=True),
+    "combined": Arm("Jacobian penalty + spectral norm", jacobian=True, spectral=True),
+}
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """Everything a job depends on (its JSON file stores it; a changed config is not resumed).
+
+    Attributes:
+        arms, seeds: the jobs (every arm with every seed).
+        steps: Adam steps per job; batch the training batch size.
+        lr: Adam's learning rate; conv_lr that of the cell's convolution (with ``gain`` it
+            sets how fast ``gain * W`` moves: Adam's steps do not scale with the gradient).
+        width, groups: channels of the state and GroupNorm groups.
+        gain: a constant factor on the cell's convolution, the same in every arm (a small value
+            starts the map contractive: the injection dominates the GroupNorm's statistics; the
+            spectral norm then bounds ``||gain * W||`` by ``gain``).
+        forward_steps, forward_tol: the Anderson forward solve's budget and relative tolerance.
+        backward_steps, backward_tol: the implicit backward's GMRES budget and tolerance.
+        jacobian_weight: weight of the Jacobian penalty (arms ``jacobian``, ``combined``).
+        correction_states: evaluation indices of the states the correction is computed on
+            (arm ``correction``), in [1, forward_steps].
+        probe_every: steps between probes (conditioning and test accuracy); also before the
+            first step and after the last.
+        probe_size: images in the probe batch (the first of the test split).
+        probe_steps: Anderson budget of the probe's tight solve (tolerance 1e-6).
+        threads: torch threads per job.
+    """
+
+    arms: tuple[str, ...] = tuple(ARMS)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    steps: int = 200
+    lr: float = 5e-3
+    conv_lr: float = 5e-2
+    batch: int = 64
+    width: int = 16
+    groups: int = 4
+    gain: float = 0.1
+    forward_steps: int = 30
+    forward_tol: float = 1e-3
+    backward_steps: int = 40
+    backward_tol: float = 1e-4
+    jacobian_weight: float = 2.0
+    correction_states: tuple[int, ...] = (5, 10)
+    probe_every: int = 25
+    probe_size: int = 32
+    probe_steps: int = 150
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        unknown = [a for a in self.arms if a not in ARMS]
+        if unknown or not self.arms:
+            raise ValueError(f"StudyConfig: unknown arms {unknown}; valid arms: {list(ARMS)}")
+        if not self.seeds:
+            raise ValueError("StudyConfig: seeds must name at least one seed")
+        bad = [i for i in self.correction_states if not 1 <= i <= self.forward_steps]
+        if bad:
+            raise ValueError(
+                f"StudyConfig: correction_states {bad} must lie in [1, forward_steps="
+                f"{self.forward_steps}]"
+            )
+
+    def job_key(self) -> dict[str, Any]:
+        """The settings a job's results depend on (not the list of arms and seeds)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ("arms", "seeds")}
+
+
+class Cell(nn.Module):
+    """The fixed-point map ``f(z, x) = GroupNorm(ReLU(gain * conv3x3(z) + x))`` on
+    (B, C, 8, 8); ``gain`` is a constant."""
+
+    def __init__(self, width: int, groups: int, gain: float) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(width, width, 3, padding=1, bias=False)
+        self.norm = nn.GroupNorm(groups, width)
+        self.gain = gain
+
+    def forward(self, z: Tensor, x: Tensor) -> Tensor:
+        """z, x (B, C, H, W) -> (B, C, H, W)."""
+        return self.norm(F.relu(self.gain * self.conv(z) + x))
+
+
+class DEQClassifier(nn.Module):
+    """Stem and injection -> the DEQ cell's fixed point -> global average pool -> linear head."""
+
+    def __init__(self, width: int, groups: int, gain: float) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(1, width, 3, padding=1), nn.GroupNorm(groups, width), nn.ReLU()
+        )
+        self.inject = nn.Conv2d(width, width, 1)
+        self.cell = Cell(width, groups, gain)
+        self.head = nn.Linear(width * 16, NUM_CLASSES)
+
+    def injection(self, images: Tensor) -> Tensor:
+        """images (B, 1, 8, 8) -> x (B, C, 8, 8), the cell's input."""
+        return self.inject(self.stem(images))
+
+    def classify(self, z: Tensor) -> Tensor:
+        """z (B, C, 8, 8) -> 2x2 average pool (B, C, 4, 4) -> logits (B, 10)."""
+        return self.head(F.avg_pool2d(z, 2).flatten(1))
+
+
+def load_split(split: str) -> tuple[Tensor, Tensor]:
+    """The digits' images (N, 1, 8, 8) and labels (N,) of "train" or "val" (fixed split)."""
+    data = DigitsDataset(split, seed=0)
+    return data.images, data.labels
+
+
+def _forward_solver(config: StudyConfig) -> ih.Anderson:
+    return ih.Anderson(max_steps=config.forward_steps, tol=config.forward_tol, m=5)
+
+
+def _adjoint(config: StudyConfig) -> ih.Implicit:
+    return ih.Implicit(max_steps=config.backward_steps, tol=config.backward_tol)
+
+
+def accuracy(model: DEQClassifier, images: Tensor, labels: Tensor, config: StudyConfig) -> float:
+    """Test accuracy in eval mode (no gradient), in chunks of 128 images."""
+    model.eval()
+    correct = 0
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # evaluation solves are not training events
+        for start in range(0, len(images), 128):
+            x = model.injection(images[start : start + 128])
+            sol = ih.fixed_point(model.cell, torch.zeros_like(x), x, solver=_forward_solver(config))
+            logits = model.classify(sol.value)  # type: ignore[arg-type]
+            correct += int((logits.argmax(1) == labels[start : start + 128]).sum())
+    model.train()
+    return correct / len(images)
+
+
+def probe(model: DEQClassifier, images: Tensor, config: StudyConfig) -> dict[str, float]:
+    """ρ(J), κ(I - J) and the residual at the probe batch's fixed point (a tight Anderson solve,
+    eval mode, the parametrised weights computed once), and the steps that solve took."""
+    model.eval()
+    solver = ih.Anderson(max_steps=config.probe_steps, tol=1e-6, m=5)
+    with torch.no_grad(), warnings.catch_warnings(), parametrize.cached():
+        warnings.simplefilter("ignore")  # the probe's own solves are not training events
+        x = model.injection(images)
+        sol = ih.fixed_point(model.cell, torch.zeros_like(x), x, solver=solver)
+        report = ih.diagnostics.estimate_conditioning(
+            model.cell, sol.value, x, krylov_dim=20, restarts=2, lanczos_steps=20,
+            inverse_steps=1, inner_steps=40,
+        )  # fmt: skip
+    model.train()
+    return {
+        "spectral_radius": report.spectral_radius,
+        "kappa": report.kappa,
+        "sigma_min": report.sigma_min,
+        "fixed_point_residual": report.fixed_point_residual,
+        "probe_solve_steps": float(sol.stats.steps),
+    }
+
+
+def _loss(
+    model: DEQClassifier, images: Tensor, labels: Tensor, arm: Arm, config: StudyConfig
+) -> tuple[Tensor, ih.Solution]:
+    """The arm's training loss on one batch and the solve it came from."""
+    x = model.injection(images)
+    states = list(config.correction_states) if arm.correction else None
+    sol = ih.fixed_point(
+        model.cell, torch.zeros_like(x), x, solver=_forward_solver(config),
+        adjoint=_adjoint(config), states=states,
+    )  # fmt: skip
+
+    def task(z: Any) -> Tensor:
+        return F.cross_entropy(model.classify(z), labels)
+
+    if arm.correction:  # the states carry one-step gradients, the solution the implicit one
+        loss = ih.fixed_point_correction(task, [*sol.states, sol.value], "exp")
+    else:
+        loss = task(sol.value)
+    if arm.jacobian:
+        loss = loss + config.jacobian_weight * ih.jacobian_penalty(model.cell, sol.value, x)
+    return loss, sol
+
+
+def _step_record(sol: ih.Solution, caught: list[warnings.WarningMessage]) -> dict[str, Any]:
+    """What one training step says about its solves: forward steps and convergence, the
+    backward's fixed-point check and convergence, and the warnings issued, by class."""
+    converged = sol.stats.converged
+    back = sol.backward_log
+    return {
+        "forward_steps": float(sol.stats.steps),
+        "forward_converged": bool(converged is None or bool(converged.all())),
+        "backward_at_fixed_point": all(b.at_fixed_point is not False for b in back),
+        "backward_converged": all(b.converged is not False for b in back),
+        "warnings": dict(Counter(w.category.__name__ for w in caught)),
+    }
+
+
+def build(config: StudyConfig, arm: Arm) -> tuple[DEQClassifier, torch.optim.Optimizer]:
+    """The arm's model (spectral norm on the cell's convolution where the arm says so) and its
+    Adam optimiser (the convolution at ``conv_lr``, the rest at ``lr``)."""
+    model = DEQClassifier(config.width, config.groups, config.gain)
+    if arm.spectral:
+        ih.nn.apply_norm(model.cell, "spectral")
+    conv = list(model.cell.conv.parameters())
+    rest = [p for p in model.parameters() if all(p is not q for q in conv)]
+    groups: list[dict[str, Any]] = [{"params": conv, "lr": config.conv_lr}, {"params": rest}]
+    return model, torch.optim.Adam(groups, lr=config.lr)
+
+
+def train_step(
+    model: DEQClassifier,
+    optimizer: torch.optim.Optimizer,
+    batch: tuple[Tensor, Tensor],
+    arm: Arm,
+    config: StudyConfig,
+) -> dict[str, Any]:
+    """One Adam step on ``batch`` (images, labels); its record (loss, time, ``_step_record``)."""
+    tic = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss, sol = _loss(model, *batch, arm, config)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    record = {"loss": float(loss.detach()), "time_s": time.perf_counter() - tic}
+    return {**record, **_step_record(sol, caught)}
+
+
+def run_job(config: StudyConfig, arm_name: str, seed: int, out_dir: Path) -> dict[str, Any]:
+    """Train one (arm, seed) and write ``out_dir/jobs/<arm>_seed<seed>.json``; returns it.
+
+    A non-finite value (``ih.NonFiniteError``) ends the job early; the file records it.
+    """
+    torch.set_num_threads(config.threads)
+    arm = ARMS[arm_name]
+    torch.manual_seed(seed)
+    (train_x, train_y), (test_x, test_y) = load_split("train"), load_split("val")
+    model, optimizer = build(config, arm)
+    order = torch.Generator().manual_seed(seed)
+    perm, cursor = torch.randperm(len(train_x), generator=order), 0
+    steps: list[dict[str, Any]] = []
+    failure: str | None = None
+    start = time.perf_counter()
+
+    def measure(step: int) -> dict[str, Any]:
+        return {"step": step, **probe(model, test_x[: config.probe_size], config),
+                "test_accuracy": accuracy(model, test_x, test_y, config)}  # fmt: skip
+
+    probes = [measure(0)]
+    for step in range(1, config.steps + 1):
+        if cursor + config.batch > len(perm):
+            perm, cursor = torch.randperm(len(train_x), generator=order), 0
+        index = perm[cursor : cursor + config.batch]
+        cursor += config.batch
+        try:
+            steps.append({"step": step, **train_step(
+                model, optimizer, (train_x[index], train_y[index]), arm, config)})  # fmt: skip
+        except ih.NonFiniteError as error:
+            failure = f"step {step}: {error}"
+            logger.warning("%s seed %d stopped: %s", arm_name, seed, failure)
+            break
+        if step % config.probe_every == 0 or step == config.steps:
+            probes.append(measure(step))
+    result = {
+        "arm": arm_name,
+        "seed": seed,
+        "config": config.job_key(),
+        "steps": steps,
+        "probes": probes,
+        "failure": failure,
+        "final_test_accuracy": None if failure else probes[-1]["test_accuracy"],
+        "wall_s": time.perf_counter() - start,
+    }
+    path = job_path(out_dir, arm_name, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    os.replace(tmp, path)  # a job file exists only once the job has finished
+    return result
+
+
+def job_path(out_dir: Path, arm: str, seed: int) -> Path:
+    """Where the job (arm, seed) writes its results."""
+    return Path(out_dir) / "jobs" / f"{arm}_seed{seed}.json"
+
+
+def finished(config: StudyConfig, out_dir: Path, arm: str, seed: int) -> bool:
+    """Whether the job's file exists; a file written under another configuration is an error
+    (mixing them would make the page compare unlike runs)."""
+    path = job_path(out_dir, arm, seed)
+    if not path.exists():
+        return False
+    stored = json.loads(path.read_text())["config"]
+    if stored != json.loads(json.dumps(config.job_key())):
+        raise ValueError(
+            f"{path} was written with another configuration ({stored}); remove it or use "
+            "another output folder"
+        )
+    return True
+
+
+def run_study(config: StudyConfig, out_dir: Path, workers: int = 1) -> dict[str, list[str]]:
+    """Run every unfinished (arm, seed) job, ``workers`` at a time (1: in this process).
+
+    Returns the job names that ran and those skipped because their file exists.
+    """
+    out_dir = Path(out_dir)
+    jobs = [(a, s) for a in config.arms for s in config.seeds]
+    todo = [(a, s) for a, s in jobs if not finished(config, out_dir, a, s)]  # checks configs
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=1))
+    done = {"ran": [f"{a}_seed{s}" for a, s in todo], "skipped": []}
+    done["skipped"] = [f"{a}_seed{s}" for a, s in jobs if (a, s) not in todo]
+    if workers <= 1:
+        for arm, seed in todo:
+            run_job(config, arm, seed, out_dir)
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = [pool.submit(run_job, config, a, s, out_dir) for a, s in todo]
+            for future in futures:
+                future.result()
+    return done
+
+
+def median_step_time(result: dict[str, Any]) -> float:
+    """Median wall time of a job's training steps (s); NaN without steps."""
+    times = [s["time_s"] for s in result["steps"]]
+    return statistics.median(times) if times else math.nan
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the study (resumable) into OUT_DIR."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir", nargs="?", default=str(DEFAULT_OUT))
+    parser.add_argument("--workers", type=int, default=2, help="jobs run at once")
+    parser.add_argument("--steps", type=int, default=None, help="override the steps per job")
+    parser.add_argument("--seeds", type=int, nargs="*", default=None)
+    parser.add_argument("--arms", nargs="*", default=None, choices=list(ARMS))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    overrides: dict[str, Any] = {}
+    if args.steps is not None:
+        overrides["steps"] = args.steps
+    if args.seeds:
+        overrides["seeds"] = tuple(args.seeds)
+    if args.arms:
+        overrides["arms"] = tuple(args.arms)
+    config = StudyConfig(**overrides)
+    done = run_study(config, Path(args.out_dir), args.workers)
+    logger.info("ran %s; skipped (already finished) %s", done["ran"], done["skipped"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The worked example of ``docs/diagnostics.md`` (``run``)."""
