@@ -126,15 +126,28 @@ def _env() -> dict[str, str]:
     return {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "1", "OMP_NUM_THREADS": "1"}
 
 
+EPOCHS = 60  # long enough that the first run still holds the lock when the second reaches it
+
+
+def _start(job: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        _command(job, f"epochs={EPOCHS}"), cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
 @pytest.mark.slow
 def test_second_process_in_one_job_directory_is_refused(tmp_path: Path) -> None:
-    procs = []
+    # the same command twice, the second once the first is training (it holds the lock): a
+    # double submission. Started a fixed second apart, a loaded host could let the first finish
+    # before the second had imported torch (then the second rightly found a finished job).
+    procs = [_start(tmp_path)]
     try:
-        for _ in range(2):  # the same command twice, 1 s apart (as a double submission would)
-            procs.append(subprocess.Popen(_command(tmp_path, "epochs=6"), cwd=ROOT, env=_env(),
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          text=True))  # fmt: skip
-            time.sleep(1.0)
+        deadline = time.monotonic() + TIMEOUT_S
+        while not (tmp_path / "metrics.jsonl").exists() and procs[0].poll() is None:
+            assert time.monotonic() < deadline, "the first run never started training"
+            time.sleep(0.1)
+        procs.append(_start(tmp_path))
         logs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
     finally:
         for p in procs:
@@ -147,9 +160,10 @@ def test_second_process_in_one_job_directory_is_refused(tmp_path: Path) -> None:
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["status"] == "ok"  # the refused process wrote nothing over the winner's
     rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    # one writer: every step and every epoch logged once, in order
-    assert [r["step"] for r in rows if "train/loss" in r and "epoch" not in r] == list(range(36))
-    assert [r["epoch"] for r in rows if "epoch" in r] == list(range(1, 7))
+    # one writer: every step and every epoch logged once, in order (6 steps an epoch)
+    steps = [r["step"] for r in rows if "train/loss" in r and "epoch" not in r]
+    assert steps == list(range(6 * EPOCHS))
+    assert [r["epoch"] for r in rows if "epoch" in r] == list(range(1, EPOCHS + 1))
 
 
 @pytest.mark.slow
