@@ -18,21 +18,27 @@ from torch import Tensor, nn
 from implicit_ham._core.validation import check_positive_int
 
 
+def attention_width(owner: str, channels: int, inner_channels: int | None, heads: int) -> int:
+    """The attention's inner width (``channels`` when None), after checking that the widths
+    and ``heads`` are positive integers and that ``heads`` divides the inner width."""
+    inner = channels if inner_channels is None else inner_channels
+    check_positive_int(owner, "channels", channels)
+    check_positive_int(owner, "inner_channels", inner)
+    check_positive_int(owner, "heads", heads)
+    if inner % heads:
+        raise ValueError(
+            f"{owner}: inner_channels={inner} is not divisible by heads={heads}; "
+            "choose heads that divide it."
+        )
+    return inner
+
+
 class _Attention2d(nn.Module, ABC):
     """Shared projections; subclasses define ``attend`` on (B, heads, N, d_h) tensors."""
 
     def __init__(self, channels: int, inner_channels: int | None = None, heads: int = 1) -> None:
         super().__init__()
-        owner = type(self).__name__
-        inner = channels if inner_channels is None else inner_channels
-        check_positive_int(owner, "channels", channels)
-        check_positive_int(owner, "inner_channels", inner)
-        check_positive_int(owner, "heads", heads)
-        if inner % heads:
-            raise ValueError(
-                f"{owner}: inner_channels={inner} is not divisible by heads={heads}; "
-                "choose heads that divide it."
-            )
+        inner = attention_width(type(self).__name__, channels, inner_channels, heads)
         self.channels, self.inner_channels, self.heads = channels, inner, heads
         self.query = nn.Conv2d(channels, inner, 1)
         self.key = nn.Conv2d(channels, inner, 1)

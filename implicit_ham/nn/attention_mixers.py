@@ -20,7 +20,8 @@ from abc import ABC, abstractmethod
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from implicit_ham._core.validation import check_nonnegative, check_positive_int
+from implicit_ham._core.validation import check_nonnegative
+from implicit_ham.nn.attention import attention_width
 from implicit_ham.nn.tokens import check_tokens
 
 
@@ -39,16 +40,7 @@ class _AttentionMixer(nn.Module, ABC):
 
     def __init__(self, channels: int, inner_channels: int | None = None, heads: int = 1) -> None:
         super().__init__()
-        owner = type(self).__name__
-        inner = channels if inner_channels is None else inner_channels
-        check_positive_int(owner, "channels", channels)
-        check_positive_int(owner, "inner_channels", inner)
-        check_positive_int(owner, "heads", heads)
-        if inner % heads:
-            raise ValueError(
-                f"{owner}: inner_channels={inner} is not divisible by heads={heads}; "
-                "choose heads that divide it."
-            )
+        inner = attention_width(type(self).__name__, channels, inner_channels, heads)
         self.channels, self.inner_channels, self.heads = channels, inner, heads
         self.query = nn.Linear(channels, inner)
         self.key = nn.Linear(channels, inner)
