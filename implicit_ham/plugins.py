@@ -1,7 +1,8 @@
 """What a plug-in author needs: every registry with its ``make_*`` / ``register_*`` pair, the
 base classes to derive from, and the pieces their methods receive and return.
 
-A new forward solver derives from ``FixedPointSolver`` (and declares ``ReplaysIterates`` when
+A new forward solver derives from ``StepwiseSolver`` (``init`` / ``step``; the base runs the loop
+and measures) or ``FixedPointSolver`` (a whole ``solve``; it declares ``ReplaysIterates`` when
 its steps are plain steps of ``f`` it can rerun with gradient), a backward mode from ``Adjoint``
 (``ThroughIterations`` or ``AtFixedPoint``), a linear solver from ``LinearSolver`` (it sees
 ``J^T`` as an ``AdjointOperator`` and returns a ``LinearSolve``), a root solver from
@@ -56,6 +57,7 @@ from implicit_ham.solvers import (
     ReplaysIterates,
     ReplaysSteps,
     RootSolver,
+    StepwiseSolver,
     make_constraint,
     make_minimizer,
     make_root_solver,
@@ -92,6 +94,7 @@ __all__ = [
     "SecondOrder",
     "SolverStats",
     "StateSpec",
+    "StepwiseSolver",
     "ThroughIterations",
     "check_choice",
     "check_positive_int",

@@ -2,7 +2,7 @@
 
 Fixed points ``z = f(z)``: ``FixedPointIteration``, ``Anderson``, ``Broyden`` (native) and
 torchdeq's ``TorchDEQAnderson`` / ``TorchDEQBroyden`` (the optional ``torchdeq`` extra, imported
-when one is built). Roots ``g(z) = 0``: ``Newton``. Minima: ``GradientDescent`` (with a
+when one is built); a plug-in written as ``init`` / ``step`` derives from ``StepwiseSolver``. Roots ``g(z) = 0``: ``Newton``. Minima: ``GradientDescent`` (with a
 ``Constraint`` projection: ``NonNegative``, ``Box``), ``LBFGS``, ``NewtonCG``, ``GaussNewton``,
 ``LevenbergMarquardt`` (batched least squares, with a ``RobustLoss``).
 """
@@ -46,6 +46,7 @@ from implicit_ham.solvers.projections import (
 )
 from implicit_ham.solvers.quasi_newton import LBFGS, NewtonCG
 from implicit_ham.solvers.robust import LOSSES, RobustLoss
+from implicit_ham.solvers.stepwise import StepwiseSolver
 from implicit_ham.solvers.torchdeq import TorchDEQAnderson, TorchDEQBroyden
 
 __all__ = [
@@ -73,6 +74,7 @@ __all__ = [
     "ReplaysSteps",
     "RobustLoss",
     "RootSolver",
+    "StepwiseSolver",
     "TorchDEQAnderson",
     "TorchDEQBroyden",
     "make_constraint",
