@@ -24,8 +24,6 @@ from experiments.data.digit_canvas import CANVAS
 from experiments.models.backbone import LocalBackbone
 from experiments.reports.render import Table
 from experiments.reports.verdicts import (
-    INFERIOR,
-    NON_INFERIOR,
     Interval,
     holm,
     holm_verdict,
@@ -575,11 +573,3 @@ def _length_header(plan: Plan) -> list[str]:
     return ["arm", "pairs", f"final val mIoU, {plan.main_epochs} epochs",
             f"final val mIoU, {longer} epochs", "mean change", "change per replicate",
             "long enough"]  # fmt: skip
-
-
-def verdict_counts(doc: PaperV3) -> dict[str, int]:
-    """How many verdicts of the family are non-inferior / inferior / undecided after Holm."""
-    counts = {NON_INFERIOR: 0, INFERIOR: 0, "undecided": 0}
-    for v in doc.verdicts:
-        counts[v.holm_verdict] += 1
-    return counts
