@@ -198,15 +198,22 @@ class PaperV3:
     budget_minutes: int
 
 
-def _values(rows: Mapping[str, Mapping[str, Any]], jobs: Sequence[Job], column: str) -> list[float]:
+def _ok_values(
+    rows: Mapping[str, Mapping[str, Any]], jobs: Sequence[Job], column: str
+) -> list[tuple[Job, float]]:
+    """(job, value) for each job whose row is ok and holds a finite ``column``, in job order."""
     out = []
     for job in jobs:
         row = rows.get(job.key)
         if ok_row(row) and row is not None and row.get(column) is not None:
             value = float(row[column])
             if math.isfinite(value):
-                out.append(value)
+                out.append((job, value))
     return out
+
+
+def _values(rows: Mapping[str, Mapping[str, Any]], jobs: Sequence[Job], column: str) -> list[float]:
+    return [value for _, value in _ok_values(rows, jobs, column)]
 
 
 def _main_arms(plan: Plan) -> list[tuple[str, str, float | None]]:
@@ -224,14 +231,7 @@ def _arm_jobs(jobs: Sequence[Job], context: str, gradient: str, inv_t: float | N
 def _by_replicate(
     rows: Mapping[str, Mapping[str, Any]], jobs: Sequence[Job], column: str = "test_miou"
 ) -> dict[int, float]:
-    out = {}
-    for job in jobs:
-        row = rows.get(job.key)
-        if ok_row(row) and row is not None and row.get(column) is not None:
-            value = float(row[column])
-            if math.isfinite(value):
-                out[job.replicate] = value
-    return out
+    return {job.replicate: value for job, value in _ok_values(rows, jobs, column)}
 
 
 def _tuning_table(plan: Plan, rows: Mapping[str, Mapping[str, Any]], tuned: bool) -> Table:
