@@ -84,11 +84,6 @@ def copy_prefix(vocab_size: int) -> int:
     return vocab_size - 2
 
 
-def noop(vocab_size: int) -> int:
-    """The id of the no-op token (".")."""
-    return vocab_size - 1
-
-
 def _check(task: str, vocab_size: int, input_seq_len: int) -> None:
     if task not in TASKS:
         raise ValueError(f"unknown H3 task {task!r}; choose one of {', '.join(TASKS)}")

@@ -15,24 +15,11 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
 Row = dict[str, Any]
-
-
-class StudyJob(Protocol):
-    """What the scheduler reads of a job."""
-
-    @property
-    def key(self) -> str: ...
-
-    @property
-    def stage(self) -> str: ...
-
-    @property
-    def replicate(self) -> int: ...
 
 
 @dataclass(frozen=True)

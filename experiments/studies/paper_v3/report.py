@@ -24,8 +24,6 @@ from experiments.data.digit_canvas import CANVAS
 from experiments.models.backbone import LocalBackbone
 from experiments.reports.render import Table
 from experiments.reports.verdicts import (
-    INFERIOR,
-    NON_INFERIOR,
     Interval,
     holm,
     holm_verdict,
@@ -200,15 +198,22 @@ class PaperV3:
     budget_minutes: int
 
 
-def _values(rows: Mapping[str, Mapping[str, Any]], jobs: Sequence[Job], column: str) -> list[float]:
+def _ok_values(
+    rows: Mapping[str, Mapping[str, Any]], jobs: Sequence[Job], column: str
+) -> list[tuple[Job, float]]:
+    """(job, value) for each job whose row is ok and holds a finite ``column``, in job order."""
     out = []
     for job in jobs:
         row = rows.get(job.key)
         if ok_row(row) and row is not None and row.get(column) is not None:
             value = float(row[column])
             if math.isfinite(value):
-                out.append(value)
+                out.append((job, value))
     return out
+
+
+def _values(rows: Mapping[str, Mapping[str, Any]], jobs: Sequence[Job], column: str) -> list[float]:
+    return [value for _, value in _ok_values(rows, jobs, column)]
 
 
 def _main_arms(plan: Plan) -> list[tuple[str, str, float | None]]:
@@ -226,14 +231,7 @@ def _arm_jobs(jobs: Sequence[Job], context: str, gradient: str, inv_t: float | N
 def _by_replicate(
     rows: Mapping[str, Mapping[str, Any]], jobs: Sequence[Job], column: str = "test_miou"
 ) -> dict[int, float]:
-    out = {}
-    for job in jobs:
-        row = rows.get(job.key)
-        if ok_row(row) and row is not None and row.get(column) is not None:
-            value = float(row[column])
-            if math.isfinite(value):
-                out[job.replicate] = value
-    return out
+    return {job.replicate: value for job, value in _ok_values(rows, jobs, column)}
 
 
 def _tuning_table(plan: Plan, rows: Mapping[str, Mapping[str, Any]], tuned: bool) -> Table:
@@ -575,11 +573,3 @@ def _length_header(plan: Plan) -> list[str]:
     return ["arm", "pairs", f"final val mIoU, {plan.main_epochs} epochs",
             f"final val mIoU, {longer} epochs", "mean change", "change per replicate",
             "long enough"]  # fmt: skip
-
-
-def verdict_counts(doc: PaperV3) -> dict[str, int]:
-    """How many verdicts of the family are non-inferior / inferior / undecided after Holm."""
-    counts = {NON_INFERIOR: 0, INFERIOR: 0, "undecided": 0}
-    for v in doc.verdicts:
-        counts[v.holm_verdict] += 1
-    return counts
