@@ -193,6 +193,8 @@ class PaperV4:
     drift: str
     drift_table: Table | None
     v3_lines: tuple[str, ...]
+    v3_failed: str  # study v3's collapsed BPTT runs, "CD inv_t 10: 1 of 5; ..."
+    v3_replicates: int
     conclusions: tuple[str, ...]
     wall_minutes: float | None
     failed: tuple[str, ...]
@@ -361,6 +363,32 @@ def v3_differences(rows: Rows) -> dict[str, list[float]]:
     return out
 
 
+def v3_collapses(rows: Rows) -> dict[tuple[str, float], tuple[int, int]]:
+    """Study v3's BPTT main arms (K 6) at inv_t other than 1, per (ham, inv_t): (replicates
+    scoring below that replicate's no-context arm, replicates with both rows)."""
+    floor = {int(r["replicate"]): float(r["test_miou"]) for r in rows.values()
+             if r.get("stage") == "main" and r.get("context") == "none"
+             and r.get("status") == "ok"}  # fmt: skip
+    out: dict[tuple[str, float], tuple[int, int]] = {}
+    for row in rows.values():
+        inv_t = row.get("inv_t")
+        if (row.get("stage") != "main" or row.get("gradient") != BPTT or row.get("K") != 6
+                or inv_t in (None, 1.0) or row.get("status") != "ok"
+                or int(row["replicate"]) not in floor):  # fmt: skip
+            continue
+        key = (str(row["context"]), float(inv_t))
+        low, n = out.get(key, (0, 0))
+        below = float(row["test_miou"]) < floor[int(row["replicate"])]
+        out[key] = (low + below, n + 1)
+    return dict(sorted(out.items()))
+
+
+def collapse_list(collapses: Mapping[tuple[str, float], tuple[int, int]]) -> str:
+    """ "CD inv_t 10: 1 of 5; ..." for each (ham, inv_t) with a collapsed BPTT run ("" none)."""
+    return "; ".join(f"{ham.upper()} inv_t {t:g}: {low} of {n}"
+                     for (ham, t), (low, n) in collapses.items() if low)  # fmt: skip
+
+
 def _costs(plan: Plan, rows: Rows, v3_rows: Rows) -> Costs | None:
     own = [r for r in rows.values() if r.get("plan") == plan.digest()]
     mine = measured_costs(own, f"this study's {len(own)} rows", {"gap": "none"})
@@ -447,7 +475,10 @@ def _v3_lines(v3: Mapping[str, Sequence[float]]) -> tuple[str, ...]:
 def _conclusions(
     plan: Plan, done: int, primary: Sequence[Primary], context: Table,
     v3: Mapping[str, Sequence[float]],
+    v3_collapsed: Mapping[tuple[str, float], tuple[int, int]],
 ) -> tuple[str, ...]:  # fmt: skip
+    """One line per paper claim: the primary verdicts once complete, else study v3's interim
+    intervals with their caveats; ham − GAP."""
     if all(v.complete for v in primary):
         excluded = ", the paper's effect excluded"
         one_step = "; ".join(f"{v.ham.upper()} {v.verdict}" + (
@@ -457,11 +488,18 @@ def _conclusions(
     else:
         earlier = "; ".join(
             f"{ham.upper()} {fmt_interval(i)} {verdict(i, MARGIN)}"
+            + (f", the paper's +{PAPER_EFFECT[ham]:.3f} excluded"
+               if i.n >= 2 and i.upper < PAPER_EFFECT[ham] else "")
             for ham in HAMS if (i := _interval(v3.get(ham, []))) is not None
         )  # fmt: skip
+        failed = collapse_list(v3_collapsed)
         claim1 = (f"One-step as good as BPTT at the paper's settings: pending ({done} of "
                   f"{plan.replicates} replicates done)"
-                  + (f"; study v3 there, uncorrected: {earlier}" if earlier else "")
+                  + (f"; study v3 there (interim, uncorrected): {earlier}"
+                     if earlier else "")
+                  + (f"; study v3's verdicts at sharper softmaxes compare against BPTT runs "
+                     f"that scored below the no-context arm ({failed}), not the gradients' "
+                     "quality" if failed else "")
                   + ".")  # fmt: skip
     gap_rows = [r for r in context.rows if r[1] != "–"]
     if all(v.complete for v in primary) and gap_rows:
@@ -487,6 +525,7 @@ def paper_v4(rows: Rows, plan: Plan, csv: str, v3_rows: Rows,
     primary = _primary(plan, rows, main)
     arms, context = _arms_and_context(rows, main)
     v3 = v3_differences(v3_rows)
+    collapses = v3_collapses(v3_rows)
     costs = _costs(plan, rows, v3_rows)
     if costs is None:
         raise ValueError("paper_v4: no measured job time (neither this CSV nor study v3's)")
@@ -507,7 +546,8 @@ def paper_v4(rows: Rows, plan: Plan, csv: str, v3_rows: Rows,
         costs_source=costs.source, held=held, held_power=held_power, provenance=_provenance(rows),
         drift=drift_summary(measured, rows, csv, MARGIN),
         drift_table=drift_table(measured) if measured else None, v3_lines=_v3_lines(v3),
-        conclusions=_conclusions(plan, done, primary, context, v3),
+        conclusions=_conclusions(plan, done, primary, context, v3, collapses),
+        v3_failed=collapse_list(collapses), v3_replicates=max(map(len, v3.values()), default=0),
         wall_minutes=sum(s["finished"] - s["started"] for s in mine) / 60 if mine else None,
         failed=failed,
     )  # fmt: skip

@@ -301,3 +301,42 @@ def test_the_drift_across_machines_is_computed_from_reruns_and_unmeasured_withou
     table = page[page.index("| job | study row: processor") :].split("\n\n")[0].splitlines()
     assert len(table) == 2 + 3  # header, rule, the three measured re-runs
     assert f"{deltas[0]:+.2e}" in table[2] and "Other CPU" in table[2]
+
+
+def test_the_opening_line_carries_study_v3s_caveats_until_v4_is_complete() -> None:
+    rng = np.random.default_rng(3)
+    v3: dict[str, dict[str, Any]] = {}
+
+    def add(context: str, gradient: str, inv_t: float | None, r: int, score: float) -> None:
+        key = f"{context}-{gradient}-{inv_t}-{r}"
+        v3[key] = {"job": key, "stage": "main", "context": context, "gradient": gradient,
+                   "K": 0 if context == "none" else 6, "inv_t": inv_t, "replicate": r,
+                   "status": "ok", "test_miou": score}  # fmt: skip
+
+    floor = [0.60, 0.61, 0.62, 0.63]
+    diffs = {"nmf": rng.normal(-0.05, 0.005, 4), "vq": rng.normal(0.0, 0.01, 4),
+             "cd": rng.normal(0.02, 0.002, 4)}  # fmt: skip
+    for r, f in enumerate(floor):
+        add("none", NO_GRADIENT, None, r, f)
+        for ham in HAMS:
+            inv_t = None if ham == "nmf" else 1.0
+            add(ham, BPTT, inv_t, r, 0.8)
+            add(ham, ONE_STEP, inv_t, r, 0.8 + float(diffs[ham][r]))
+        # at inv_t 100: VQ's BPTT below the floor on replicates 0 and 2, CD's never
+        add("vq", BPTT, 100.0, r, f - 0.1 if r in (0, 2) else f + 0.1)
+        add("cd", BPTT, 100.0, r, f + 0.05)
+    rows, _ = _full_rows(2)
+    doc = report.paper_v4(rows, PLAN, "x.csv", v3)
+    line = doc.conclusions[0]
+    assert line.startswith("One-step as good as BPTT at the paper's settings: pending")
+    assert "(VQ inv_t 100: 2 of 4)" in line and "CD inv_t 100" not in line
+    for ham in HAMS:
+        d = diffs[ham]
+        low, high = stats.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
+        assert f"{ham.upper()} {d.mean():+.3f} [{low:+.3f}, {high:+.3f}] (n=4)" in line
+        excluded = f"the paper's +{PAPER_EFFECT[ham]:.3f} excluded"
+        assert (excluded in line) == (high < PAPER_EFFECT[ham]), ham
+    assert doc.v3_replicates == 4 and doc.v3_failed == "VQ inv_t 100: 2 of 4"
+    # complete v4 rows: the line is v4's verdicts alone
+    complete = report.paper_v4(_full_rows(PLAN.replicates)[0], PLAN, "x.csv", v3)
+    assert "study v3" not in complete.conclusions[0] and "NMF inferior" in complete.conclusions[0]
