@@ -84,7 +84,7 @@ def drift_table(measured: Sequence[Pair]) -> Table:
     the largest difference over every numeric metric, and whether all metrics are equal."""
     return Table.of(
         ["job", "study row: processor, threads", "re-run: processor, threads", "metric",
-         "study", "re-run", "re-run − study", "largest |difference|", "bit-identical"],
+         "study", "re-run", "re-run − study", "largest abs. difference", "bit-identical"],
         [(p.job, ", ".join(_machine(p.study)), ", ".join(_machine(p.rerun)),
           p.metric.replace("_", " "), f"{p.study.get(p.metric)!r}", f"{p.rerun.get(p.metric)!r}",
           "–" if p.delta is None else f"{p.delta:+.2e}", f"{p.largest:.2e}",
