@@ -70,7 +70,7 @@ def test_each_job_appends_its_row_with_where_it_ran(study: Path) -> None:
             (p["step"], pytest.approx(p["test_accuracy"], rel=1e-5)) for p in job["probes"]
         ]
         assert row["cpu"] and row["cpu"] != "unknown" and row["threads"] == TINY.threads == 1
-        assert row["commit"] not in ("", "unknown") and row["torch"]
+        assert row["commit"] and row["torch"]  # "unknown" outside a git checkout
         assert json.loads(row["config"]) == json.loads(json.dumps(TINY.job_key()))
 
 

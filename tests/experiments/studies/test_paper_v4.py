@@ -248,7 +248,7 @@ def test_a_tiny_job_reruns_bit_for_bit_and_its_row_records_where_it_ran(tmp_path
     row = first[job.key]
     assert all(row[c] is not None for c in drift.METRICS if c != "fidelity"), row
     assert row["cpu"] and row["cpu"] != "unknown" and row["threads"] == 1
-    assert row["commit"] not in ("", "unknown") and row["torch"]
+    assert row["commit"] and row["torch"]  # "unknown" outside a git checkout
     back = read_rows(csv, run.COLUMNS)[job.key]
     assert (back["cpu"], back["threads"], back["test_miou"]) == (row["cpu"], 1, row["test_miou"])
     recorded = read_row_list(rerun.reruns_path(csv), run.COLUMNS)
