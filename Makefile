@@ -80,10 +80,14 @@ generate-gan: install
 	$(PY) -m experiments.generation.page $(GAN_DIR) --results $(GAN_RESULTS)
 
 # The DEQ training study of docs/deq_training.md: 5 arms x 3 seeds, two jobs at a time, one
-# thread each (resumable: run it again to continue), then the page.
+# thread each, each job's row appended to docs/deq_training/runs.csv as it ends (commit it;
+# resumable: jobs with a row are skipped), then the page from that CSV alone. Measured on this
+# 2-core host at load average 7-8 (one job at a time, one thread, nice 5): seed 0 of the 5 arms
+# took 232 s of job time (none 70, jacobian 33, spectral 38, correction 67, combined 24), so the
+# 15 jobs take about 12 min at one worker; two workers help only on idle cores.
 deq-study: install
-	OMP_NUM_THREADS=1 $(PY) -m experiments.studies.deq_training.run multirun/deq_training --workers 2
-	$(PY) -m experiments.report --deq multirun/deq_training
+	OMP_NUM_THREADS=1 $(PY) -m experiments.studies.deq_training.run multirun/deq_training --csv docs/deq_training/runs.csv --workers 2
+	$(PY) -m experiments.report --deq docs/deq_training/runs.csv
 
 # Runs both benchmark scripts and rewrites the tables of docs/benchmarks.md (~30 min on 2 cores).
 bench: install

@@ -4,9 +4,10 @@
   sweep -> ``report.md`` (mean ± std over seeds per configuration, failed jobs) and PNG plots.
 * ``python -m experiments.report --generation [SWEEP_DIR] [--out docs/generation.md]``: the GAN
   sweep of ``make generate`` (default ``multirun/generate``) -> ``docs/generation.md``.
-* ``python -m experiments.report --deq [STUDY_DIR] [--out docs/deq_training.md]``: the DEQ
-  training study of ``make deq-study`` (default ``multirun/deq_training``) ->
-  ``docs/deq_training.md`` and its curves in ``docs/deq_training/``.
+* ``python -m experiments.report --deq [CSV] [--out docs/deq_training.md]``: the DEQ
+  training study of ``make deq-study`` from its committed rows alone (default
+  ``docs/deq_training/runs.csv``) -> ``docs/deq_training.md`` and its curves in
+  ``docs/deq_training/``.
 * ``python -m experiments.report --study [STUDY_DIR] [--out docs]``: the whole study
   (default ``multirun/study``, written by ``experiments/scripts/study.sh``) -> ``results.md``, its
   figures and ``results/findings.md`` (the verdicts alone, included by ``docs/index.md``), with
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         "--generation", action="store_true", help="write docs/generation.md from a GAN sweep"
     )
     parser.add_argument(
-        "--deq", action="store_true", help="write docs/deq_training.md from the DEQ study"
+        "--deq", action="store_true", help="write docs/deq_training.md from the DEQ study's CSV"
     )
     parser.add_argument("--commands", default=str(STUDY_SCRIPT), help="script quoted by --study")
     parser.add_argument(
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.deq:
         path = write_deq_report(
-            args.sweep_dir or "multirun/deq_training", args.out or "docs/deq_training.md"
+            args.sweep_dir or "docs/deq_training/runs.csv", args.out or "docs/deq_training.md"
         )
         logger.info("DEQ training report: %s", path)
         return

@@ -1,42 +1,52 @@
-"""``docs/deq_training.md`` from the job files of ``experiments.studies.deq_training.run``.
+"""``docs/deq_training.md`` from the DEQ study's committed rows (``docs/deq_training/runs.csv``,
+written by ``experiments.studies.deq_training.run`` as its jobs end).
 
-``build_page(study_dir, figure_dir)`` reads every ``jobs/<arm>_seed<seed>.json``, computes each
-arm's numbers (a ``DEQPage`` of ``ArmRow``s) and the "what was found" sentences from them, and
-draws the curves; ``render`` fills ``page.md.j2`` with the page (Jinja2, strict:
-a missing field is an error). Nothing on the page is typed in: every number and verdict comes
-from the job files.
+``build_page(csv, figure_dir)`` reads the rows, computes each arm's numbers (a ``DEQPage`` of
+``ArmRow``s), the accuracy comparisons (each stabilised arm − no stabilisation, paired by seed:
+mean difference, 95 % interval, n, the paired t-test's p and Holm's adjustment over the arms
+compared) and the "what was found" sentences, and draws the curves from the rows' curves;
+``render`` fills ``page.md.j2`` (Jinja2, strict). Nothing on the page is typed in: with no rows
+the page says the rows are pending and computes nothing.
 
-    python -m experiments.report --deq [STUDY_DIR] [--out docs/deq_training.md]
+    python -m experiments.report --deq docs/deq_training/runs.csv [--out docs/deq_training.md]
 """
 
 from __future__ import annotations
 
-import csv
-import json
+import dataclasses
 import logging
 import math
+import re
 import statistics
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jinja2
 from matplotlib.figure import Figure
-from scipy import stats
 
-from experiments.studies.deq_training.run import ARMS, DEFAULT_OUT, median_step_time
+from experiments.reports.verdicts import holm, p_value, paired_interval
+from experiments.studies.deq_training.rows import (
+    DEFAULT_CSV,
+    WARNING_KINDS,
+    Row,
+    config_text,
+    curve,
+    read_rows,
+)
+from experiments.studies.deq_training.run import ARMS, DEFAULT_OUT, StudyConfig
 
 logger = logging.getLogger(__name__)
 
 TEMPLATES = Path(__file__).parent
 COMMAND = (
     "make deq-study   # = the two commands below\n"
-    f"python -m experiments.studies.deq_training.run {DEFAULT_OUT} --workers 2\n"
-    f"python -m experiments.report --deq {DEFAULT_OUT}"
+    f"OMP_NUM_THREADS=1 python -m experiments.studies.deq_training.run {DEFAULT_OUT} "
+    f"--csv {DEFAULT_CSV} --workers 2\n"
+    f"python -m experiments.report --deq {DEFAULT_CSV}"
 )
-WARNING_KINDS = ("NotFixedPointWarning", "ConvergenceWarning", "ConditioningWarning")
-Job = dict[str, Any]
+LEVEL = 0.05
 
 
 def mean(values: Sequence[float]) -> float:
@@ -99,79 +109,47 @@ class DEQPage:
     """Everything the template shows."""
 
     command: str
+    csv: str
     config: dict[str, Any]
     jobs_found: int
     jobs_planned: int
+    other_config: int  # rows of another configuration, left out
     missing: list[str]
     rows: list[ArmRow]
+    tests: list[Paired]
     findings: list[str]
     figures: list[tuple[str, str]]
     total_job_s: float
+    processors: list[str]
+    commits: list[str]
+    arm_titles: list[tuple[str, str]]
 
 
-def load_jobs(study_dir: str | Path) -> list[Job]:
-    """Every readable finished job file of the study, in arm then seed order. A file that is
-    not a JSON job object is named in a warning and left out (the page then lists its job as
-    missing), so one damaged file does not stop the report."""
-    jobs = []
-    for path in sorted(Path(study_dir, "jobs").glob("*.json")):
-        try:
-            job = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            logger.warning("%s is not readable (%s); its job is reported as missing", path, err)
-            continue
-        if not isinstance(job, dict) or "arm" not in job or "seed" not in job:
-            logger.warning("%s is not a job file (no arm / seed); its job is reported as "
-                           "missing", path)  # fmt: skip
-            continue
-        jobs.append(job)
-    order = list(ARMS)
-    return sorted(jobs, key=lambda j: (order.index(j["arm"]), j["seed"]))
-
-
-def _share(job: Job, key: str) -> float:
-    steps = job["steps"]
-    return sum(not s[key] for s in steps) / len(steps) if steps else math.nan
-
-
-def _rho(job: Job) -> list[float]:
-    return [p["spectral_radius"] for p in job["probes"]]
-
-
-def arm_row(arm: str, jobs: Sequence[Job]) -> ArmRow:
-    """The numbers of one arm from its jobs (see ``ArmRow``)."""
-    above = [next((p["step"] for p in j["probes"] if p["spectral_radius"] > 1), None)
-             for j in jobs]  # fmt: skip
-    first = [s for s in above if s is not None]
-    warned: dict[str, float] = {}
-    for kind in WARNING_KINDS:
-        warned[kind] = mean([sum(s["warnings"].get(kind, 0) for s in j["steps"]) for j in jobs])
-    accuracies = [j["final_test_accuracy"] for j in jobs if j["final_test_accuracy"] is not None]
+def arm_row(arm: str, rows: Sequence[Row]) -> ArmRow:
+    """The numbers of one arm from its rows (see ``ArmRow``): means of the per-job values."""
+    first = [r["first_above_one"] for r in rows if r["first_above_one"] is not None]
+    done = [r for r in rows if r["final_test_accuracy"] is not None]
     return ArmRow(
         arm=arm,
         title=ARMS[arm].title,
-        seeds=len(jobs),
-        failed=sum(j["failure"] is not None for j in jobs),
-        accuracy=mean(accuracies),
-        accuracy_std=std(accuracies),
-        rho_start=mean([_rho(j)[0] for j in jobs]),
-        rho_final=mean([_rho(j)[-1] for j in jobs]),
-        rho_max=mean([max(_rho(j)) for j in jobs]),
+        seeds=len(rows),
+        failed=sum(bool(r["failure"]) for r in rows),
+        accuracy=mean([r["final_test_accuracy"] for r in done]),
+        accuracy_std=std([r["final_test_accuracy"] for r in done]),
+        rho_start=mean([r["rho_start"] for r in rows]),
+        rho_final=mean([r["rho_final"] for r in rows]),
+        rho_max=mean([r["rho_max"] for r in rows]),
         seeds_above_one=len(first),
         first_above_one=min(first) if first else None,
-        kappa_final=mean([j["probes"][-1]["kappa"] for j in jobs]),
-        kappa_max=mean([max(p["kappa"] for p in j["probes"]) for j in jobs]),
-        forward_steps=mean([mean([s["forward_steps"] for s in j["steps"]]) for j in jobs]),
-        forward_missed=mean([_share(j, "forward_converged") for j in jobs]),
-        backward_not_fixed_point=mean([_share(j, "backward_at_fixed_point") for j in jobs]),
-        backward_missed=mean([_share(j, "backward_converged") for j in jobs]),
-        warnings=warned,
-        step_ms=1e3 * mean([median_step_time(j) for j in jobs]),
-        by_seed=tuple(
-            (int(j["seed"]), float(j["final_test_accuracy"]))
-            for j in jobs
-            if j["final_test_accuracy"] is not None
-        ),
+        kappa_final=mean([r["kappa_final"] for r in rows]),
+        kappa_max=mean([r["kappa_max"] for r in rows]),
+        forward_steps=mean([r["forward_steps"] for r in rows]),
+        forward_missed=mean([r["forward_missed"] for r in rows]),
+        backward_not_fixed_point=mean([r["backward_not_fixed_point"] for r in rows]),
+        backward_missed=mean([r["backward_missed"] for r in rows]),
+        warnings={k: mean([r[f"warnings_{k}"] for r in rows]) for k in WARNING_KINDS},
+        step_ms=mean([r["step_ms"] for r in rows]),
+        by_seed=tuple((int(r["seed"]), float(r["final_test_accuracy"])) for r in done),
     )
 
 
@@ -181,37 +159,64 @@ def _pct(value: float) -> str:
 
 @dataclass(frozen=True)
 class Paired:
-    """A paired (by seed) comparison of two arms' final test accuracy: the mean difference a − b,
-    the seeds both finished (n) and the two-sided paired t-test's p-value (None below n = 2)."""
+    """Arm − no stabilisation in final test accuracy, paired by seed: the mean difference, its
+    95 % t interval, the seeds both finished (n), the two-sided paired t-test's p (None below
+    n = 2) and Holm's adjustment over every arm compared (None below n = 2)."""
 
+    arm: str
+    title: str
     difference: float
+    lower: float
+    upper: float
     n: int
     p: float | None
+    holm_p: float | None = field(default=None)
+
+    @property
+    def resolved(self) -> bool:
+        """Whether the difference is resolved at ``LEVEL`` after Holm."""
+        return self.holm_p is not None and self.holm_p < LEVEL
 
     def text(self) -> str:
-        """ "paired by seed: −0.009, n = 3, p = 0.10, unresolved at 0.05"."""
-        if self.p is None or not math.isfinite(self.p):
-            return f"paired by seed: {self.difference:+.3f}, n = {self.n}, no test (unresolved)"
-        state = "resolved" if self.p < 0.05 else "unresolved"
-        return (f"paired by seed: {self.difference:+.3f}, n = {self.n}, p = {self.p:.2g}, "
-                f"{state} at 0.05")  # fmt: skip
+        """ "paired by seed: −0.009 [−0.030, +0.012], n = 3, p = 0.21, Holm p = 0.63:
+        unresolved"."""
+        if self.p is None or self.holm_p is None:
+            return f"paired by seed: n = {self.n}, no test (unresolved)"
+        state = "resolved" if self.resolved else "unresolved"
+        return (f"paired by seed: {self.difference:+.3f} [{self.lower:+.3f}, {self.upper:+.3f}], "
+                f"n = {self.n}, p = {self.p:.2g}, Holm p = {self.holm_p:.2g}: {state}")  # fmt: skip
 
 
 def paired(a: ArmRow, b: ArmRow) -> Paired:
-    """Arm ``a`` − arm ``b`` in final test accuracy over the seeds both finished."""
+    """Arm ``a`` − arm ``b`` in final test accuracy over the seeds both finished (no Holm)."""
     other = dict(b.by_seed)
     diffs = [acc - other[seed] for seed, acc in a.by_seed if seed in other]
-    difference = statistics.fmean(diffs) if diffs else math.nan
     if len(diffs) < 2:
-        return Paired(difference, len(diffs), None)
-    if statistics.stdev(diffs) == 0:
-        return Paired(difference, len(diffs), 1.0 if difference == 0 else 0.0)
-    return Paired(difference, len(diffs), float(stats.ttest_1samp(diffs, 0.0).pvalue))
+        mean_diff = statistics.fmean(diffs) if diffs else math.nan
+        return Paired(a.arm, a.title, mean_diff, math.nan, math.nan, len(diffs), None)
+    interval = paired_interval(diffs)
+    return Paired(a.arm, a.title, interval.mean, interval.lower, interval.upper, len(diffs),
+                  p_value(diffs, 0.0))  # fmt: skip
 
 
-def findings(rows: Sequence[ArmRow]) -> list[str]:
+def comparisons(rows: Sequence[ArmRow]) -> list[Paired]:
+    """Every stabilised arm − no stabilisation (paired by seed), Holm over those with a test."""
+    by_arm = {r.arm: r for r in rows}
+    base = by_arm.get("none")
+    if base is None:
+        return []
+    tests = [paired(r, base) for r in rows if r.arm != "none"]
+    tested = [t for t in tests if t.p is not None]
+    adjusted = dict(zip((t.arm for t in tested), holm([t.p for t in tested if t.p is not None]),
+                        strict=True))  # fmt: skip
+    return [Paired(t.arm, t.title, t.difference, t.lower, t.upper, t.n, t.p, adjusted.get(t.arm))
+            for t in tests]  # fmt: skip
+
+
+def findings(rows: Sequence[ArmRow], tests: Sequence[Paired]) -> list[str]:
     """The "what was found" sentences, each computed from the rows."""
     by_arm = {r.arm: r for r in rows}
+    by_test = {t.arm: t for t in tests}
     out: list[str] = []
     base = by_arm.get("none")
     if base is not None:
@@ -235,52 +240,47 @@ def findings(rows: Sequence[ArmRow]) -> list[str]:
             continue
         above = (f"above 1 in {row.seeds_above_one} of {row.seeds} seeds"
                  if row.seeds_above_one else "below 1 in every seed")  # fmt: skip
-        accuracy = paired(row, base).text()
         out.append(
             f"{row.title[0].upper()}{row.title[1:]}: ρ(J) at most {row.rho_max:.2f} ({above}; "
             f"no stabilisation {base.rho_max:.2f}), implicit gradients at a non-fixed point in "
             f"{_pct(row.backward_not_fixed_point)} of steps (vs "
             f"{_pct(base.backward_not_fixed_point)}), {row.forward_steps:.1f} forward steps per "
-            f"training step (vs {base.forward_steps:.1f}), test accuracy {row.accuracy:.3f} vs "
-            f"{base.accuracy:.3f} ({accuracy}), {row.step_ms / base.step_ms:.2f}x its time per "
-            "step."
+            f"training step (vs {base.forward_steps:.1f}), test accuracy − no stabilisation "
+            f"{by_test[row.arm].text()}, {row.step_ms / base.step_ms:.2f}x its time per step."
+        )
+    if tests:
+        resolved = [t for t in tests if t.resolved]
+        out.append(
+            f"Test accuracy: {len(resolved)} of {len(tests)} stabilised arms differ from no "
+            f"stabilisation at p < {LEVEL:g} after Holm over {len(tests)} (paired t-tests by "
+            f"seed){': ' + ', '.join(f'{t.title} {t.difference:+.3f}' for t in resolved) if resolved else '; every accuracy difference is unresolved at these seeds'}."  # noqa: E501
         )
     if rows:
         fewest = min(rows, key=lambda r: (r.backward_not_fixed_point, r.rho_max))
-        best = max(rows, key=lambda r: r.accuracy if math.isfinite(r.accuracy) else -1.0)
-        tests = [paired(best, r) for r in rows if r is not best]
-        resolved = [t for t in tests if t.p is not None and t.p < 0.05]
-        ps = [t.p for t in tests if t.p is not None]
-        ranking = (
-            f"resolved (paired by seed, p < 0.05) against {len(resolved)} of {len(tests)} arms"
-            if resolved else "no difference from another arm is resolved (paired by seed, "
-            f"n = {min((t.n for t in tests), default=0)}, smallest p = "
-            f"{min(ps):.2g})" if ps else "no paired test possible"
-        )  # fmt: skip
         out.append(
-            f"Fewest non-fixed-point gradients: {fewest.title} "
+            f"Lowest mean share of non-fixed-point gradients: {fewest.title} "
             f"({_pct(fewest.backward_not_fixed_point)} of steps, ρ(J) at most "
-            f"{fewest.rho_max:.2f}). Highest mean test accuracy: {best.title} "
-            f"({best.accuracy:.3f}); {ranking}."
+            f"{fewest.rho_max:.2f})."
         )
     return out
 
 
-def _curve(jobs: Sequence[Job], key: str) -> tuple[list[int], list[float]]:
-    """Probe steps and the mean over jobs of ``key`` at each (jobs probe the same steps)."""
-    steps = [p["step"] for p in jobs[0]["probes"]]
-    values = [mean([j["probes"][i][key] for j in jobs if i < len(j["probes"])])
-              for i in range(len(steps))]  # fmt: skip
+def _curve(rows: Sequence[Row], column: str) -> tuple[list[int], list[float]]:
+    """The steps of ``column``'s curve and, at each, the mean over ``rows`` (rows of one
+    configuration share their steps; a shorter curve, a job that stopped, drops out)."""
+    curves = [curve(r, column) for r in rows]
+    steps = [step for step, _ in max(curves, key=len)]
+    values = [mean([c[i][1] for c in curves if i < len(c)]) for i in range(len(steps))]
     return steps, values
 
 
-def _plot(groups: dict[str, list[Job]], ylabel: str, path: Path,
-          series: Callable[[list[Job]], tuple[list[int], list[float]]],
+def _plot(groups: Mapping[str, Sequence[Row]], ylabel: str, path: Path,
+          series: Callable[[Sequence[Row]], tuple[list[int], list[float]]],
           logy: bool = False, line: float | None = None) -> None:  # fmt: skip
     fig = Figure(figsize=(6.5, 3.8))
     ax = fig.subplots()
-    for arm, jobs in groups.items():
-        x, y = series(jobs)
+    for arm, rows in groups.items():
+        x, y = series(rows)
         ax.plot(x, y, marker="o" if len(x) <= 40 else None, markersize=3, label=ARMS[arm].title)
     if line is not None:
         ax.axhline(line, color="black", linewidth=0.8, linestyle="--")
@@ -294,27 +294,26 @@ def _plot(groups: dict[str, list[Job]], ylabel: str, path: Path,
     fig.savefig(path, dpi=110)
 
 
-def _forward_steps(jobs: list[Job], window: int = 10) -> tuple[list[int], list[float]]:
-    """Forward steps per training step, averaged over jobs and a trailing window."""
-    n = min(len(j["steps"]) for j in jobs)
-    per_step = [mean([j["steps"][i]["forward_steps"] for j in jobs]) for i in range(n)]
-    smooth = [mean(per_step[max(0, i - window + 1) : i + 1]) for i in range(n)]
-    return [j + 1 for j in range(n)], smooth
+def _forward_steps(rows: Sequence[Row], window: int = 10) -> tuple[list[int], list[float]]:
+    """Forward steps per training step, averaged over rows and a trailing window."""
+    steps, per_step = _curve(rows, "forward_curve")
+    smooth = [mean(per_step[max(0, i - window + 1) : i + 1]) for i in range(len(per_step))]
+    return steps, smooth
 
 
-def draw_figures(groups: dict[str, list[Job]], figure_dir: Path) -> list[tuple[str, str]]:
+def draw_figures(groups: Mapping[str, Sequence[Row]], figure_dir: Path) -> list[tuple[str, str]]:
     """The curves per arm (means over seeds) as PNGs; (caption, file name) pairs."""
     figure_dir.mkdir(parents=True, exist_ok=True)
-    specs: list[tuple[str, str, Callable[[list[Job]], Any], bool, float | None]] = [
-        ("test accuracy", "accuracy.png", lambda j: _curve(j, "test_accuracy"), False, None),
+    specs: list[tuple[str, str, Callable[[Sequence[Row]], Any], bool, float | None]] = [
+        ("test accuracy", "accuracy.png", lambda r: _curve(r, "accuracy_curve"), False, None),
         ("ρ(J) at the probe's fixed point", "spectral_radius.png",
-         lambda j: _curve(j, "spectral_radius"), False, 1.0),
-        ("κ(I - J) at the probe's fixed point", "kappa.png", lambda j: _curve(j, "kappa"),
+         lambda r: _curve(r, "rho_curve"), False, 1.0),
+        ("κ(I - J) at the probe's fixed point", "kappa.png", lambda r: _curve(r, "kappa_curve"),
          True, None),
         ("forward steps per training step (10-step mean)", "forward_steps.png",
          _forward_steps, False, None),
     ]  # fmt: skip
-    shown = {arm: jobs for arm, jobs in groups.items() if all(j["steps"] for j in jobs)}
+    shown = {arm: rows for arm, rows in groups.items() if all(r["forward_curve"] for r in rows)}
     out = []
     for caption, name, series, logy, line in specs:
         _plot(shown, caption, figure_dir / name, series, logy, line)
@@ -322,36 +321,43 @@ def draw_figures(groups: dict[str, list[Job]], figure_dir: Path) -> list[tuple[s
     return out
 
 
-def build_page(study_dir: str | Path, figure_dir: str | Path) -> DEQPage:
-    """The page's numbers, sentences and figures from the study's job files.
-
-    Raises:
-        FileNotFoundError: no finished job under ``study_dir/jobs``.
-    """
-    study_dir = Path(study_dir)
-    jobs = load_jobs(study_dir)
-    if not jobs:
-        raise FileNotFoundError(
-            f"no finished job under {study_dir / 'jobs'}; run python -m "
-            f"experiments.studies.deq_training.run {study_dir} first"
-        )
-    config = json.loads((study_dir / "config.json").read_text())
-    planned = [f"{a}_seed{s}" for a in config["arms"] for s in config["seeds"]]
-    found = {f"{j['arm']}_seed{j['seed']}" for j in jobs}
-    groups: dict[str, list[Job]] = {}
-    for job in jobs:
-        groups.setdefault(job["arm"], []).append(job)
-    rows = [arm_row(arm, group) for arm, group in groups.items()]
+def build_page(
+    csv: str | Path, figure_dir: str | Path, config: StudyConfig | None = None
+) -> DEQPage:
+    """The page's numbers, sentences and figures from the study's rows alone (rows of another
+    configuration than ``config``, default ``StudyConfig()``, are left out and counted); with
+    no row of it, a page that says the rows are pending (no figure drawn)."""
+    config = config or StudyConfig()
+    key = config_text(config.job_key())
+    every = read_rows(csv)
+    rows = [r for r in every if r["config"] == key and r["arm"] in config.arms
+            and r["seed"] in config.seeds]  # fmt: skip
+    order = list(ARMS)
+    rows.sort(key=lambda r: (order.index(r["arm"]), r["seed"]))
+    planned = [f"{a}_seed{s}" for a in config.arms for s in config.seeds]
+    found = {f"{r['arm']}_seed{r['seed']}" for r in rows}
+    groups: dict[str, list[Row]] = {}
+    for row in rows:
+        groups.setdefault(row["arm"], []).append(row)
+    arms = [arm_row(arm, group) for arm, group in groups.items()]
+    tests = comparisons(arms)
+    cpus = sorted({str(r["cpu"] or "unknown") for r in rows})
     return DEQPage(
         command=COMMAND,
-        config=config,
-        jobs_found=len(jobs),
+        csv=str(csv),
+        config={**dataclasses.asdict(config)},
+        jobs_found=len(rows),
         jobs_planned=len(planned),
+        other_config=len(every) - len(rows),
         missing=[name for name in planned if name not in found],
-        rows=rows,
-        findings=findings(rows),
-        figures=draw_figures(groups, Path(figure_dir)),
-        total_job_s=sum(j["wall_s"] for j in jobs),
+        rows=arms,
+        tests=tests,
+        findings=findings(arms, tests),
+        figures=draw_figures(groups, Path(figure_dir)) if rows else [],
+        total_job_s=sum(r["wall_s"] for r in rows),
+        processors=cpus,
+        commits=sorted({str(r["commit"] or "unknown") for r in rows}),
+        arm_titles=[(a, ARMS[a].title) for a in config.arms],
     )
 
 
@@ -371,51 +377,18 @@ def render(page: DEQPage) -> str:
         autoescape=False,  # markdown, not HTML
     )
     env.filters["num"] = _num
+    env.filters["signed"] = lambda v: "n/a" if v is None or not math.isfinite(v) else f"{v:+.3f}"
     env.filters["pct"] = _pct
-    return env.get_template("page.md.j2").render(page=page, kinds=WARNING_KINDS)
+    text = env.get_template("page.md.j2").render(page=page, kinds=WARNING_KINDS)
+    return re.sub(r"\n{3,}", "\n\n", text)  # the optional blocks' blank lines
 
 
-JOB_COLUMNS = (
-    "arm", "seed", "final_test_accuracy", "rho_start", "rho_max", "rho_final", "kappa_max",
-    "kappa_final", "forward_steps", "forward_missed", "backward_not_fixed_point",
-    "backward_missed", "step_ms", "wall_s", "failure",
-)  # fmt: skip
-
-
-def job_rows(jobs: Sequence[Job]) -> list[dict[str, Any]]:
-    """One row per job (``JOB_COLUMNS``): the per-seed numbers behind the page's means."""
-    out = []
-    for job in jobs:
-        row = arm_row(job["arm"], [job])
-        out.append({
-            "arm": job["arm"], "seed": job["seed"],
-            "final_test_accuracy": job["final_test_accuracy"], "rho_start": row.rho_start,
-            "rho_max": row.rho_max, "rho_final": row.rho_final, "kappa_max": row.kappa_max,
-            "kappa_final": row.kappa_final, "forward_steps": row.forward_steps,
-            "forward_missed": row.forward_missed,
-            "backward_not_fixed_point": row.backward_not_fixed_point,
-            "backward_missed": row.backward_missed, "step_ms": row.step_ms,
-            "wall_s": job["wall_s"], "failure": job["failure"] or "",
-        })  # fmt: skip
-    return out
-
-
-def write_job_rows(jobs: Sequence[Job], path: Path) -> Path:
-    """The per-job rows as a CSV at ``path`` (committed beside the page's figures)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(JOB_COLUMNS), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(job_rows(jobs))
-    return path
-
-
-def write_deq_report(study_dir: str | Path, out: str | Path = "docs/deq_training.md") -> Path:
-    """Write the page to ``out``, its figures and its per-job rows (``jobs.csv``) to
-    ``<out's folder>/deq_training/``."""
+def write_deq_report(csv: str | Path = DEFAULT_CSV, out: str | Path = "docs/deq_training.md",
+                     config: StudyConfig | None = None) -> Path:  # fmt: skip
+    """Write the page to ``out`` and its figures to ``<out's folder>/<out's stem>/`` from the
+    rows of ``csv`` (the figures only when there are rows)."""
     out = Path(out)
-    page = build_page(study_dir, out.parent / out.stem)
-    write_job_rows(load_jobs(study_dir), out.parent / out.stem / "jobs.csv")
+    page = build_page(csv, out.parent / out.stem, config)
     out.write_text(render(page))
     logger.info("DEQ training page: %s (%d of %d jobs)", out, page.jobs_found, page.jobs_planned)
     return out

@@ -21,11 +21,14 @@ tolerance, whether the backward was at a fixed point and converged (from ``Solut
 ``backward_log``), the warnings the library issued (counted with
 ``warnings.catch_warnings(record=True)``), and its wall time.
 
-One job per (arm, seed), written to ``OUT/jobs/<arm>_seed<seed>.json`` when it finishes; a job
-whose file exists (with the same configuration) is skipped, so an interrupted study resumes.
+One job per (arm, seed), written to ``OUT/jobs/<arm>_seed<seed>.json`` when it finishes, and
+its row (``deq_training.rows``: numbers, curves, configuration, processor, threads, commit)
+appended to the committed CSV as it ends; a job with a row (or a job file) of the same
+configuration is skipped, so an interrupted study resumes, also on a fresh machine.
 
-    python -m experiments.studies.deq_training.run [OUT_DIR] [--workers 2]
-    python -m experiments.report --deq [OUT_DIR]          # the page, docs/deq_training.md
+    OMP_NUM_THREADS=1 python -m experiments.studies.deq_training.run [OUT_DIR] \
+        --csv docs/deq_training/runs.csv [--workers 2]
+    python -m experiments.report --deq docs/deq_training/runs.csv   # docs/deq_training.md
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +56,14 @@ from torch.nn.utils import parametrize
 
 import implicit_ham as ih
 from experiments.data.digits import NUM_CLASSES, DigitsDataset
+from experiments.studies.deq_training.rows import (
+    DEFAULT_CSV,
+    append_row,
+    config_text,
+    job_row,
+    read_rows,
+)
+from experiments.studies.provenance import provenance
 
 logger = logging.getLogger(__name__)
 
@@ -303,6 +314,7 @@ def run_job(config: StudyConfig, arm_name: str, seed: int, out_dir: Path) -> dic
     A non-finite value (``ih.NonFiniteError``) ends the job early; the file records it.
     """
     torch.set_num_threads(config.threads)
+    where = provenance()  # the processor, this job's threads, the library commit
     arm = ARMS[arm_name]
     torch.manual_seed(seed)
     (train_x, train_y), (test_x, test_y) = load_split("train"), load_split("val")
@@ -341,6 +353,7 @@ def run_job(config: StudyConfig, arm_name: str, seed: int, out_dir: Path) -> dic
         "failure": failure,
         "final_test_accuracy": None if failure else probes[-1]["test_accuracy"],
         "wall_s": time.perf_counter() - start,
+        "provenance": where,
     }
     path = job_path(out_dir, arm_name, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -370,26 +383,52 @@ def finished(config: StudyConfig, out_dir: Path, arm: str, seed: int) -> bool:
     return True
 
 
-def run_study(config: StudyConfig, out_dir: Path, workers: int = 1) -> dict[str, list[str]]:
-    """Run every unfinished (arm, seed) job, ``workers`` at a time (1: in this process).
+def run_study(
+    config: StudyConfig, out_dir: Path, workers: int = 1, csv_path: str | Path | None = None
+) -> dict[str, list[str]]:
+    """Run every (arm, seed) job without a row in ``csv_path`` (default ``out_dir/runs.csv``),
+    ``workers`` at a time (1: in this process), appending each job's row as it ends. A job
+    whose file exists in ``out_dir`` but has no row gets its row from the file, unrun.
 
-    Returns the job names that ran and those skipped because their file exists.
+    Returns the job names that ran and those skipped (a row or a job file existed).
+
+    Raises:
+        ValueError: a row or job file of the same (arm, seed) has another configuration.
     """
     out_dir = Path(out_dir)
+    csv_path = Path(csv_path) if csv_path is not None else out_dir / "runs.csv"
+    key = config_text(config.job_key())
+    rows = {(r["arm"], r["seed"]): r for r in read_rows(csv_path)}
     jobs = [(a, s) for a in config.arms for s in config.seeds]
-    todo = [(a, s) for a, s in jobs if not finished(config, out_dir, a, s)]  # checks configs
+    todo = []
+    for arm, seed in jobs:
+        row = rows.get((arm, seed))
+        if row is not None and row["config"] != key:
+            raise ValueError(
+                f"{csv_path}: the row of {arm} seed {seed} has another configuration "
+                f"({row['config']}); remove it or use another CSV"
+            )
+        if row is None and finished(config, out_dir, arm, seed):  # checks the file's config
+            job = json.loads(job_path(out_dir, arm, seed).read_text())
+            append_row(csv_path, job_row(job, job.get("provenance", {})))
+        elif row is None:
+            todo.append((arm, seed))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=1))
-    done = {"ran": [f"{a}_seed{s}" for a, s in todo], "skipped": []}
-    done["skipped"] = [f"{a}_seed{s}" for a, s in jobs if (a, s) not in todo]
+    done = {"ran": [f"{a}_seed{s}" for a, s in todo],
+            "skipped": [f"{a}_seed{s}" for a, s in jobs if (a, s) not in todo]}  # fmt: skip
+
+    def record(result: dict[str, Any]) -> None:
+        append_row(csv_path, job_row(result, result["provenance"]))
+
     if workers <= 1:
         for arm, seed in todo:
-            run_job(config, arm, seed, out_dir)
+            record(run_job(config, arm, seed, out_dir))
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             futures = [pool.submit(run_job, config, a, s, out_dir) for a, s in todo]
-            for future in futures:
-                future.result()
+            for future in as_completed(futures):
+                record(future.result())
     return done
 
 
@@ -403,6 +442,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Run the study (resumable) into OUT_DIR."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", nargs="?", default=str(DEFAULT_OUT))
+    parser.add_argument("--csv", default=str(DEFAULT_CSV), help="the rows (committed; resumed)")
     parser.add_argument("--workers", type=int, default=2, help="jobs run at once")
     parser.add_argument("--steps", type=int, default=None, help="override the steps per job")
     parser.add_argument("--seeds", type=int, nargs="*", default=None)
@@ -417,7 +457,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.arms:
         overrides["arms"] = tuple(args.arms)
     config = StudyConfig(**overrides)
-    done = run_study(config, Path(args.out_dir), args.workers)
+    done = run_study(config, Path(args.out_dir), args.workers, args.csv)
     logger.info("ran %s; skipped (already finished) %s", done["ran"], done["skipped"])
 
 

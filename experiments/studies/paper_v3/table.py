@@ -81,19 +81,31 @@ def write_rows(
     _write_atomic(Path(path), columns, ordered)
 
 
-def read_rows(path: str | Path, columns: Sequence[str] = COLUMNS) -> dict[str, dict[str, Any]]:
-    """The CSV's rows (job key -> row with typed values); {} when the file does not exist.
-    ``columns``: the study's columns (a study v4 CSV has provenance columns beyond v3's)."""
+def read_row_list(path: str | Path, columns: Sequence[str] = COLUMNS) -> list[dict[str, Any]]:
+    """Every row of the CSV in file order, typed (a job may have several: re-runs); [] when
+    the file does not exist. ``columns``: the study's columns."""
     path = Path(path)
     if not path.exists():
-        return {}
+        return []
     with path.open(encoding="utf-8", newline="") as fh:
         reader = csv.DictReader(fh)
         missing = set(columns) - set(reader.fieldnames or ())
         if missing:
             raise ValueError(f"{path}: columns {sorted(missing)} missing; is it this study's CSV?")
-        rows = [{c: _parse(c, row[c]) for c in columns} for row in reader]
-    return {row["job"]: row for row in rows}
+        return [{c: _parse(c, row[c]) for c in columns} for row in reader]
+
+
+def read_rows(path: str | Path, columns: Sequence[str] = COLUMNS) -> dict[str, dict[str, Any]]:
+    """The CSV's rows (job key -> row with typed values); {} when the file does not exist.
+    ``columns``: the study's columns (a study v4 CSV has provenance columns beyond v3's)."""
+    return {row["job"]: row for row in read_row_list(path, columns)}
+
+
+def write_row_list(
+    path: str | Path, rows: Iterable[Mapping[str, Any]], columns: Sequence[str] = COLUMNS
+) -> None:
+    """Rewrite the CSV with ``rows`` in the given order (several rows of a job allowed)."""
+    _write_atomic(Path(path), columns, rows)
 
 
 def encode_curve(points: Iterable[tuple[int, float | None]]) -> str:

@@ -1,10 +1,12 @@
 """The DEQ training study end to end on a tiny configuration (2 arms, 1 seed, 4 steps): the job
-files, the resume (finished jobs are skipped, a changed configuration is refused), and the page
-(``python -m experiments.report --deq``), whose numbers are recomputed here from the job files."""
+files and the committed rows (with where they ran), the resume (jobs with a row are skipped,
+also without the job files; a changed configuration is refused), and the page (``python -m
+experiments.report --deq CSV``) from the rows alone, whose numbers are recomputed here from the
+job files and whose paired tests are checked against scipy's ``ttest_rel`` and Holm by its
+definition."""
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import shutil
@@ -16,8 +18,10 @@ from scipy import stats
 
 from experiments import report
 from experiments.studies.deq_training import report as page_module
+from experiments.studies.deq_training import rows as rows_module
 from experiments.studies.deq_training import run as study_module
 from experiments.studies.deq_training.run import StudyConfig, job_path, run_study
+from experiments.studies.paper_v3.table import write_row_list
 
 TINY = StudyConfig(
     arms=("none", "jacobian"), seeds=(0,), steps=4, batch=16, width=4, groups=2,
@@ -54,35 +58,72 @@ def test_each_job_writes_its_steps_probes_and_config(study: Path) -> None:
     assert json.loads((study / "config.json").read_text())["arms"] == list(TINY.arms)
 
 
-def test_a_second_run_skips_finished_jobs_and_resumes_a_missing_one(
+def test_each_job_appends_its_row_with_where_it_ran(study: Path) -> None:
+    rows = rows_module.read_rows(study / "runs.csv")
+    assert [(r["arm"], r["seed"]) for r in rows] == [("none", 0), ("jacobian", 0)] or [
+        (r["arm"], r["seed"]) for r in rows] == [("jacobian", 0), ("none", 0)]  # fmt: skip
+    for row in rows:
+        job = json.loads(job_path(study, row["arm"], 0).read_text())
+        assert row["final_test_accuracy"] == job["final_test_accuracy"]  # bit for bit
+        assert row["rho_max"] == max(p["spectral_radius"] for p in job["probes"])
+        assert rows_module.curve(row, "accuracy_curve") == [
+            (p["step"], pytest.approx(p["test_accuracy"], rel=1e-5)) for p in job["probes"]
+        ]
+        assert row["cpu"] and row["cpu"] != "unknown" and row["threads"] == TINY.threads == 1
+        assert row["commit"] and row["torch"]  # "unknown" outside a git checkout
+        assert json.loads(row["config"]) == json.loads(json.dumps(TINY.job_key()))
+
+
+def test_a_second_run_skips_jobs_with_a_row_and_resumes_a_missing_one(
     study: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[tuple[str, int]] = []
-    monkeypatch.setattr(study_module, "run_job", lambda c, arm, seed, o: calls.append((arm, seed)))
+
+    def fake(config: StudyConfig, arm: str, seed: int, out: Path) -> dict:
+        calls.append((arm, seed))
+        return json.loads(job_path(study, arm, seed).read_text())
+
+    monkeypatch.setattr(study_module, "run_job", fake)
     assert run_study(TINY, study) == {"ran": [], "skipped": ["none_seed0", "jacobian_seed0"]}
     assert calls == []
+    # a fresh machine: the committed CSV alone, no job files: nothing is re-run
+    fresh, csv_path = tmp_path / "fresh", tmp_path / "runs.csv"
+    shutil.copy(study / "runs.csv", csv_path)
+    assert run_study(TINY, fresh, csv_path=csv_path)["ran"] == []
+    # a job without a row runs, and its row is appended; the other row is kept as it was
+    before = {r["arm"]: r for r in rows_module.read_rows(csv_path)}
+    kept = [r for r in before.values() if r["arm"] != "jacobian"]
+    write_row_list(csv_path, kept, rows_module.COLUMNS)
+    assert run_study(TINY, fresh, csv_path=csv_path) == {
+        "ran": ["jacobian_seed0"], "skipped": ["none_seed0"]}  # fmt: skip
+    assert calls == [("jacobian", 0)]
+    after = {r["arm"]: r for r in rows_module.read_rows(csv_path)}
+    assert after == before
+    # a job file without a row gets its row from the file, unrun
     copy = tmp_path / "copy"
     shutil.copytree(study, copy)
-    job_path(copy, "jacobian", 0).unlink()
-    assert run_study(TINY, copy) == {"ran": ["jacobian_seed0"], "skipped": ["none_seed0"]}
-    assert calls == [("jacobian", 0)]
+    (copy / "runs.csv").unlink()
+    assert run_study(TINY, copy)["ran"] == [] and calls == [("jacobian", 0)]
+    assert {r["arm"]: r for r in rows_module.read_rows(copy / "runs.csv")} == before
 
 
-def test_a_job_file_of_another_configuration_is_refused(study: Path) -> None:
+def test_a_job_file_or_row_of_another_configuration_is_refused(study: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="another configuration"):
         run_study(dataclasses.replace(TINY, lr=1.0), study)
+    with pytest.raises(ValueError, match="row of none seed 0 has another configuration"):
+        run_study(dataclasses.replace(TINY, lr=1.0), tmp_path, csv_path=study / "runs.csv")
 
 
 def test_the_page_numbers_equal_a_recomputation_from_the_job_files(
     study: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "deq_training.md"
-    report.main(["--deq", str(study), "--out", str(out)])
+    page_module.write_deq_report(study / "runs.csv", out, TINY)
     text = out.read_text()
     for name in ("accuracy", "spectral_radius", "kappa", "forward_steps"):
         assert (tmp_path / "deq_training" / f"{name}.png").stat().st_size > 0
         assert f"](deq_training/{name}.png)" in text
-    assert "from 2 of 2 planned jobs" in text
+    assert "(2 of 2 planned jobs," in text
     assert f"| {TINY.lr} / {TINY.conv_lr} |" in text
     rows = {line.split("|")[1].strip(): line for line in text.splitlines()
             if line.startswith("| `") and "±" in line}  # fmt: skip
@@ -101,48 +142,70 @@ def test_the_page_numbers_equal_a_recomputation_from_the_job_files(
         ]
         for cell in expected:
             assert cell in rows[f"`{arm}`"], (arm, cell, rows[f"`{arm}`"])
-    built = page_module.build_page(study, tmp_path / "figures")
+    built = page_module.build_page(study / "runs.csv", tmp_path / "figures", TINY)
     none = json.loads(job_path(study, "none", 0).read_text())
     assert built.rows[0].arm == "none"
     assert built.rows[0].rho_max == max(p["spectral_radius"] for p in none["probes"])
     assert all(sentence in text for sentence in built.findings)
-    # the per-job rows beside the figures: one per job, its accuracy the job's own
-    with (tmp_path / "deq_training" / "jobs.csv").open() as fh:
-        committed = {(r["arm"], int(r["seed"])): r for r in csv.DictReader(fh)}
-    assert set(committed) == {(arm, 0) for arm in TINY.arms}
-    for arm in TINY.arms:
-        job = json.loads(job_path(study, arm, 0).read_text())
-        assert float(committed[(arm, 0)]["final_test_accuracy"]) == job["final_test_accuracy"]
+    assert "Highest" not in text and "Rows pending" not in text
 
 
-def test_accuracy_comparisons_are_paired_t_tests_by_seed() -> None:
-    def arm(name: str, by_seed: dict[int, float]) -> page_module.ArmRow:
-        values = list(by_seed.values())
-        return page_module.ArmRow(
-            arm=name, title=name, seeds=len(values), failed=0,
-            accuracy=statistics.fmean(values), accuracy_std=statistics.stdev(values),
-            rho_start=0.3, rho_final=0.5, rho_max=0.6, seeds_above_one=0, first_above_one=None,
-            kappa_final=2.0, kappa_max=3.0, forward_steps=10.0, forward_missed=0.0,
-            backward_not_fixed_point=0.0, backward_missed=0.0, warnings={}, step_ms=10.0,
-            by_seed=tuple(by_seed.items()),
-        )  # fmt: skip
-
-    a = arm("a", {0: 0.97, 1: 0.975, 2: 0.96, 3: 0.99})
-    b = arm("b", {1: 0.98, 2: 0.985, 0: 0.981, 5: 0.5})  # seed 5 has no partner
-    result = page_module.paired(a, b)
-    expected = stats.ttest_rel([0.97, 0.975, 0.96], [0.981, 0.98, 0.985])
-    assert result.n == 3 and result.p == pytest.approx(float(expected.pvalue), rel=1e-12)
-    assert result.difference == pytest.approx((0.97 + 0.975 + 0.96 - 0.981 - 0.98 - 0.985) / 3)
-    assert f"n = 3, p = {result.p:.2g}" in result.text()
-    assert page_module.paired(a, arm("c", {7: 0.9, 8: 0.8})).p is None
-    sentences = page_module.findings([arm("none", {0: 0.98, 1: 0.97, 2: 0.99}), a])
-    assert "paired by seed" in sentences[1] and "two standard errors" not in " ".join(sentences)
-    assert "Highest mean test accuracy" in sentences[-1]
+def _holm(p: list[float]) -> list[float]:
+    """Holm by its definition: the i-th smallest adjusted = max over j <= i of (m - j) p_(j)."""
+    ranked = sorted(p)
+    return [min(1.0, max((len(p) - j) * ranked[j] for j in range(ranked.index(v) + 1)))
+            for v in p]  # fmt: skip
 
 
-def test_the_page_refuses_an_empty_study(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="no finished job"):
-        page_module.build_page(tmp_path, tmp_path / "figures")
+def test_the_page_from_a_fixture_csv_has_paired_tests_equal_to_scipys(
+    study: Path, tmp_path: Path
+) -> None:
+    template = rows_module.read_rows(study / "runs.csv")[0]
+    accuracy = {  # arm -> per seed; seed 3 of "spectral" is missing (no pair)
+        "none": [0.980, 0.975, 0.985, 0.978],
+        "jacobian": [0.960, 0.950, 0.970, 0.955],
+        "spectral": [0.979, 0.980, 0.983],
+        "combined": [0.981, 0.972, 0.990, 0.977],
+    }
+    fixture = [{**template, "arm": arm, "seed": seed, "final_test_accuracy": value}
+               for arm, values in accuracy.items()
+               for seed, value in enumerate(values)]  # fmt: skip
+    csv_path = tmp_path / "runs.csv"
+    write_row_list(csv_path, fixture, rows_module.COLUMNS)
+    config = dataclasses.replace(TINY, arms=tuple(accuracy), seeds=(0, 1, 2, 3))
+    page = page_module.build_page(csv_path, tmp_path / "figures", config)
+    assert page.missing == ["spectral_seed3"] and page.jobs_found == 15
+    base = accuracy["none"]
+    expected = {arm: stats.ttest_rel(values, base[: len(values)])
+                for arm, values in accuracy.items() if arm != "none"}  # fmt: skip
+    holm = dict(zip(expected, _holm([float(r.pvalue) for r in expected.values()]), strict=True))
+    tests = {t.arm: t for t in page.tests}
+    assert set(tests) == set(expected)
+    for arm, result in expected.items():
+        t = tests[arm]
+        diffs = [a - b for a, b in zip(accuracy[arm], base, strict=False)]
+        assert t.n == len(diffs) and t.difference == pytest.approx(statistics.fmean(diffs))
+        assert t.p == pytest.approx(float(result.pvalue), rel=1e-9)
+        assert t.holm_p == pytest.approx(holm[arm], rel=1e-9)
+        low, high = stats.t.interval(0.95, len(diffs) - 1, loc=statistics.fmean(diffs),
+                                     scale=stats.sem(diffs))  # fmt: skip
+        assert (t.lower, t.upper) == pytest.approx((low, high), rel=1e-9)
+        assert t.resolved == (holm[arm] < 0.05)
+    assert tests["jacobian"].resolved and not tests["combined"].resolved
+    text = page_module.render(page)
+    line = next(x for x in text.splitlines() if x.startswith("| `jacobian` | 4 |"))
+    assert f"| {tests['jacobian'].p:.3f} | {holm['jacobian']:.3f} | resolved |" in line
+    assert "1 of 3 stabilised arms differ from no stabilisation" in text
+    assert "Highest" not in text
+
+
+def test_an_empty_csv_gives_a_rows_pending_page(tmp_path: Path) -> None:
+    out = tmp_path / "deq_training.md"
+    report.main(["--deq", str(tmp_path / "absent.csv"), "--out", str(out)])
+    text = out.read_text()
+    assert "**Rows pending.**" in text and "(0 of 15 planned jobs)" in text
+    assert "## What was found" not in text and "test acc." not in text
+    assert not (tmp_path / "deq_training").exists()  # no figure drawn
 
 
 @pytest.mark.parametrize(
@@ -153,18 +216,3 @@ def test_the_page_refuses_an_empty_study(tmp_path: Path) -> None:
 def test_a_bad_configuration_is_refused_early(change: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(TINY, **change)
-
-
-def test_a_damaged_job_file_is_named_and_the_rest_still_reported(
-    study: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    damaged = tmp_path / "study"
-    shutil.copytree(study, damaged)
-    bad = job_path(damaged, "jacobian", 0)
-    bad.write_text('{"arm": "jacobian", "se')  # cut off mid-write
-    out = tmp_path / "deq_training.md"
-    with caplog.at_level("WARNING"):
-        report.main(["--deq", str(damaged), "--out", str(out)])
-    assert str(bad) in caplog.text and "reported as missing" in caplog.text
-    text = out.read_text()
-    assert "from 1 of 2 planned jobs" in text and "`none`" in text

@@ -15,8 +15,8 @@ import pytest
 from scipy import stats
 
 from experiments.studies.paper_v3.plan import BPTT, NO_GRADIENT, ONE_STEP, Job
-from experiments.studies.paper_v3.table import read_rows, write_rows
-from experiments.studies.paper_v4 import report, run
+from experiments.studies.paper_v3.table import read_row_list, read_rows, write_row_list, write_rows
+from experiments.studies.paper_v4 import drift, report, rerun, run
 from experiments.studies.paper_v4.plan import (
     HAMS,
     MARGIN,
@@ -218,6 +218,9 @@ def test_the_page_renders_complete_rows_and_no_rows(tmp_path: Path) -> None:
         _write_page({}, tmp_path / "empty")
 
 
+TIMING = ("train_s", "peak_mem_mb", "started", "finished")
+
+
 @pytest.mark.slow
 def test_a_tiny_job_reruns_bit_for_bit_and_its_row_records_where_it_ran(tmp_path: Path) -> None:
     plan = Plan(replicates=2, tune_replicates=(7,), length_replicates=(0,),
@@ -226,22 +229,34 @@ def test_a_tiny_job_reruns_bit_for_bit_and_its_row_records_where_it_ran(tmp_path
                 overrides=("data.train_size=4", "data.val_size=2", "batch_size=2"))  # fmt: skip
     job = Job("main", "vq", ONE_STEP, 6, 1.0, 0.1, 0, 1)
     pre = pretrain_jobs(plan)[1]
-    rows = []
-    for attempt in ("a", "b"):
-        out = tmp_path / attempt
-        assert run.run_job(pre, plan, out)["status"] == "ok"
-        rows.append(run.run_job(job, plan, out))
-    first, second = rows
-    assert first["status"] == "ok", first.get("error")
-    for column in ("val_miou", "val_loss", "test_miou", "test_pixel_acc", "test_loss", "val_curve"):
-        assert first[column] == second[column], column  # bit for bit
-    assert first["cpu"] and first["cpu"] != "unknown" and first["threads"] == 1
-    assert first["commit"] != "" and first["torch"]
+    out = tmp_path / "study"
+    first = {j.key: run.run_job(j, plan, out) for j in (pre, job)}
+    assert all(r["status"] == "ok" for r in first.values()), first
     csv = tmp_path / "rows.csv"
-    write_rows(csv, {first["job"]: first}, run.COLUMNS)
-    back = read_rows(csv, run.COLUMNS)[first["job"]]
-    assert (back["cpu"], back["threads"], back["test_miou"]) == (
-        first["cpu"], 1, first["test_miou"])  # fmt: skip
+    write_rows(csv, first, run.COLUMNS)
+    # the re-run command: a fresh folder, the replicate pretrained again, rows to the sidecar
+    again = rerun.rerun([job.key], csv, tmp_path / "reruns", plan)
+    assert [r["job"] for r in again] == [pre.key, job.key]
+    assert len(list((tmp_path / "reruns").glob("rerun-*/pretrain/replicate0.pt"))) == 1
+    for second in again:
+        one = first[second["job"]]
+        # every column a job computes, its identity and where it ran: bit for bit
+        for column in run.COLUMNS:
+            if column not in TIMING:
+                assert one.get(column) == second.get(column), (second["job"], column)
+    assert set(drift.METRICS) <= set(run.COLUMNS)
+    row = first[job.key]
+    assert all(row[c] is not None for c in drift.METRICS if c != "fidelity"), row
+    assert row["cpu"] and row["cpu"] != "unknown" and row["threads"] == 1
+    assert row["commit"] and row["torch"]  # "unknown" outside a git checkout
+    back = read_rows(csv, run.COLUMNS)[job.key]
+    assert (back["cpu"], back["threads"], back["test_miou"]) == (row["cpu"], 1, row["test_miou"])
+    recorded = read_row_list(rerun.reruns_path(csv), run.COLUMNS)
+    assert [r["test_miou"] for r in recorded] == [None, row["test_miou"]]
+    measured = drift.pairs(read_rows(csv, run.COLUMNS), recorded, plan.digest())
+    assert len(measured) == 2 and all(p.same_machine and p.identical for p in measured)
+    text = drift.drift_summary(measured, first, str(csv), MARGIN)
+    assert "not measured" in text and "2 of 2 bit-identical in every metric." in text
 
 
 @pytest.mark.slow
@@ -259,3 +274,69 @@ def test_a_tiny_study_runs_end_to_end_resumes_and_renders(tmp_path: Path) -> Non
     docs = tmp_path / "docs"
     page = report.write(csv, docs, plan, v3_csv=tmp_path / "absent.csv").read_text()
     assert "all 2 test replicates" in page
+
+
+def test_the_drift_across_machines_is_computed_from_reruns_and_unmeasured_without(
+    tmp_path: Path,
+) -> None:
+    rows, _ = _full_rows(PLAN.replicates)
+    page, _ = _write_page(rows, tmp_path)
+    assert "No job has been re-run yet (the study's" in page and "1 processor model" in page
+    main = [r for r in rows.values() if r["stage"] == "main"]
+    shifts = [0.003, -0.001]  # test mIoU of two jobs re-run on another processor
+    reruns = [{**r, "cpu": "Other CPU", "test_miou": r["test_miou"] + d}
+              for r, d in zip(main, shifts, strict=False)]  # fmt: skip
+    reruns += [dict(main[2]),  # the same machine: identical
+               {**main[3], "cpu": "Other CPU", "test_miou": 0.0, "status": "failed"},
+               {**main[4], "cpu": "Other CPU", "test_miou": 0.0, "plan": "another"}]  # fmt: skip
+    write_row_list(rerun.reruns_path(tmp_path / "v4.csv"), reruns, run.COLUMNS)
+    page, _ = _write_page(rows, tmp_path)
+    # independent arithmetic of the two cross-machine differences (re-run - study)
+    deltas = [(main[i]["test_miou"] + d) - main[i]["test_miou"] for i, d in enumerate(shifts)]
+    mean, largest = float(np.mean(np.abs(deltas))), float(np.max(np.abs(deltas)))
+    assert (f"Drift across machines (Test CPU → Other CPU), 2 re-runs: |Δ test mIoU| mean "
+            f"{mean:.2e}, largest {largest:.2e} over 2 jobs") in page  # fmt: skip
+    assert "0 of 2 bit-identical" in page
+    assert "same processor model and thread count: 1 of 1 bit-identical in every metric." in page
+    table = page[page.index("| job | study row: processor") :].split("\n\n")[0].splitlines()
+    assert len(table) == 2 + 3  # header, rule, the three measured re-runs
+    assert f"{deltas[0]:+.2e}" in table[2] and "Other CPU" in table[2]
+
+
+def test_the_opening_line_carries_study_v3s_caveats_until_v4_is_complete() -> None:
+    rng = np.random.default_rng(3)
+    v3: dict[str, dict[str, Any]] = {}
+
+    def add(context: str, gradient: str, inv_t: float | None, r: int, score: float) -> None:
+        key = f"{context}-{gradient}-{inv_t}-{r}"
+        v3[key] = {"job": key, "stage": "main", "context": context, "gradient": gradient,
+                   "K": 0 if context == "none" else 6, "inv_t": inv_t, "replicate": r,
+                   "status": "ok", "test_miou": score}  # fmt: skip
+
+    floor = [0.60, 0.61, 0.62, 0.63]
+    diffs = {"nmf": rng.normal(-0.05, 0.005, 4), "vq": rng.normal(0.0, 0.01, 4),
+             "cd": rng.normal(0.02, 0.002, 4)}  # fmt: skip
+    for r, f in enumerate(floor):
+        add("none", NO_GRADIENT, None, r, f)
+        for ham in HAMS:
+            inv_t = None if ham == "nmf" else 1.0
+            add(ham, BPTT, inv_t, r, 0.8)
+            add(ham, ONE_STEP, inv_t, r, 0.8 + float(diffs[ham][r]))
+        # at inv_t 100: VQ's BPTT below the floor on replicates 0 and 2, CD's never
+        add("vq", BPTT, 100.0, r, f - 0.1 if r in (0, 2) else f + 0.1)
+        add("cd", BPTT, 100.0, r, f + 0.05)
+    rows, _ = _full_rows(2)
+    doc = report.paper_v4(rows, PLAN, "x.csv", v3)
+    line = doc.conclusions[0]
+    assert line.startswith("One-step as good as BPTT at the paper's settings: pending")
+    assert "(VQ inv_t 100: 2 of 4)" in line and "CD inv_t 100" not in line
+    for ham in HAMS:
+        d = diffs[ham]
+        low, high = stats.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
+        assert f"{ham.upper()} {d.mean():+.3f} [{low:+.3f}, {high:+.3f}] (n=4)" in line
+        excluded = f"the paper's +{PAPER_EFFECT[ham]:.3f} excluded"
+        assert (excluded in line) == (high < PAPER_EFFECT[ham]), ham
+    assert doc.v3_replicates == 4 and doc.v3_failed == "VQ inv_t 100: 2 of 4"
+    # complete v4 rows: the line is v4's verdicts alone
+    complete = report.paper_v4(_full_rows(PLAN.replicates)[0], PLAN, "x.csv", v3)
+    assert "study v3" not in complete.conclusions[0] and "NMF inferior" in complete.conclusions[0]
