@@ -43,7 +43,8 @@ def test_plan_arms_seeds_and_equal_budgets() -> None:
         by_task.setdefault(job.benchmark, set()).add(job.arm)
     hams = {f"{h}_{a}" for h in ("nmf", "vq", "cd") for a in ("one_step", "unroll", "implicit")}
     for task in H3_TASKS:
-        assert by_task[task] == {"attention", "linear_attention", "none"} | hams
+        base = {"attention", "attention_bidirectional", "linear_attention", "none"}
+        assert by_task[task] == base | hams
     deq = {f"deq_{a}_{s}" for a in ("unroll", "one_step", "phantom", "neumann", "implicit")
            for s in ("none", "spectral")}  # fmt: skip
     assert by_task["mnist1d"] == {"mlp", "cnn", "gru"} | deq
@@ -62,6 +63,8 @@ def test_plan_arms_seeds_and_equal_budgets() -> None:
     for job in planned:
         assert "stop_at_accuracy=1.0" in job.overrides  # early stop for every arm
         assert f"epochs={job.epochs}" in job.overrides
+        if job.benchmark in H3_TASKS:  # only the published attention row is causal
+            assert ("context.causal=true" in job.overrides) == (job.arm == "attention")
         if job.benchmark in H3_TASKS and job.arm == "attention":
             assert job.epochs == H3_TASKS[job.benchmark]  # the published epochs
         elif job.benchmark in H3_TASKS:  # equal wall time: the largest cap inside arm_seconds
@@ -82,7 +85,13 @@ def test_plan_runs_the_priority_rows_first_and_projects_the_budget() -> None:
     planned = jobs(plan)
     assert [j.tier for j in planned] == sorted(j.tier for j in planned)
     first = {j.tier: j for j in reversed(planned)}
-    assert first[1].arm == "attention" and first[2].arm.endswith("_one_step")
+    assert first[1].arm == "attention"
+    assert {j.arm for j in planned if j.tier == 2} == {
+        "nmf_one_step",
+        "vq_one_step",
+        "cd_one_step",
+        "attention_bidirectional",
+    }
     assert {j.arm for j in planned if j.tier == 3} == {"mlp", "cnn", "gru"}
     for tier in TIERS:
         seeds = [j.seed for j in planned if j.tier == tier]
@@ -140,19 +149,19 @@ TINY = Plan(
 def test_tiny_run_is_resumable_and_renders(tmp_path: Path) -> None:
     csv = tmp_path / "runs.csv"
     empty = report.render(report.build({}, TINY, str(csv), []))
-    assert "0 of 12 jobs have run" in empty and "pending (0 of 1 seeds" in empty
+    assert "0 of 13 jobs have run" in empty and "pending (0 of 1 seeds" in empty
     counts = run_study(TINY, tmp_path / "out", csv, workers=1)
-    assert counts == {"ran": 12, "failed": 0, "skipped": 0}
+    assert counts == {"ran": 13, "failed": 0, "skipped": 0}
     rows = read_rows(csv, COLUMNS)
     assert all(r["status"] == "ok" and r["commit"] for r in rows.values())
     again = run_study(TINY, tmp_path / "out", csv, workers=1)
-    assert again == {"ran": 0, "failed": 0, "skipped": 12}
+    assert again == {"ran": 0, "failed": 0, "skipped": 13}
     # partial: drop one arm's row; the page says it is pending and the verdict waits for it
     partial = {k: v for k, v in rows.items() if "/attention/" not in k}
     text = report.render(report.build(partial, TINY, str(csv), []))
-    assert "11 of 12 jobs have run" in text and "pending (0 of 1 seeds" in text
+    assert "12 of 13 jobs have run" in text and "pending (0 of 1 seeds" in text
     full = report.write(csv, tmp_path / "page.md", TINY).read_text()
-    assert "all 12 jobs have run" in full and "nmf_one_step − attention" in full
+    assert "all 13 jobs have run" in full and "nmf_one_step − attention" in full
     assert "Measured wall time" in full
 
 
@@ -205,7 +214,7 @@ def test_report_renders_from_a_fixture_csv(tmp_path: Path) -> None:
     """A small committed-style CSV (rows written by the study's own writer, one session in the
     sidecar) renders: per-seed values, mean ± sd, the published row beside ours, the check
     against it, the paired interval, the learning-curve status, the tiers and the wall time."""
-    plan = Plan(benchmarks=("h3_induction",), tiers=(1, 2))
+    plan = Plan(benchmarks=("h3_induction",), tiers=(1, 2), arm_seconds=300.0)  # nmf cap 16
     accuracy = {"attention": (1.0, 1.0, 0.98), "nmf_one_step": (0.30, 0.40, 0.35)}
     rows = {}
     for job in jobs(plan):
@@ -224,7 +233,7 @@ def test_report_renders_from_a_fixture_csv(tmp_path: Path) -> None:
     append_session(csv, {"started": 0.0, "finished": 5400.0, "jobs_run": 6, "workers": 2,
                          "plan": plan.digest(), "main_epochs": None})  # fmt: skip
     text = report.write(csv, tmp_path / "page.md", plan).read_text()
-    assert "6 of 12 jobs have run" in text
+    assert "6 of 15 jobs have run" in text
     assert "| attention | 400 | 99.3 ± 1.2 | 100.0 | 100.0, 100.0, 98.0 | 4, 4, 4 |" in text
     assert "attention: 99.3 ± 1.2 % against the published 100 %: -0.7 points, within 1" in text
     diffs = [100 * (b - a) for a, b in zip(*accuracy.values(), strict=True)]
@@ -240,5 +249,6 @@ def test_report_renders_from_a_fixture_csv(tmp_path: Path) -> None:
     assert "s0 solved at epoch 4; s1 solved at epoch 4; s2 rising" in text
     assert "Measured wall time** of the runner's invocations of this plan: 90 minutes" in text
     assert "(6 minutes of training summed over the finished jobs)" in text
-    assert "| 2 | Hamburger mixers under OneStep" in text and "| 3 of 9 |" in text
+    assert "| 2 | Hamburger mixers under OneStep" in text and "| 3 of 12 |" in text
+    assert "nmf_one_step − attention_bidirectional, paired by seed have run" in text  # pending
     assert "The plan fits the issue's budget of 120 minutes" in text  # tiers 1-2 only
