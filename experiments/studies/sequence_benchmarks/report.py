@@ -25,6 +25,7 @@ import jinja2
 from experiments.reports.render import Table, environment
 from experiments.studies.paper_v3.table import decode_curve, read_rows, read_sessions
 from experiments.studies.sequence_benchmarks.plan import (
+    ATTENTION_RUNS,
     ATTENTION_SOLVED_AT,
     BUDGET_MINUTES,
     EPOCH_S,
@@ -320,6 +321,31 @@ def render(page: Page) -> str:
         h3_epochs=H3_TASKS,
         epoch_s=EPOCH_S,
         solved_at=ATTENTION_SOLVED_AT,
+        measured=Table.of(
+            (
+                "task",
+                "mixer",
+                "epochs run",
+                "best test acc. %",
+                "at epoch",
+                "final %",
+                "reached 100 % at epoch",
+                "s / epoch",
+            ),
+            [
+                (
+                    TITLES[r.benchmark],
+                    r.mixer,
+                    r.epochs,
+                    f"{100 * r.best:.1f}",
+                    r.best_epoch,
+                    f"{100 * r.final:.1f}",
+                    r.solved_at,
+                    r.s_per_epoch,
+                )
+                for r in ATTENTION_RUNS
+            ],
+        ),
         budget=BUDGET_MINUTES,
         caps=_caps(page.plan),
     )

@@ -17,6 +17,8 @@ from experiments.studies.paper_v3.run import compose_overrides
 from experiments.studies.paper_v3.table import append_session, encode_curve, read_rows, write_rows
 from experiments.studies.sequence_benchmarks import report, run
 from experiments.studies.sequence_benchmarks.plan import (
+    ATTENTION_RUNS,
+    ATTENTION_SOLVED_AT,
     BUDGET_MINUTES,
     EPOCH_S,
     H3_TASKS,
@@ -252,3 +254,8 @@ def test_report_renders_from_a_fixture_csv(tmp_path: Path) -> None:
     assert "| 2 | Hamburger mixers under OneStep" in text and "| 3 of 12 |" in text
     assert "nmf_one_step − attention_bidirectional, paired by seed have run" in text  # pending
     assert "The plan fits the issue's budget of 120 minutes" in text  # tiers 1-2 only
+    causal = [r for r in ATTENTION_RUNS if r.mixer.startswith("causal") and r.solved_at]
+    assert {r.benchmark: r.solved_at for r in causal} == ATTENTION_SOLVED_AT
+    for r in ATTENTION_RUNS:  # the measured attention jobs, as the plan records them
+        row = f"| {report.TITLES[r.benchmark]} | {r.mixer} | {r.epochs} | {100 * r.best:.1f} |"
+        assert row in text
