@@ -238,6 +238,14 @@ def test_report_renders_from_a_fixture_csv(tmp_path: Path) -> None:
     assert "6 of 15 jobs have run" in text
     assert "| attention | 400 | 99.3 ± 1.2 | 100.0 | 100.0, 100.0, 98.0 | 4, 4, 4 |" in text
     assert "attention: 99.3 ± 1.2 % against the published 100 %: -0.7 points, within 1" in text
+    missed = report._checks(Plan(benchmarks=("mnist1d",)), {
+        f"cnn{seed}": {"benchmark": "mnist1d", "arm": "cnn", "seed": seed, "status": "ok",
+                       "accuracy": 0.979, "epochs_run": 150}
+        for seed in (0, 1, 2)
+    })  # fmt: skip
+    assert (
+        "cnn: 97.9 ± 0.0 % against the published 94 %: +3.9 points, NOT within 3 (our" in missed[1]
+    )
     diffs = [100 * (b - a) for a, b in zip(*accuracy.values(), strict=True)]
     half = 4.303 * statistics.stdev(diffs) / math.sqrt(3)
     mean = statistics.fmean(diffs)
