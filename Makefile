@@ -96,11 +96,14 @@ bench: install
 # The public benchmarks of docs/benchmarks_public.md (H3 synthetics, MNIST-1D): every job of
 # experiments/studies/sequence_benchmarks/plan.py through the engine, two at a time, one thread
 # each, rows committed to the CSV as jobs end (resumable: run it again to continue), then the
-# page. `python -m experiments.studies.sequence_benchmarks.run --cost` prints the projection.
-# PUBLIC_PLAN: the plan's options (--h3-epochs, --mnist-epochs, --benchmarks), given to both.
+# page. `python -m experiments.studies.sequence_benchmarks.run --cost` prints the projection per
+# priority tier (the whole plan does not fit 120 minutes; the top tiers do).
+# PUBLIC_PLAN: the plan's options (--arm-seconds, --sanity-epochs, --mnist-epochs, --benchmarks,
+# --tiers), given to both. PUBLIC_RUN: the runner's own, e.g. --stop-after-minutes 120.
 PUBLIC_PLAN ?=
+PUBLIC_RUN ?=
 benchmarks-public: install
-	OMP_NUM_THREADS=1 $(PY) -m experiments.studies.sequence_benchmarks.run multirun/sequence_benchmarks --csv docs/benchmarks_public/runs.csv --workers 2 $(PUBLIC_PLAN)
+	OMP_NUM_THREADS=1 $(PY) -m experiments.studies.sequence_benchmarks.run multirun/sequence_benchmarks --csv docs/benchmarks_public/runs.csv --workers 2 $(PUBLIC_PLAN) $(PUBLIC_RUN)
 	$(PY) -m experiments.studies.sequence_benchmarks.report --csv docs/benchmarks_public/runs.csv --out docs/benchmarks_public.md $(PUBLIC_PLAN)
 
 # Token mixers against the sequence length, docs/benchmarks_sequence.md (~3 min on one thread).

@@ -2,8 +2,9 @@
 
 Both share one parametrisation (linear maps for queries, keys, values and the output, as
 ``nn.MultiheadAttention``) and return the mixing term only, like it: a pre-norm block adds the
-residual, ``x = x + mixer(norm(x))``. Both are bidirectional (no mask): every output token sees
-every input token.
+residual, ``x = x + mixer(norm(x))``. Both are bidirectional by default (no mask): every output
+token sees every input token; ``SDPAMixer(causal=True)`` masks the future (output token i sees
+input tokens 0 ... i, GPT's and safari's attention), at no extra cost.
 
 * ``SDPAMixer``: softmax attention, ``softmax(Q K^T / sqrt(d_h)) V`` per head, through
   ``torch.nn.functional.scaled_dot_product_attention`` (time O(N^2 d), memory O(N d) with
@@ -73,10 +74,28 @@ class SDPAMixer(_AttentionMixer):
         channels: C, the token width.
         inner_channels: width of queries, keys and values (default C).
         heads: attention heads (d_h = inner_channels / heads).
+        causal: mask the future (``is_causal=True``): output token i sees input tokens
+            0 ... i only, as a causal language model's attention (the H3 paper's transformer).
+            Default False: bidirectional.
     """
 
+    def __init__(
+        self,
+        channels: int,
+        inner_channels: int | None = None,
+        heads: int = 1,
+        causal: bool = False,
+    ) -> None:
+        super().__init__(channels, inner_channels, heads)
+        if not isinstance(causal, bool):
+            raise TypeError(f"SDPAMixer: causal must be True or False, got {causal!r}")
+        self.causal = causal
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return F.scaled_dot_product_attention(q, k, v)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, causal={self.causal}"
 
 
 class LinearAttentionMixer(_AttentionMixer):

@@ -8,7 +8,8 @@ Map contexts, (B, C, H, W) -> (B, C, H, W): every registered decomposition ("nmf
 Token mixers, tokens (B, N, C) -> the mixing term (B, N, C) of a pre-norm transformer block:
 "<decomposition>_mixer" for every registered decomposition ("nmf_mixer", "vq_mixer", ...),
 built as a ``HamMixer`` around the ham, plus the baselines "sdpa_mixer" (``SDPAMixer``) and
-"linear_attention_mixer" (``LinearAttentionMixer``). All of them are bidirectional.
+"linear_attention_mixer" (``LinearAttentionMixer``). All of them are bidirectional, but
+"sdpa_mixer" with ``causal=True`` (a causal mask).
 """
 
 from __future__ import annotations

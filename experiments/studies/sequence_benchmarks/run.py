@@ -1,18 +1,22 @@
 """Run (or resume) the public-benchmark study (``plan``): every job without an ``ok`` row in
-the CSV, ``workers`` at a time, each trained by the engine (``run_training`` on the composed
-``conf/config.yaml`` + the job's overrides) on one thread, its row (with provenance: processor,
-threads, commit, torch) written to the CSV as it ends. Interrupt it at any time and run the
-same command again: finished jobs are skipped (and a job's own checkpoints resume it).
+the CSV, ``workers`` at a time, in the plan's priority order (tier, then seed), each trained by
+the engine (``run_training`` on the composed ``conf/config.yaml`` + the job's overrides) on one
+thread, its row (with provenance: processor, threads, commit, torch) written to the CSV as it
+ends (an atomic rewrite: the CSV can be committed at any moment). Interrupt it at any time and
+run the same command again: finished jobs are skipped (and a job's own checkpoints resume it).
+``--stop-after-minutes``: no job starts after that many minutes of this invocation (the jobs
+in flight finish), so a run inside the issue's 120 minutes ends with the top tiers done.
 
     OMP_NUM_THREADS=1 python -m experiments.studies.sequence_benchmarks.run \\
         multirun/sequence_benchmarks --csv docs/benchmarks_public/runs.csv --workers 2
-    python -m experiments.studies.sequence_benchmarks.run --cost   # the projected wall time
+    python -m experiments.studies.sequence_benchmarks.run --cost   # the projection per tier
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,7 +37,9 @@ from experiments.studies.paper_v3.run import compose_overrides, measured_row
 from experiments.studies.paper_v3.table import append_session, encode_curve, read_rows, write_rows
 from experiments.studies.provenance import provenance
 from experiments.studies.sequence_benchmarks.plan import (
+    BUDGET_MINUTES,
     STUDY,
+    TIERS,
     Job,
     Plan,
     add_plan_arguments,
@@ -122,8 +128,16 @@ def pending(plan: Plan, rows: Mapping[str, Mapping[str, Any]]) -> list[Job]:
     return [j for j in jobs(plan) if rows.get(j.key, {}).get("status") != "ok"]
 
 
-def run_study(plan: Plan, out_dir: Path, csv_path: Path, workers: int = 2) -> dict[str, int]:
-    """Run every pending job, ``workers`` at a time; rows of another plan are refused."""
+def run_study(
+    plan: Plan,
+    out_dir: Path,
+    csv_path: Path,
+    workers: int = 2,
+    stop_after_minutes: float | None = None,
+) -> dict[str, int]:
+    """Run every pending job, ``workers`` at a time, in plan order; rows of another plan are
+    refused. ``stop_after_minutes``: no job starts once that many minutes have passed since
+    this call began (None: run them all)."""
     out_dir, csv_path = Path(out_dir).resolve(), Path(csv_path)
     rows = read_rows(csv_path, COLUMNS)
     other = sorted({str(r["plan"]) for r in rows.values()} - {plan.digest()})
@@ -134,14 +148,20 @@ def run_study(plan: Plan, out_dir: Path, csv_path: Path, workers: int = 2) -> di
         )
     order = {j.key: i for i, j in enumerate(jobs(plan))}
     csv_path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = None if stop_after_minutes is None else time.time() + 60 * stop_after_minutes
+
+    def todo(current: Mapping[str, Mapping[str, Any]]) -> list[Job]:
+        if deadline is not None and time.time() >= deadline:
+            return []  # past the stop: start nothing more (the jobs in flight finish)
+        return pending(plan, current)
 
     def session(started: float, finished: float, ran: int) -> None:
         append_session(csv_path, {"started": started, "finished": finished, "jobs_run": ran,
                                   "workers": workers, "plan": plan.digest(),
-                                  "main_epochs": plan.h3_epochs})  # fmt: skip
+                                  "main_epochs": None})  # fmt: skip
 
     schedule = Schedule(
-        pending=lambda current: pending(plan, current),
+        pending=todo,
         ready=lambda job, settled: True,
         order=lambda job: order[job.key],
         run=run_job,
@@ -152,6 +172,20 @@ def run_study(plan: Plan, out_dir: Path, csv_path: Path, workers: int = 2) -> di
     return run_schedule(schedule, rows, workers)
 
 
+def projection_text(plan: Plan, workers: int = 2) -> str:
+    """The projection per tier (``plan.cost``) as lines: minutes expected / worst case, when
+    each tier ends, and whether it ends inside the issue's budget."""
+    lines = [f"projection, {workers} workers, from plan.EPOCH_S (a loaded host: an upper bound):"]
+    for t in cost(plan, workers):
+        inside = "inside" if t.fits else "beyond"
+        lines.append(
+            f"tier {t.tier} ({TIERS[t.tier]}): {t.jobs} jobs, {t.expected:.0f} min expected "
+            f"({t.worst:.0f} worst case), ends at {t.ends_at:.0f} min: {inside} the "
+            f"{BUDGET_MINUTES:.0f}-minute budget"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Run (or resume) the study into OUT_DIR, its rows into --csv."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -160,19 +194,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2, help="jobs run at once")
     parser.add_argument("--list", action="store_true", help="print the pending jobs and stop")
     parser.add_argument("--cost", action="store_true", help="print the projected minutes")
+    parser.add_argument(
+        "--stop-after-minutes", type=float, default=None,
+        help="start no job after this many minutes (the jobs in flight finish); resume later",
+    )  # fmt: skip
     add_plan_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     plan = plan_of(args)
     if args.cost:
-        for name, minutes in cost(plan, args.workers).items():
-            print(f"{name}: {minutes:.0f} min (worst case, {args.workers} workers)")
+        print(projection_text(plan, args.workers))
         return
     if args.list:
         for job in pending(plan, read_rows(args.csv, COLUMNS)):
             print(job.key, " ".join(job.overrides))
         return
-    counts = run_study(plan, Path(args.out_dir), Path(args.csv), args.workers)
+    counts = run_study(
+        plan, Path(args.out_dir), Path(args.csv), args.workers, args.stop_after_minutes
+    )
     logger.info("ran %(ran)d jobs (%(failed)d failed); %(skipped)d already ok", counts)
 
 

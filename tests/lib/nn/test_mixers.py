@@ -54,6 +54,28 @@ def test_sdpa_mixer_is_softmax_attention(heads):
     torch.testing.assert_close(mixer(x), reference_softmax(mixer, x), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("heads", [1, 2])
+def test_causal_sdpa_mixer_is_masked_softmax_attention(heads):
+    """causal=True: softmax over j <= i only (an explicit lower-triangular mask in float64),
+    so output token i does not move when a later token changes; bidirectional by default."""
+    torch.manual_seed(2)
+    mixer = ih.SDPAMixer(8, inner_channels=6, heads=heads, causal=True).double()
+    x = torch.randn(2, 7, 8, dtype=torch.float64)
+    q, k, v = (_project(p, x, heads) for p in (mixer.query, mixer.key, mixer.value))
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    future = torch.ones(7, 7, dtype=torch.bool).triu(1)
+    weights = torch.exp(scores - scores.amax(-1, keepdim=True)).masked_fill(future, 0.0)
+    expected = _merge(mixer, (weights / weights.sum(-1, keepdim=True)) @ v)
+    torch.testing.assert_close(mixer(x), expected, rtol=1e-12, atol=1e-12)
+    moved = x.clone()
+    moved[:, -1] += 1.0
+    torch.testing.assert_close(mixer(moved)[:, :-1], mixer(x)[:, :-1], rtol=0, atol=0)
+    assert not ih.SDPAMixer(8).causal and "causal=True" in repr(mixer)
+    assert ih.make_context("sdpa_mixer", 8, causal=True).causal
+    with pytest.raises(TypeError, match="causal must be True or False"):
+        ih.SDPAMixer(8, causal=1)  # type: ignore[arg-type]
+
+
 def test_sdpa_mixer_equals_torch_multihead_attention_with_the_same_weights():
     """The mixer is a drop-in for ``nn.MultiheadAttention(batch_first=True)(x, x, x)[0]``."""
     torch.manual_seed(1)
