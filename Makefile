@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test quick lint typecheck docs-build docs demo study study-v4 bench bench-sequence benchmarks-public gpu-check generate generate-gan deq-study clean
+.PHONY: install test quick lint typecheck docs-build docs demo study study-v4 bench bench-sequence benchmarks-public gpu-check generate deq-study clean
 
 install: $(STAMP)
 
@@ -68,16 +68,6 @@ generate: install
 	$(PY) -m experiments.studies.generation_v3.report --results $(GEN_RESULTS)
 	OMP_NUM_THREADS=1 nice -n 10 $(PY) -m experiments.studies.generation_v3.run main $(GEN_DIR) --results $(GEN_RESULTS)
 	$(PY) -m experiments.studies.generation_v3.report --results $(GEN_RESULTS)
-
-# The earlier GAN comparison of docs/generation.md (experiments/generation/study.py; off the
-# default path since generation v3): its pilot gate failed for every design.
-GAN_DIR ?= multirun/generate_v2
-GAN_RESULTS ?= docs/generation/results.jsonl
-generate-gan: install
-	OMP_NUM_THREADS=1 nice -n 10 $(PY) -m experiments.generation.study pilot $(GAN_DIR) --results $(GAN_RESULTS)
-	OMP_NUM_THREADS=1 nice -n 10 $(PY) -m experiments.generation.study main $(GAN_DIR) --results $(GAN_RESULTS)
-	test -f docs/generation/pairing_check.json || OMP_NUM_THREADS=1 $(PY) -m experiments.generation.pairing_check --out docs/generation/pairing_check.json
-	$(PY) -m experiments.generation.page $(GAN_DIR) --results $(GAN_RESULTS)
 
 # The DEQ training study of docs/deq_training.md: 5 arms x 3 seeds, two jobs at a time, one
 # thread each (resumable: run it again to continue), then the page.

@@ -5,7 +5,7 @@
 Every number comes from the results rows (``run``) or is computed from the data (the two
 reference predictors); the page renders with no rows (it says that nothing has run) and with a
 partial set (it says which jobs are missing). A verdict is a paired 95 % t interval over the seeds
-both arms have (``experiments.generation.paired.paired_interval``); the held-out loss is lower
+both arms have (``experiments.reports.verdicts.paired_interval``); the held-out loss is lower
 for the better arm, so intervals are of ``loss(b) - loss(a)``: above 0 when ``a`` is better.
 """
 
@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from experiments.data.far_twins import FarTwinsDataset, right_cell
-from experiments.generation.paired import paired_interval
 from experiments.reports.render import Table, render_beside
+from experiments.reports.verdicts import paired_interval
 from experiments.studies.generation_v3.plan import ARMS, PILOT_ARMS, Plan
 
 DEFAULT_RESULTS = Path("docs/generation_v3/results.jsonl")
@@ -93,8 +93,8 @@ def improvement(
     both = [s for s in seeds if s in la and s in lb]
     if len(both) < 2:
         return None
-    mean, low, high = paired_interval([lb[s] for s in both], [la[s] for s in both])
-    return Interval(a, b, len(both), mean, low, high)
+    i = paired_interval([lb[s] - la[s] for s in both])
+    return Interval(a, b, i.n, i.mean, i.lower, i.upper)
 
 
 @dataclass(frozen=True)
