@@ -60,14 +60,18 @@ study-v4: install
 # its checkpoints in GEN_DIR. Estimated 20-25 min on 2 cores with 2 workers (one-thread ms per
 # step, evaluation included, at load average 3.6 on this 2-core machine: none 9.8, self-attention
 # 15.9, NMF one-step 16.1, BPTT 20.1, implicit 69.4, VQ one-step 26.1; 36 jobs of 2560 steps;
-# about 3x slower at load average 6-8; peak RSS about 470 MiB a job).
+# about 3x slower at load average 6-8; peak RSS about 470 MiB a job). Then the pairing check:
+# every arm's real-vs-recombined classifier over 8 seeds (48 jobs, rows in GEN_PAIRING).
 GEN_DIR ?= multirun/generation_v3
 GEN_RESULTS ?= docs/generation_v3/results.jsonl
+GEN_PAIRING ?= docs/generation_v3/pairing.jsonl
 generate: install
 	OMP_NUM_THREADS=1 nice -n 10 $(PY) -m experiments.studies.generation_v3.run pilot $(GEN_DIR) --results $(GEN_RESULTS)
-	$(PY) -m experiments.studies.generation_v3.report --results $(GEN_RESULTS)
+	$(PY) -m experiments.studies.generation_v3.report --results $(GEN_RESULTS) --pairing-results $(GEN_PAIRING)
 	OMP_NUM_THREADS=1 nice -n 10 $(PY) -m experiments.studies.generation_v3.run main $(GEN_DIR) --results $(GEN_RESULTS)
-	$(PY) -m experiments.studies.generation_v3.report --results $(GEN_RESULTS)
+	$(PY) -m experiments.studies.generation_v3.report --results $(GEN_RESULTS) --pairing-results $(GEN_PAIRING)
+	OMP_NUM_THREADS=1 nice -n 10 $(PY) -m experiments.studies.generation_v3.run pairing $(GEN_DIR) --results $(GEN_PAIRING)
+	$(PY) -m experiments.studies.generation_v3.report --results $(GEN_RESULTS) --pairing-results $(GEN_PAIRING)
 
 # The DEQ training study of docs/deq_training.md: 5 arms x 3 seeds, two jobs at a time, one
 # thread each (resumable: run it again to continue), then the page.

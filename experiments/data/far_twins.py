@@ -132,3 +132,44 @@ def masked_cell_loss(prediction: Tensor, target: Tensor) -> Tensor:
             f"{tuple(target.shape)} must have one shape (N, 1, {CANVAS}, {CANVAS})"
         )
     return (right_cell(prediction) - right_cell(target)).pow(2).sum((1, 2)).mean()
+
+
+def recombined(canvases: Tensor, labels: Tensor) -> Tensor:
+    """Real canvases (N, 1, 32, 32) with their classes (N,) -> canvases (M, 1, 32, 32), M <= N,
+    holding the left digit of canvas i and the right digit of canvas (i + 1) mod N, for the i
+    whose two classes differ (in order of i): every digit real, only the pairing broken."""
+    if canvases.shape[0] != labels.shape[0] or canvases.shape[0] < 2:
+        raise ValueError(
+            f"recombined: need >= 2 canvases and one label each, got {canvases.shape[0]} "
+            f"canvases and {labels.shape[0]} labels"
+        )
+    partner = torch.roll(torch.arange(len(labels)), -1)
+    keep = labels != labels[partner]
+    out = canvases[keep].clone()
+    out[..., CANVAS // 2 :] = canvases[partner[keep]][..., CANVAS // 2 :]  # right half
+    return out
+
+
+def pairing_canvases(
+    split: str, size: int, val_fraction: float = 0.2, seed: int = 0
+) -> tuple[Tensor, Tensor]:
+    """The pairing check's items: canvases (size, 1, 32, 32) and labels (size,) int64, the first
+    half real far-twin canvases (label 1: two different digits of one class), the second half
+    their recombinations (label 0: two real digits of different classes, ``recombined``), so the
+    set is exactly balanced (its accuracy is its balanced accuracy). Built from
+    ``FarTwinsDataset(split, size, val_fraction, seed)``: "train" and "val" use disjoint scans.
+    Each canvas alone (the left or the right digit) has the same distribution in both halves:
+    only the two digits together tell them apart."""
+    if size < 2 or size % 2:
+        raise ValueError(f"pairing_canvases: size must be an even number >= 2, got {size!r}")
+    real = FarTwinsDataset(split, size, val_fraction=val_fraction, seed=seed)
+    fake = recombined(real.canvases, real.labels)
+    half = size // 2
+    if len(fake) < half:
+        raise ValueError(
+            f"pairing_canvases: only {len(fake)} of {size} neighbouring canvases differ in class, "
+            f"fewer than the {half} recombinations needed; use a larger size"
+        )
+    canvases = torch.cat([real.canvases[:half], fake[:half]])
+    labels = torch.cat([torch.ones(half, dtype=torch.int64), torch.zeros(half, dtype=torch.int64)])
+    return canvases, labels

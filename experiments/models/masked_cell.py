@@ -22,6 +22,13 @@ right digit instead; the held-out loss measures exactly that.
 The shared layers (everything but the context module and the gate) are initialised from their
 own generator seeded by ``init_seed``, so arms with different context blocks start from the same
 shared weights whatever the context module's own initialisation draws.
+
+``CellPairingClassifier`` is the same per-cell network with a 2-channel head: real far-twin
+canvases vs recombined ones (``experiments.data.far_twins.pairing_canvases``), its logits the
+mean of the 16 cells' logits. A mean of per-cell scores is a sum of functions of one cell each,
+so without a context block it cannot tell whether two cells hold digits of one class (real and
+recombined canvases have the same distribution of each cell alone): the check of whether a
+context block carries the pairing at all.
 """
 
 from __future__ import annotations
@@ -127,3 +134,14 @@ class MaskedCellModel(nn.Module):
         """Canvases (B, 1, 32, 32) -> predicted canvases (B, 1, 32, 32)."""
         return nn.functional.pixel_shuffle(self.cells(canvas), CELL)
 
+
+class CellPairingClassifier(MaskedCellModel):
+    """Canvases (B, 1, 32, 32) -> logits (B, 2) of "recombined" (0) and "real" (1): the mean
+    over the 16 cells of the per-cell network's 2 outputs (module docstring). Arguments as
+    ``MaskedCellModel``'s."""
+
+    outputs = 2
+
+    def forward(self, canvas: Tensor) -> Tensor:
+        """Canvases (B, 1, 32, 32) -> logits (B, 2)."""
+        return self.cells(canvas).mean((2, 3))

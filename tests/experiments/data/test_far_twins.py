@@ -8,7 +8,13 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from experiments.data.far_twins import FarTwinsDataset, compose_far_canvases, pair_indices
+from experiments.data.far_twins import (
+    FarTwinsDataset,
+    compose_far_canvases,
+    pair_indices,
+    pairing_canvases,
+    recombined,
+)
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +68,46 @@ def test_compose_refuses_digits_of_another_size() -> None:
 def test_bad_arguments_are_refused_with_their_name(kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):
         FarTwinsDataset(**kwargs)
+
+
+def _scan_of(cell: np.ndarray, images: np.ndarray) -> int:
+    """The index of the one scan (of scikit-learn's 1797) whose pixels ``cell`` holds."""
+    found = np.flatnonzero(np.abs(images - cell).reshape(len(images), -1).max(1) < 1e-6)
+    assert len(found) >= 1, "a cell holds no scan"
+    return int(found[0])
+
+
+def _scans(canvases: torch.Tensor, images: np.ndarray) -> list[tuple[int, int]]:
+    """(left scan, right scan) of each canvas, found by pixel equality with the scans."""
+    pixels = canvases[:, 0].numpy()
+    return [(_scan_of(c[8:16, 0:8], images), _scan_of(c[8:16, 24:32], images)) for c in pixels]
+
+
+def test_pairing_labels_say_whether_the_two_scans_share_a_class(originals) -> None:
+    images, targets = originals
+    canvases, labels = pairing_canvases("train", 40, seed=3)
+    assert canvases.shape == (40, 1, 32, 32) and labels.dtype == torch.int64
+    assert int(labels.sum()) == 20  # balanced: half real, half recombined
+    for (left, right), label in zip(_scans(canvases, images), labels.tolist(), strict=True):
+        assert left != right
+        assert label == int(targets[left] == targets[right])
+
+
+def test_pairing_val_scans_are_disjoint_from_train_scans(originals) -> None:
+    images, _ = originals
+    train = {s for pair in _scans(pairing_canvases("train", 200, seed=1)[0], images) for s in pair}
+    val = {s for pair in _scans(pairing_canvases("val", 100, seed=1)[0], images) for s in pair}
+    assert train and val and not train & val
+
+
+def test_recombined_takes_the_next_canvas_right_half_where_classes_differ() -> None:
+    canvases = torch.rand(4, 1, 32, 32)
+    out = recombined(canvases, torch.tensor([1, 1, 2, 3]))  # pairs (1, 2), (2, 3), (3, 0) differ
+    assert out.shape == (3, 1, 32, 32)
+    for row, (i, j) in enumerate([(1, 2), (2, 3), (3, 0)]):
+        assert torch.equal(out[row, ..., :16], canvases[i, ..., :16])
+        assert torch.equal(out[row, ..., 16:], canvases[j, ..., 16:])
+    with pytest.raises(ValueError, match="one label each"):
+        recombined(canvases, torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="even number"):
+        pairing_canvases("train", 7)
