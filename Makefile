@@ -61,7 +61,9 @@ study-v4: install
 # step, evaluation included, at load average 3.6 on this 2-core machine: none 9.8, self-attention
 # 15.9, NMF one-step 16.1, BPTT 20.1, implicit 69.4, VQ one-step 26.1; 36 jobs of 2560 steps;
 # about 3x slower at load average 6-8; peak RSS about 470 MiB a job). Then the pairing check:
-# every arm's real-vs-recombined classifier over 8 seeds (48 jobs, rows in GEN_PAIRING).
+# every arm's real-vs-recombined classifier over 8 seeds (48 jobs of 7680 steps, rows in
+# GEN_PAIRING): a self-attention job took 85 s of CPU (200 s wall at load average 8); scaled by
+# the arms' ratios above, about 110 min of job CPU time, about an hour on 2 idle cores.
 GEN_DIR ?= multirun/generation_v3
 GEN_RESULTS ?= docs/generation_v3/results.jsonl
 GEN_PAIRING ?= docs/generation_v3/pairing.jsonl

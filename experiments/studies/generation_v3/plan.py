@@ -55,7 +55,8 @@ class Plan:
             than ``plateau_tol`` (relative) over the last ``plateau_share`` of its epochs.
         overrides: extra Hydra overrides of every job (tests shrink the jobs with them).
         pairing_seeds / pairing_epochs: the pairing stage's seeds (>= 8) and epochs (64 steps
-            each at the preset's 4096 canvases).
+            each at the preset's 4096 canvases; a self-attention job of seed 0 stayed at
+            chance for 37 epochs, reached 0.71 at 40 and 0.89 at 120).
     """
 
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4, 5)
@@ -68,7 +69,7 @@ class Plan:
     arms: tuple[str, ...] = tuple(ARMS)
     overrides: tuple[str, ...] = field(default_factory=tuple)
     pairing_seeds: tuple[int, ...] = tuple(range(8))
-    pairing_epochs: int = 40
+    pairing_epochs: int = 120
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.arms) - set(ARMS))

@@ -205,7 +205,7 @@ def comparison_table(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
 
 def pairing_table(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
     """Per arm: the pairing classifier's held-out balanced accuracy (mean ± sd over its seeds,
-    and each seed's), its final gamma and time per step."""
+    and each seed's), the seeds at a plateau (val loss), its final gamma and time per step."""
     body = []
     for arm in plan.arms:
         mine = [r for r in rows if r["arm"] == arm and r["plan"] == plan.pairing_digest()]
@@ -217,11 +217,12 @@ def pairing_table(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
             f"{len(values)} / {len(plan.pairing_seeds)}",
             f"{statistics.fmean(values):.3f}{spread}" if values else "–",
             ", ".join(f"{by_seed[s]:.3f}" for s in sorted(by_seed)) or "–",
+            f"{sum(bool(r.get('at_plateau')) for r in mine)} / {len(mine)}",
             _fmt(_mean([r["gamma"] for r in mine])),
             _fmt(_mean([1000 * r["time_per_step_s"] for r in mine]), 1),
         ))  # fmt: skip
     header = ("arm", "seeds done", "balanced accuracy (mean ± sd)", "by seed (0, 1, ...)",
-              "final γ (mean)", "ms / step")  # fmt: skip
+              "at a plateau", "final γ (mean)", "ms / step")  # fmt: skip
     return Table.of(header, body)
 
 

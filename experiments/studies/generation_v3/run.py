@@ -16,7 +16,8 @@ has passed (``report.gate``), unless ``--skip-gate``.
 
 The ``pairing`` stage trains every arm's pairing classifier (``plan.job_overrides`` with
 ``pairing``) in ``OUT/pairing/<job key>``, its rows (final and best held-out balanced accuracy,
-the accuracy curve, time per step, peak memory, gamma) in their own results file
+the accuracy curve, the plateau check of its val loss, time per step, peak memory, gamma) in
+their own results file
 (``docs/generation_v3/pairing.jsonl`` by default); it does not wait for the gate (it asks
 whether each context block can carry the pairing at all).
 """
@@ -122,11 +123,15 @@ def run_pairing_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
     row = _train(job, cfg, out_dir / "pairing" / job.key, "val/accuracy")
     results = row.pop("results")
     accuracies = [accuracy for _, accuracy in row["curve"]]
+    losses = [loss for _, loss in val_curve(out_dir / "pairing" / job.key)]
+    change = plateau_change(losses, plan.plateau_share)
     return row | {
         "plan": plan.pairing_digest(),
         "balanced_accuracy": float(results["metrics"]["val/accuracy"]),
         "best_balanced_accuracy": max(accuracies) if accuracies else None,
         "val_loss": float(results["metrics"]["val/loss"]),
+        "plateau_change": change,
+        "at_plateau": change is not None and change < plan.plateau_tol,
     }
 
 

@@ -193,4 +193,7 @@ def test_a_tiny_pairing_job_gives_its_row_through_the_engine(tmp_path: Path) -> 
     assert row["balanced_accuracy"] == accuracies[-1]
     assert row["best_balanced_accuracy"] == max(accuracies)
     assert row["steps"] == 4 and row["plan"] == plan.pairing_digest()
+    first, last = (m["val/loss"] for m in metrics if "val/loss" in m)
+    assert row["plateau_change"] == pytest.approx(abs(last - first) / first)
+    assert row["at_plateau"] == (row["plateau_change"] < plan.plateau_tol)
     assert math.isfinite(row["gamma"]) and row["peak_memory_mb"] > 0
