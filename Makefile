@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test quick lint typecheck docs-build docs demo study study-v4 bench bench-sequence benchmarks-public gpu-check generate generate-gan deq-study clean
+.PHONY: install test quick lint typecheck docs-build docs demo study study-v4 bench bench-sequence benchmarks-public gpu-check generate deq-study clean
 
 install: $(STAMP)
 
@@ -60,24 +60,20 @@ study-v4: install
 # its checkpoints in GEN_DIR. Estimated 20-25 min on 2 cores with 2 workers (one-thread ms per
 # step, evaluation included, at load average 3.6 on this 2-core machine: none 9.8, self-attention
 # 15.9, NMF one-step 16.1, BPTT 20.1, implicit 69.4, VQ one-step 26.1; 36 jobs of 2560 steps;
-# about 3x slower at load average 6-8; peak RSS about 470 MiB a job).
+# about 3x slower at load average 6-8; peak RSS about 470 MiB a job). Then the pairing check:
+# every arm's real-vs-recombined classifier over 8 seeds (48 jobs of 7680 steps, rows in
+# GEN_PAIRING): a self-attention job took 85 s of CPU (200 s wall at load average 8); scaled by
+# the arms' ratios above, about 110 min of job CPU time, about an hour on 2 idle cores.
 GEN_DIR ?= multirun/generation_v3
 GEN_RESULTS ?= docs/generation_v3/results.jsonl
+GEN_PAIRING ?= docs/generation_v3/pairing.jsonl
 generate: install
 	OMP_NUM_THREADS=1 nice -n 10 $(PY) -m experiments.studies.generation_v3.run pilot $(GEN_DIR) --results $(GEN_RESULTS)
-	$(PY) -m experiments.studies.generation_v3.report --results $(GEN_RESULTS)
+	$(PY) -m experiments.studies.generation_v3.report --results $(GEN_RESULTS) --pairing-results $(GEN_PAIRING)
 	OMP_NUM_THREADS=1 nice -n 10 $(PY) -m experiments.studies.generation_v3.run main $(GEN_DIR) --results $(GEN_RESULTS)
-	$(PY) -m experiments.studies.generation_v3.report --results $(GEN_RESULTS)
-
-# The earlier GAN comparison of docs/generation.md (experiments/generation/study.py; off the
-# default path since generation v3): its pilot gate failed for every design.
-GAN_DIR ?= multirun/generate_v2
-GAN_RESULTS ?= docs/generation/results.jsonl
-generate-gan: install
-	OMP_NUM_THREADS=1 nice -n 10 $(PY) -m experiments.generation.study pilot $(GAN_DIR) --results $(GAN_RESULTS)
-	OMP_NUM_THREADS=1 nice -n 10 $(PY) -m experiments.generation.study main $(GAN_DIR) --results $(GAN_RESULTS)
-	test -f docs/generation/pairing_check.json || OMP_NUM_THREADS=1 $(PY) -m experiments.generation.pairing_check --out docs/generation/pairing_check.json
-	$(PY) -m experiments.generation.page $(GAN_DIR) --results $(GAN_RESULTS)
+	$(PY) -m experiments.studies.generation_v3.report --results $(GEN_RESULTS) --pairing-results $(GEN_PAIRING)
+	OMP_NUM_THREADS=1 nice -n 10 $(PY) -m experiments.studies.generation_v3.run pairing $(GEN_DIR) --results $(GEN_PAIRING)
+	$(PY) -m experiments.studies.generation_v3.report --results $(GEN_RESULTS) --pairing-results $(GEN_PAIRING)
 
 # The DEQ training study of docs/deq_training.md: 5 arms x 3 seeds, two jobs at a time, one
 # thread each, each job's row appended to docs/deq_training/runs.csv as it ends (commit it;

@@ -2,8 +2,6 @@
 
 * ``python -m experiments.report MULTIRUN_DIR [--out DIR] [--metrics ...] [--title ...]``: one
   sweep -> ``report.md`` (mean ± std over seeds per configuration, failed jobs) and PNG plots.
-* ``python -m experiments.report --generation [SWEEP_DIR] [--out docs/generation.md]``: the GAN
-  sweep of ``make generate`` (default ``multirun/generate``) -> ``docs/generation.md``.
 * ``python -m experiments.report --deq [CSV] [--out docs/deq_training.md]``: the DEQ
   training study of ``make deq-study`` from its committed rows alone (default
   ``docs/deq_training/runs.csv``) -> ``docs/deq_training.md`` and its curves in
@@ -23,8 +21,6 @@ import argparse
 import logging
 from pathlib import Path
 
-from experiments.generation.page import COMMAND
-from experiments.generation.report import write_generation_report
 from experiments.reports.sweep import write_report
 from experiments.reports.sweep_metrics import UnknownMetricError
 from experiments.studies.deq_training.report import write_deq_report
@@ -50,9 +46,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--title", default=None)
     parser.add_argument("--study", action="store_true", help="write the study's results.md")
     parser.add_argument(
-        "--generation", action="store_true", help="write docs/generation.md from a GAN sweep"
-    )
-    parser.add_argument(
         "--deq", action="store_true", help="write docs/deq_training.md from the DEQ study's CSV"
     )
     parser.add_argument("--commands", default=str(STUDY_SCRIPT), help="script quoted by --study")
@@ -64,11 +57,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.from_csv:
         path = write_from_csv(args.from_csv, args.out or "docs")
         logger.info("paper-regime section (study v3): %s", path)
-        return
-    if args.generation:
-        write_generation_report(
-            args.sweep_dir or "multirun/generate", args.out or "docs/generation.md", COMMAND
-        )
         return
     if args.deq:
         path = write_deq_report(

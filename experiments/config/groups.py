@@ -113,6 +113,7 @@ DATA_TARGETS = {
         "h3_associative_recall",
         "mnist1d",
         "far_twins_masked",
+        "far_twins_pairing",
     )
 }
 
@@ -154,9 +155,9 @@ class ModelConf:
     equal the default format's up to float rounding, not bitwise; None (the default) is off, so
     earlier configs compare equal on resume.
 
-    ``init_seed`` (the masked-cell model only, ``experiments.models.masked_cell``): seeds the
-    initialisation of the layers every context arm shares, so arms paired by seed start from
-    the same shared weights (None: 0).
+    ``init_seed`` (the masked-cell and pairing models only, ``experiments.models.masked_cell``):
+    seeds the initialisation of the layers every context arm shares, so arms paired by seed
+    start from the same shared weights (None: 0).
     """
 
     width: int = 32

@@ -1,6 +1,6 @@
 """The run configuration as a typed object, and back to the plain dict that files hold.
 
-Hydra composes a ``DictConfig`` against a structured schema (``TrainConfig``, ``GenerateConfig``);
+Hydra composes a ``DictConfig`` against a structured schema (``TrainConfig``);
 ``typed_config`` turns it into instances of the schema's dataclasses (``OmegaConf.to_object``),
 so the engine reads ``cfg.optim.lr`` and mypy checks it. Every group node is an instance of a
 generated or hand-written dataclass whose base is one of the classes below: ``TargetConf``
@@ -70,7 +70,7 @@ def typed_config(cfg: DictConfig, schema: type[Schema]) -> Schema:
         raise TypeError(
             f"the composed config is a {type(value).__name__}, not a {schema.__name__}: compose "
             f"it from a config whose defaults list starts with the {schema.__name__} schema "
-            "(conf/config.yaml: train_schema, conf/generate.yaml: generate_schema)"
+            "(conf/config.yaml: train_schema)"
         )
     return value
 

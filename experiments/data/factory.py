@@ -31,7 +31,9 @@ class TaskInfo:
     """What a dataset asks of a model.
 
     Attributes:
-        kind: "segmentation" (per-pixel labels ``(H, W)``) or "classification" (one label).
+        kind: "segmentation" (per-pixel labels ``(H, W)``), "classification" (one label),
+            "masked_cell" or "pairing" (far-twin canvases: the models of
+            ``experiments.models.masked_cell``).
         num_classes: number of model outputs (for segmentation, background included).
         in_channels: channels of the input images.
         ignore_index: label to leave out of losses and metrics, or None.

@@ -13,7 +13,12 @@ from torch.utils.data import Dataset, TensorDataset
 from experiments.data import LegendSegDataset, make_dataset, task_of
 from experiments.data.digit_canvas import SEG_CLASSES, CanvasStyle, digit_canvases
 from experiments.data.factory import TaskInfo
-from experiments.data.far_twins import FarTwinsDataset, mask_right_cell, masked_cell_loss
+from experiments.data.far_twins import (
+    FarTwinsDataset,
+    mask_right_cell,
+    masked_cell_loss,
+    pairing_canvases,
+)
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,21 @@ def far_twins_masked(
     ]
     train, val = (TensorDataset(mask_right_cell(c), c) for c in sets)
     return Splits(train, val, TaskInfo("masked_cell", 1, 1, None, (32, 32), loss=masked_cell_loss))
+
+
+def far_twins_pairing(
+    train_size: int = 4096, val_size: int = 1024, val_fraction: float = 0.2, seed: int = 0
+) -> Splits:
+    """The pairing check of generation v3 (``experiments.data.far_twins.pairing_canvases``):
+    items (canvas (1, 32, 32), label), label 1 for a real far-twin canvas and 0 for a
+    recombined one whose two real digits are of different classes, half of each in both sets
+    (val accuracy = balanced accuracy); the task (kind "pairing", 2 classes) is scored by
+    cross-entropy and accuracy. Train and val canvases are built from disjoint digit scans."""
+    train, val = (
+        TensorDataset(*pairing_canvases(split, size, val_fraction, seed))
+        for split, size in (("train", train_size), ("val", val_size))
+    )
+    return Splits(train, val, TaskInfo("pairing", 2, 1, None, (32, 32)))
 
 
 def cifar10(root: str) -> Splits:

@@ -24,7 +24,7 @@ from experiments.engine.sampler import EpochBatchSampler
 from experiments.models import ContextClassifier, ContextSegmenter, TwoStreamSegmenter
 from experiments.models import context_channels as two_stream_channels
 from experiments.models.deq1d import DEQClassifier1d
-from experiments.models.masked_cell import MaskedCellModel
+from experiments.models.masked_cell import CellPairingClassifier, MaskedCellModel
 from experiments.models.sequence import (
     ConvClassifier1d,
     GRUClassifier,
@@ -179,6 +179,8 @@ def _network(task: TaskInfo, context: nn.Module, model: ModelConf) -> nn.Module:
     check_choice("model", "arch", model.arch, SEGMENTER_ARCHS)
     if task.kind == "masked_cell":  # far-twin canvases; the seed fixes the shared layers
         return MaskedCellModel(context, width=model.width, init_seed=model.init_seed or 0)
+    if task.kind == "pairing":  # real vs recombined far-twin canvases, the same per-cell network
+        return CellPairingClassifier(context, width=model.width, init_seed=model.init_seed or 0)
     if task.kind != "segmentation":
         return ContextClassifier(task.in_channels, task.num_classes, context, width=model.width)
     if model.arch == "serial":

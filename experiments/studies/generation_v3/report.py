@@ -1,12 +1,16 @@
 """The generation v3 page: the pilot gate, the paired comparison of every arm, the reference rows.
 
-    python -m experiments.studies.generation_v3.report [--results R] [--out docs/generation_v3.md]
+    python -m experiments.studies.generation_v3.report [--results R] [--pairing-results P]
+        [--out docs/generation_v3.md]
 
 Every number comes from the results rows (``run``) or is computed from the data (the two
 reference predictors); the page renders with no rows (it says that nothing has run) and with a
 partial set (it says which jobs are missing). A verdict is a paired 95 % t interval over the seeds
-both arms have (``experiments.generation.paired.paired_interval``); the held-out loss is lower
+both arms have (``experiments.reports.verdicts.paired_interval``); the held-out loss is lower
 for the better arm, so intervals are of ``loss(b) - loss(a)``: above 0 when ``a`` is better.
+The pairing check's rows (``--pairing-results``) give each arm's held-out balanced accuracy and
+its paired interval against no context, ``accuracy(a) - accuracy(none)``: above 0 when ``a``
+carries the pairing better.
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ from typing import Any
 import torch
 
 from experiments.data.far_twins import FarTwinsDataset, right_cell
-from experiments.generation.paired import paired_interval
 from experiments.reports.render import Table, render_beside
+from experiments.reports.verdicts import paired_interval
 from experiments.studies.generation_v3.plan import ARMS, PILOT_ARMS, Plan
 
 DEFAULT_RESULTS = Path("docs/generation_v3/results.jsonl")
+DEFAULT_PAIRING = Path("docs/generation_v3/pairing.jsonl")
 DEFAULT_OUT = Path("docs/generation_v3.md")
 COMMAND = "make generate"
 
@@ -58,7 +63,8 @@ def plateau_change(losses: Sequence[float], share: float) -> float | None:
 
 @dataclass(frozen=True)
 class Interval:
-    """The paired improvement ``loss(b) - loss(a)`` over ``n`` seeds (above 0: a better)."""
+    """A paired difference over ``n`` seeds, oriented so that above 0 means ``a`` is better:
+    ``loss(b) - loss(a)`` of held-out losses, ``accuracy(a) - accuracy(b)`` of accuracies."""
 
     a: str
     b: str
@@ -66,6 +72,11 @@ class Interval:
     mean: float
     low: float
     high: float
+
+    @property
+    def text(self) -> str:
+        """``mean [low, high]``."""
+        return f"{self.mean:+.3f} [{self.low:+.3f}, {self.high:+.3f}]"
 
     @property
     def verdict(self) -> str:
@@ -77,24 +88,31 @@ class Interval:
         return "no detectable difference"
 
 
-def _losses(rows: Sequence[Mapping[str, Any]], arm: str, plan: Plan) -> dict[int, float]:
-    return {
-        int(r["seed"]): float(r["val_loss"])
-        for r in rows
-        if r["arm"] == arm and r["plan"] == plan.digest()
-    }
+def _values(
+    rows: Sequence[Mapping[str, Any]], arm: str, digest: str, key: str = "val_loss"
+) -> dict[int, float]:
+    """{seed: row[key]} of ``arm``'s rows of the plan ``digest``."""
+    return {int(r["seed"]): float(r[key]) for r in rows
+            if r["arm"] == arm and r["plan"] == digest}  # fmt: skip
+
+
+def _paired(
+    va: Mapping[int, float], vb: Mapping[int, float], a: str, b: str, seeds: Sequence[int]
+) -> Interval | None:
+    """Paired interval of ``va - vb`` over the ``seeds`` both have (None: fewer than 2)."""
+    both = [s for s in seeds if s in va and s in vb]
+    if len(both) < 2:
+        return None
+    i = paired_interval([va[s] - vb[s] for s in both])
+    return Interval(a, b, i.n, i.mean, i.lower, i.upper)
 
 
 def improvement(
     rows: Sequence[Mapping[str, Any]], a: str, b: str, plan: Plan, seeds: Sequence[int]
 ) -> Interval | None:
     """Paired interval of ``loss(b) - loss(a)`` over the ``seeds`` both arms have (None: < 2)."""
-    la, lb = _losses(rows, a, plan), _losses(rows, b, plan)
-    both = [s for s in seeds if s in la and s in lb]
-    if len(both) < 2:
-        return None
-    mean, low, high = paired_interval([lb[s] for s in both], [la[s] for s in both])
-    return Interval(a, b, len(both), mean, low, high)
+    digest = plan.digest()
+    return _paired(_values(rows, b, digest), _values(rows, a, digest), a, b, seeds)
 
 
 @dataclass(frozen=True)
@@ -179,9 +197,47 @@ def comparison_table(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
             i = improvement(rows, arm, base, plan, plan.seeds)
             body.append((ARMS[arm][1], ARMS[base][1]) + (
                 ("–", "–", "not enough paired seeds") if i is None else
-                (str(i.n), f"{i.mean:+.3f} [{i.low:+.3f}, {i.high:+.3f}]", i.verdict)
+                (str(i.n), i.text, i.verdict)
             ))  # fmt: skip
     header = ("arm a", "against b", "seeds", "loss(b) - loss(a), 95 % interval", "a is")
+    return Table.of(header, body)
+
+
+def pairing_table(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
+    """Per arm: the pairing classifier's held-out balanced accuracy (mean ± sd over its seeds,
+    and each seed's), the seeds at a plateau (val loss), its final gamma and time per step."""
+    body = []
+    for arm in plan.arms:
+        mine = [r for r in rows if r["arm"] == arm and r["plan"] == plan.pairing_digest()]
+        by_seed = _values(rows, arm, plan.pairing_digest(), "balanced_accuracy")
+        values = [by_seed[s] for s in sorted(by_seed)]
+        spread = f" ± {statistics.stdev(values):.3f}" if len(values) > 1 else ""
+        body.append((
+            ARMS[arm][1],
+            f"{len(values)} / {len(plan.pairing_seeds)}",
+            f"{statistics.fmean(values):.3f}{spread}" if values else "–",
+            ", ".join(f"{by_seed[s]:.3f}" for s in sorted(by_seed)) or "–",
+            f"{sum(bool(r.get('at_plateau')) for r in mine)} / {len(mine)}",
+            _fmt(_mean([r["gamma"] for r in mine])),
+            _fmt(_mean([1000 * r["time_per_step_s"] for r in mine]), 1),
+        ))  # fmt: skip
+    header = ("arm", "seeds done", "balanced accuracy (mean ± sd)", "by seed (0, 1, ...)",
+              "at a plateau", "final γ (mean)", "ms / step")  # fmt: skip
+    return Table.of(header, body)
+
+
+def pairing_comparison(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
+    """Every context arm's balanced accuracy against no context's, paired by seed."""
+    digest, body = plan.pairing_digest(), []
+    base = _values(rows, "none", digest, "balanced_accuracy")
+    for arm in plan.arms:
+        if arm == "none":
+            continue
+        mine = _values(rows, arm, digest, "balanced_accuracy")
+        i = _paired(mine, base, arm, "none", plan.pairing_seeds)
+        body.append((ARMS[arm][1],) + (("–", "–", "not enough paired seeds") if i is None
+                                       else (str(i.n), i.text, i.verdict)))  # fmt: skip
+    header = ("arm a", "seeds", "accuracy(a) - accuracy(no context), 95 % interval", "a is")
     return Table.of(header, body)
 
 
@@ -189,10 +245,14 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-def write_page(results: Path, out: Path, plan: Plan | None = None) -> Path:
-    """Render the page from ``results`` into ``out``; returns ``out``."""
+def write_page(
+    results: Path, out: Path, plan: Plan | None = None, pairing: Path = DEFAULT_PAIRING
+) -> Path:
+    """Render the page from ``results`` and the pairing check's ``pairing`` rows into ``out``;
+    returns ``out``."""
     plan = plan or Plan()
     rows = read_rows(results)
+    pairing_rows = [r for r in read_rows(pairing) if r["plan"] == plan.pairing_digest()]
     expected = {job.key for job in plan.main_jobs()}
     done = {r["job"] for r in rows if r["plan"] == plan.digest()}
     text = render_beside(
@@ -208,6 +268,11 @@ def write_page(results: Path, out: Path, plan: Plan | None = None) -> Path:
         done=len(done & expected),
         expected=len(expected),
         missing=sorted(expected - done),
+        pairing_results=pairing.as_posix(),
+        pairing_done=len(pairing_rows),
+        pairing_expected=len(plan.pairing_jobs()),
+        pairing=pairing_table(pairing_rows, plan),
+        pairing_comparison=pairing_comparison(pairing_rows, plan),
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
@@ -218,9 +283,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Command line (module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    parser.add_argument("--pairing-results", type=Path, default=DEFAULT_PAIRING)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
-    print(write_page(args.results, args.out))
+    print(write_page(args.results, args.out, pairing=args.pairing_results))
 
 
 if __name__ == "__main__":

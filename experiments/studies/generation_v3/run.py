@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 python -m experiments.studies.generation_v3.run pilot multirun/generation_v3
     OMP_NUM_THREADS=1 python -m experiments.studies.generation_v3.run main multirun/generation_v3
+    OMP_NUM_THREADS=1 python -m experiments.studies.generation_v3.run pairing multirun/generation_v3
     python -m experiments.studies.generation_v3.report
 
 Every job is composed from the project's configs (``plan.job_overrides``) into the typed
@@ -12,6 +13,13 @@ results file (``--results``, JSON lines) as the job ends. A job whose row (with 
 digest) is in the results file is skipped, so a stopped study resumes from the file; an
 interrupted job resumes from its own checkpoints. ``main`` refuses to start until the pilot gate
 has passed (``report.gate``), unless ``--skip-gate``.
+
+The ``pairing`` stage trains every arm's pairing classifier (``plan.job_overrides`` with
+``pairing``) in ``OUT/pairing/<job key>``, its rows (final and best held-out balanced accuracy,
+the accuracy curve, the plateau check of its val loss, time per step, peak memory, gamma) in
+their own results file
+(``docs/generation_v3/pairing.jsonl`` by default); it does not wait for the gate (it asks
+whether each context block can carry the pairing at all).
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -41,21 +49,23 @@ logger = logging.getLogger(__name__)
 
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 DEFAULT_OUT = Path("multirun/generation_v3")
-DEFAULT_RESULTS = Path("docs/generation_v3/results.jsonl")
+DEFAULT_RESULTS = {"pilot": Path("docs/generation_v3/results.jsonl"),
+                   "main": Path("docs/generation_v3/results.jsonl"),
+                   "pairing": Path("docs/generation_v3/pairing.jsonl")}  # fmt: skip
 
 
-def compose_job(job: Job, plan: Plan) -> TrainConfig:
-    """The typed config of a training job."""
+def compose_job(job: Job, plan: Plan, pairing: bool = False) -> TrainConfig:
+    """The typed config of a training job (of the pairing check when ``pairing``)."""
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=job_overrides(job, plan))
+        cfg = compose("config", overrides=job_overrides(job, plan, pairing))
     return typed_config(cfg, TrainConfig)
 
 
-def val_curve(job_dir: Path) -> list[tuple[int, float]]:
-    """[(step, val loss)] after every epoch, from the job's ``metrics.jsonl``."""
+def val_curve(job_dir: Path, metric: str = "val/loss") -> list[tuple[int, float]]:
+    """[(step, ``metric``)] after every epoch, from the job's ``metrics.jsonl``."""
     rows = read_jsonl(job_dir / "metrics.jsonl")
-    return [(int(r["step"]), float(r["val/loss"])) for r in rows if "val/loss" in r]
+    return [(int(r["step"]), float(r[metric])) for r in rows if metric in r]
 
 
 def gate_gamma(job_dir: Path) -> float:
@@ -64,28 +74,21 @@ def gate_gamma(job_dir: Path) -> float:
     return float(state["model"]["gate.gamma"])
 
 
-def run_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
-    """Train ``job`` (resuming its directory) and return its results row."""
-    cfg = compose_job(job, plan)
-    job_dir = out_dir / "jobs" / job.key
+def _train(job: Job, cfg: TrainConfig, job_dir: Path, metric: str) -> dict[str, Any]:
+    """Train ``cfg`` in ``job_dir`` (resuming it); the row's fields every stage shares, with
+    the curve of ``metric``."""
     reset = _reset_peak_memory()
     results = run_training(cfg, job_dir)
     if results.get("status") != "ok":
         raise RuntimeError(f"{job.key}: run_training ended with status {results.get('status')!r}")
-    curve = val_curve(job_dir)
+    curve = val_curve(job_dir, metric)
     steps = curve[-1][0] if curve else 0
-    change = plateau_change([loss for _, loss in curve], plan.plateau_share)
     return {
         "job": job.key,
         "arm": job.arm,
         "seed": job.seed,
-        "plan": plan.digest(),
         "status": "ok",
-        "val_loss": float(results["metrics"]["val/loss"]),
-        "best_val_loss": float(results["best"]["val/loss"]) if results.get("best") else None,
         "curve": curve,
-        "plateau_change": change,
-        "at_plateau": change is not None and change < plan.plateau_tol,
         "steps": steps,
         "train_time_s": float(results["train_time_s"]),
         "time_per_step_s": float(results["train_time_s"]) / max(steps, 1),
@@ -93,6 +96,42 @@ def run_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
         "gamma": gate_gamma(job_dir),
         "parameters": results.get("parameters"),
         "failures": results.get("failures", {}).get("total"),
+        "results": results,
+    }
+
+
+def run_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
+    """Train the masked-cell ``job`` (resuming its directory) and return its results row."""
+    row = _train(job, compose_job(job, plan), out_dir / "jobs" / job.key, "val/loss")
+    results = row.pop("results")
+    change = plateau_change([loss for _, loss in row["curve"]], plan.plateau_share)
+    best = results.get("best")
+    return row | {
+        "plan": plan.digest(),
+        "val_loss": float(results["metrics"]["val/loss"]),
+        "best_val_loss": float(best["val/loss"]) if best else None,
+        "plateau_change": change,
+        "at_plateau": change is not None and change < plan.plateau_tol,
+    }
+
+
+def run_pairing_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
+    """Train ``job``'s pairing classifier (resuming its directory) and return its row: the
+    held-out accuracy, which is the balanced accuracy (the val set is half real, half
+    recombined: ``experiments.data.far_twins.pairing_canvases``)."""
+    cfg = compose_job(job, plan, pairing=True)
+    row = _train(job, cfg, out_dir / "pairing" / job.key, "val/accuracy")
+    results = row.pop("results")
+    accuracies = [accuracy for _, accuracy in row["curve"]]
+    losses = [loss for _, loss in val_curve(out_dir / "pairing" / job.key)]
+    change = plateau_change(losses, plan.plateau_share)
+    return row | {
+        "plan": plan.pairing_digest(),
+        "balanced_accuracy": float(results["metrics"]["val/accuracy"]),
+        "best_balanced_accuracy": max(accuracies) if accuracies else None,
+        "val_loss": float(results["metrics"]["val/loss"]),
+        "plateau_change": change,
+        "at_plateau": change is not None and change < plan.plateau_tol,
     }
 
 
@@ -105,15 +144,19 @@ def append_row(path: Path, row: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-def pending(jobs: Sequence[Job], plan: Plan, results: Path) -> list[Job]:
-    """The jobs without an ``ok`` row of this plan in ``results``."""
-    done = {r["job"] for r in read_rows(results) if r["plan"] == plan.digest()}
+def pending(jobs: Sequence[Job], digest: str, results: Path) -> list[Job]:
+    """The jobs without an ``ok`` row of the plan ``digest`` in ``results``."""
+    done = {r["job"] for r in read_rows(results) if r["plan"] == digest}
     return [job for job in jobs if job.key not in done]
 
 
-def _worker(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
+def _runner(stage: str) -> Callable[[Job, Plan, Path], dict[str, Any]]:
+    return run_pairing_job if stage == "pairing" else run_job
+
+
+def _worker(stage: str, job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
     torch.set_num_threads(1)
-    return run_job(job, plan, out_dir)
+    return _runner(stage)(job, plan, out_dir)
 
 
 def run_stage(
@@ -125,11 +168,15 @@ def run_stage(
         if not verdict.passed:
             raise SystemExit(f"main: the pilot gate has not passed ({verdict.summary}); "
                              "run the pilot first, or pass --skip-gate")  # fmt: skip
-    jobs = pending(plan.pilot_jobs() if stage == "pilot" else plan.main_jobs(), plan, results)
+    if stage == "pairing":
+        jobs = pending(plan.pairing_jobs(), plan.pairing_digest(), results)
+    else:
+        jobs = pending(plan.pilot_jobs() if stage == "pilot" else plan.main_jobs(),
+                       plan.digest(), results)  # fmt: skip
     logger.info("%s: %d job(s) to run", stage, len(jobs))
     if workers <= 1:
         for job in jobs:
-            append_row(results, run_job(job, plan, out_dir))
+            append_row(results, _runner(stage)(job, plan, out_dir))
         return len(jobs)
     with ProcessPoolExecutor(max_workers=workers) as pool:
         running: dict[Future[dict[str, Any]], Job] = {}
@@ -137,7 +184,7 @@ def run_stage(
         while queue or running:
             while queue and len(running) < workers:
                 job = queue.pop(0)
-                running[pool.submit(_worker, job, plan, out_dir)] = job
+                running[pool.submit(_worker, stage, job, plan, out_dir)] = job
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
                 running.pop(future)
@@ -148,15 +195,16 @@ def run_stage(
 def main(argv: Sequence[str] | None = None) -> None:
     """Command line (module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=("pilot", "main"))
+    parser.add_argument("stage", choices=tuple(DEFAULT_RESULTS))
     parser.add_argument("out", type=Path, nargs="?", default=DEFAULT_OUT)
-    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    parser.add_argument("--results", type=Path, default=None, help="default: the stage's file")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--skip-gate", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     start = time.perf_counter()
-    count = run_stage(args.stage, args.out, args.results, Plan(), args.workers, args.skip_gate)
+    results = args.results or DEFAULT_RESULTS[args.stage]
+    count = run_stage(args.stage, args.out, results, Plan(), args.workers, args.skip_gate)
     logger.info("%s: %d job(s) in %.0f s", args.stage, count, time.perf_counter() - start)
 
 

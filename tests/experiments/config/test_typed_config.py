@@ -21,10 +21,10 @@ from experiments.config.groups import (
     TrainConfig,
     check_train_config,
     config_groups,
+    register_configs,
 )
 from experiments.config.typed import ContextConf, OptimConf, TargetConf, as_container, typed_config
 from experiments.engine.resume import comparable_config, config_differences
-from experiments.generation.config import GenerateConfig, register_generate_configs
 
 CONF = Path(__file__).resolve().parents[3] / "conf"
 BASES = {"context": ContextConf, "optim": OptimConf, "diagnostics": DiagnosticsConf}
@@ -33,7 +33,7 @@ NEEDS_ROOT = ("cifar10", "voc2012")  # their data.root has no default
 
 @pytest.fixture(scope="module", autouse=True)
 def _schemas() -> None:
-    register_generate_configs()  # the train schemas and the generate one
+    register_configs()
 
 
 def _compose(name: str, *overrides: str) -> DictConfig:
@@ -103,17 +103,9 @@ def test_a_typed_config_built_by_hand_is_checked_like_a_composed_one() -> None:
         check_train_config(dataclasses.replace(typed, epochs=True))
 
 
-def test_generate_config_is_typed_with_the_shared_groups() -> None:
-    cfg = _compose("generate", "+arm=nmf_one_step", "gan.lr_g=0.001")
-    typed = typed_config(cfg, GenerateConfig)
-    assert isinstance(typed.context, ContextConf) and typed.context.name == "nmf"
-    assert typed.gan.lr_g == 0.001 and isinstance(typed.gan.lr_g, float)
-    assert as_container(typed) == OmegaConf.to_container(cfg, resolve=True)
-
-
 def test_a_config_of_another_schema_is_refused_naming_both() -> None:
-    with pytest.raises(TypeError, match="TrainConfig, not a GenerateConfig"):
-        typed_config(_compose("config"), GenerateConfig)
+    with pytest.raises(TypeError, match="TrainConfig, not a ModelConf"):
+        typed_config(_compose("config"), ModelConf)
 
 
 def test_an_unset_mandatory_value_fails_at_conversion() -> None:

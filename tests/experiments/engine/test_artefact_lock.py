@@ -1,9 +1,8 @@
-"""A shared artefact is built once: two real processes ask for the generation metrics'
-classifier cache (``load_or_train_classifier``, what every ``experiments.generate`` job calls).
-The first one's training (replaced by an untrained network: the lock is under test, not the
-training) does not finish until the test releases it, and the test releases it only once the
-second process has logged that it waits on the build lock: so the second one provably waited,
-then loaded what the first one built (one build for the two jobs)."""
+"""A shared artefact is built once: two real processes run "load it, else build and write it"
+under ``artefact_lock``. The first one's build does not finish until the test releases it, and
+the test releases it only once the second process has logged that it waits on the build lock:
+so the second one provably waited, then loaded what the first one built (one build for the two
+jobs)."""
 
 from __future__ import annotations
 
@@ -21,17 +20,18 @@ SCRIPT = textwrap.dedent(
     """
     import logging, os, sys, time
     logging.basicConfig(level=logging.INFO)
-    import experiments.generation.classifier as c
+    from experiments.engine.artefact_lock import artefact_lock
     cache, marker, release = sys.argv[1], sys.argv[2], sys.argv[3]
-    def counted(*args, **kwargs):
-        with open(marker, "a") as fh:
-            fh.write(f"trained by {os.getpid()}\\n")
-        while not os.path.exists(release):
-            time.sleep(0.01)
-        return c.HalfDigitClassifier(), 0.5
-    c.train_classifier = counted
-    _, accuracy = c.load_or_train_classifier(cache, 1, 0.2, 0)
-    print(f"accuracy={accuracy!r}")
+    with artefact_lock(cache):
+        if not os.path.exists(cache):
+            with open(marker, "a") as fh:
+                fh.write(f"trained by {os.getpid()}\\n")
+            while not os.path.exists(release):
+                time.sleep(0.01)
+            with open(cache, "w") as fh:
+                fh.write("accuracy=0.5")
+        with open(cache) as fh:
+            print(fh.read())
     """
 )
 

@@ -1,7 +1,7 @@
 """The guards of the commands other than ``experiments.train``: the ``_target_`` allowlist in
-``experiments.generate`` / ``grad_study`` / ``convergence`` (a malicious config-group YAML is
-refused before anything runs, in a real subprocess of each), and paths a config makes a job
-write (``metrics.classifier_cache``) stay under the run or a declared cache directory."""
+``grad_study`` / ``convergence`` (a malicious config-group YAML is refused before anything runs,
+in a real subprocess of each), and paths a config makes a job write (``check_write_paths``) stay
+under the run or a declared cache directory."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _run(tmp_path: Path, command: str, *overrides: str) -> subprocess.CompletedP
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", ["generate", "grad_study", "convergence"])
+@pytest.mark.parametrize("command", ["grad_study", "convergence"])
 def test_malicious_yaml_is_refused_by_every_command(tmp_path: Path, command: str) -> None:
     group = tmp_path / "conf" / "solver"
     group.mkdir(parents=True)
@@ -44,17 +44,7 @@ def test_malicious_yaml_is_refused_by_every_command(tmp_path: Path, command: str
     ]
     job = tmp_path / "job"
     written = {p.name for p in job.iterdir()} if job.exists() else set()
-    assert written <= {".hydra", "generate.log", "grad_study.log", "convergence.log"}, written
-
-
-@pytest.mark.slow
-def test_generate_refuses_a_classifier_cache_outside_the_run(tmp_path: Path) -> None:
-    (tmp_path / "conf").mkdir()
-    outside = tmp_path.parent / f"{tmp_path.name}-elsewhere" / "classifier.pt"
-    proc = _run(tmp_path, "generate", f"metrics.classifier_cache={outside}", "steps=1")
-    assert proc.returncode != 0
-    assert "UnsafePathError: config metrics.classifier_cache=" in proc.stderr, proc.stderr[-2000:]
-    assert not outside.parent.exists()
+    assert written <= {".hydra", "grad_study.log", "convergence.log"}, written
 
 
 def test_paths_under_the_job_its_sweep_or_the_declared_cache_pass(

@@ -1,7 +1,9 @@
 """The masked-cell model of far-twin canvases: every layer but the context block is per cell
 (with context "none" a change in one cell moves no other cell's output), arms share their
 initial weights by seed, the task's loss reads only the masked cell, and a tiny job trains
-through the engine (``run_training``) with its own loss."""
+through the engine (``run_training``) with its own loss. The pairing classifier built on the
+same per-cell network: without context its score is a sum over cells (it cannot read the
+pairing), and a tiny job through the engine reports the balanced accuracy of its final model."""
 
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ from experiments.data.far_twins import (
     masked_cell_loss,
     right_cell,
 )
+from experiments.data.splits import far_twins_pairing
 from experiments.engine.run import run_training
-from experiments.models.masked_cell import MaskedCellModel
+from experiments.models.masked_cell import CellPairingClassifier, MaskedCellModel
 from implicit_ham import make_context
 
 CONF = Path(__file__).resolve().parents[3] / "conf"
@@ -87,13 +90,13 @@ def test_masking_blanks_exactly_the_right_digit() -> None:
     assert torch.equal(masked[..., keep], canvases[..., keep])
 
 
-def _tiny(*overrides: str) -> TrainConfig:
+def _tiny(*overrides: str, preset: str = "generation_v3") -> TrainConfig:
     register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(
             "config",
             overrides=[
-                "+experiment=generation_v3",
+                f"+experiment={preset}",
                 "epochs=2",
                 "data.train_size=64",
                 "data.val_size=32",
@@ -140,3 +143,62 @@ def test_a_canvas_output_does_not_depend_on_its_batch() -> None:
         torch.manual_seed(1)
         second = model(other)[:1]
     torch.testing.assert_close(first, second, rtol=1e-4, atol=1e-5)
+
+
+def _swap_right_digits(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two canvases (1, 1, 32, 32) with their right halves exchanged."""
+    return (torch.cat([a[..., :16], b[..., 16:]], -1), torch.cat([b[..., :16], a[..., 16:]], -1))
+
+
+@pytest.mark.parametrize("context", ["none", "self_attention"])
+def test_without_context_the_pairing_score_is_a_sum_over_cells(context: str) -> None:
+    """score(a) + score(b) == score(a's left, b's right) + score(b's left, a's right) holds for
+    any sum of per-cell scores; the self-attention model breaks it (it reads both digits). At
+    its initial weights the attention is nearly uniform, a mean over cells, which is linear and
+    keeps the sum: its weights are scaled by 10 to make it attend."""
+    torch.manual_seed(7)
+    model = CellPairingClassifier(make_context(context, 16), width=16, init_seed=2).eval()
+    with torch.no_grad():
+        for weight in model.gate.context.parameters():
+            weight.mul_(10.0)
+    canvases = FarTwinsDataset("val", 2, seed=0).canvases
+    a, b = canvases[:1], canvases[1:]
+    ab, ba = _swap_right_digits(a, b)
+    with torch.no_grad():
+        gap = (model(a) + model(b) - model(ab) - model(ba)).abs().max()
+        assert model(a).shape == (1, 2)
+    if context == "none":
+        assert float(gap) < 1e-5
+    else:
+        assert float(gap) > 1e-3
+
+
+def test_pairing_arms_of_one_seed_share_their_initial_weights() -> None:
+    torch.manual_seed(100)
+    none = CellPairingClassifier(make_context("none", 8), width=8, init_seed=3)
+    attention = CellPairingClassifier(make_context("self_attention", 8), width=8, init_seed=3)
+    b = dict(attention.named_parameters())
+    for name, value in none.named_parameters():
+        if not name.startswith("gate"):
+            assert torch.equal(value, b[name]), name
+    assert none.head[-1].out_channels == 2
+
+
+def test_a_tiny_pairing_job_reports_the_balanced_accuracy_of_its_model(tmp_path: Path) -> None:
+    sizes = {"train_size": 64, "val_size": 32, "seed": 1}
+    threads = torch.get_num_threads()
+    try:
+        cfg = _tiny("+arm=none", "data.seed=1", "model.init_seed=1",
+                    preset="generation_v3_pairing")  # fmt: skip
+        results = run_training(cfg, tmp_path / "job")
+    finally:
+        torch.set_num_threads(threads)
+    assert results["status"] == "ok"
+    state = torch.load(tmp_path / "job" / "checkpoint.pt", weights_only=False)
+    model = CellPairingClassifier(make_context("none", 8), width=8, init_seed=1)
+    model.load_state_dict(state.get("model", state))
+    canvases, labels = far_twins_pairing(**sizes).val.tensors
+    with torch.no_grad():
+        predicted = model.eval()(canvases).argmax(1)
+    recalls = [float((predicted[labels == c] == c).float().mean()) for c in (0, 1)]
+    assert results["metrics"]["val/accuracy"] == pytest.approx(sum(recalls) / 2, abs=1e-12)

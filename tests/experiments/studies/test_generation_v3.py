@@ -120,3 +120,80 @@ def test_a_tiny_job_gives_its_row_through_the_engine(tmp_path: Path) -> None:
     assert row["val_loss"] == row["curve"][-1][1]
     assert math.isfinite(row["gamma"]) and row["peak_memory_mb"] > 0
     assert row["plan"] == plan.digest()
+
+
+def _pairing_row(arm: str, seed: int, accuracy: float, plan: Plan) -> dict[str, object]:
+    return {"job": Job(arm, seed).key, "arm": arm, "seed": seed, "plan": plan.pairing_digest(),
+            "status": "ok", "balanced_accuracy": accuracy, "gamma": 1.0,
+            "time_per_step_s": 0.02, "curve": []}  # fmt: skip
+
+
+def test_the_pairing_stage_pairs_every_arm_over_eight_seeds() -> None:
+    plan = Plan()
+    assert len(plan.pairing_seeds) >= 8
+    assert len(plan.pairing_jobs()) == len(ARMS) * len(plan.pairing_seeds)
+    overrides = job_overrides(Job("vq_one_step", 5), plan, pairing=True)
+    assert "+experiment=generation_v3_pairing" in overrides
+    for key in ("seed", "data.seed", "model.init_seed"):
+        assert f"{key}=5" in overrides
+    assert f"epochs={plan.pairing_epochs}" in overrides and "context.rank=8" in overrides
+    assert plan.pairing_digest() != plan.digest()
+
+
+def test_the_pairing_tables_give_mean_sd_seeds_and_the_paired_interval(tmp_path: Path) -> None:
+    plan = Plan()
+    none = [0.50, 0.51, 0.49, 0.50, 0.52, 0.48, 0.50, 0.51]
+    attention = [0.78, 0.74, 0.80, 0.77, 0.75, 0.79, 0.76, 0.78]
+    rows = [_pairing_row("none", s, v, plan) for s, v in enumerate(none)]
+    rows += [_pairing_row("self_attention", s, v, plan) for s, v in enumerate(attention)]
+    pairing = tmp_path / "pairing.jsonl"
+    pairing.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = write_page(tmp_path / "none.jsonl", tmp_path / "page.md", plan, pairing).read_text()
+    mean_sd = f"{statistics.fmean(attention):.3f} ± {statistics.stdev(attention):.3f}"
+    assert f"| self-attention (SAGAN) | 8 / 8 | {mean_sd} |" in page
+    assert ", ".join(f"{v:.3f}" for v in none) in page
+    test = stats.ttest_rel(attention, none)
+    ci = test.confidence_interval(0.95)
+    mean = statistics.fmean(a - b for a, b in zip(attention, none, strict=True))
+    expected = f"| 8 | {mean:+.3f} [{ci.low:+.3f}, {ci.high:+.3f}] | better |"
+    assert expected in page
+    assert "16 of 48 jobs have run" in page
+
+
+def test_the_pairing_runner_skips_jobs_with_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = Plan(seeds=(0,), pilot_seeds=(0,), pairing_seeds=(0, 1))
+    results = tmp_path / "pairing.jsonl"
+    results.write_text(json.dumps(_pairing_row("none", 0, 0.5, plan)) + "\n")
+    ran: list[str] = []
+
+    def fake(job: Job, plan_: Plan, out: Path) -> dict[str, object]:
+        ran.append(job.key)
+        return _pairing_row(job.arm, job.seed, 0.5, plan_)
+
+    monkeypatch.setattr(study_run, "run_pairing_job", fake)
+    assert study_run.run_stage("pairing", tmp_path, results, plan, workers=1) == 11
+    assert "none-s0" not in ran and len(read_rows(results)) == 12
+    assert study_run.run_stage("pairing", tmp_path, results, plan, workers=1) == 0
+
+
+def test_a_tiny_pairing_job_gives_its_row_through_the_engine(tmp_path: Path) -> None:
+    plan = Plan(seeds=(0,), pilot_seeds=(0,), pairing_seeds=(0,), pairing_epochs=2, rank=2,
+                ham_steps=2, overrides=("data.train_size=64", "data.val_size=32",
+                                        "batch_size=32", "model.width=8"))  # fmt: skip
+    threads = torch.get_num_threads()
+    try:
+        row = study_run.run_pairing_job(Job("nmf_one_step", 0), plan, tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+    metrics = read_jsonl(tmp_path / "pairing" / "nmf_one_step-s0" / "metrics.jsonl")
+    accuracies = [m["val/accuracy"] for m in metrics if "val/accuracy" in m]
+    assert [a for _, a in row["curve"]] == accuracies and len(accuracies) == 2
+    assert row["balanced_accuracy"] == accuracies[-1]
+    assert row["best_balanced_accuracy"] == max(accuracies)
+    assert row["steps"] == 4 and row["plan"] == plan.pairing_digest()
+    first, last = (m["val/loss"] for m in metrics if "val/loss" in m)
+    assert row["plateau_change"] == pytest.approx(abs(last - first) / first)
+    assert row["at_plateau"] == (row["plateau_change"] < plan.plateau_tol)
+    assert math.isfinite(row["gamma"]) and row["peak_memory_mb"] > 0
