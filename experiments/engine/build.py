@@ -29,6 +29,7 @@ from experiments.models.sequence import (
     ConvClassifier1d,
     GRUClassifier,
     MLPClassifier,
+    StridedConvClassifier1d,
     TokenTransformer,
 )
 from experiments.studies.pretraining import load_backbone
@@ -84,7 +85,7 @@ def build_context(
 
 
 SEGMENTER_ARCHS = ("two_stream", "serial")
-SEQUENCE_ARCHS = ("transformer", "cnn1d", "mlp", "gru", "deq1d")
+SEQUENCE_ARCHS = ("transformer", "cnn1d", "cnn_strided", "mlp", "gru", "deq1d")
 
 
 def context_channels(task: TaskInfo, model: ModelConf) -> int:
@@ -127,7 +128,8 @@ def _sequence_network(
     """The public benchmarks' models (``experiments.models.sequence``, ``deq1d``) on a
     classification task with sequence inputs (``task.length`` set). ``transformer`` needs token
     ids (``task.vocab_size``); its ``layers`` mixers are ``context`` and fresh copies of it
-    (re-initialised). ``mlp`` / ``gru`` / ``deq1d`` have no context: they take ``none``."""
+    (re-initialised). ``mlp`` / ``cnn_strided`` / ``gru`` (the MNIST-1D package's baselines) and
+    ``deq1d`` have no context: they take ``none``."""
     if task.kind != "classification" or task.length is None:
         raise ValueError(
             f"model.arch={model.arch!r} needs a sequence classification task (data=h3_induction, "
@@ -138,7 +140,7 @@ def _sequence_network(
         if task.vocab_size is None:
             raise ValueError(
                 "model.arch=transformer reads token ids; data=mnist1d has real-valued sequences "
-                "(use model.arch=cnn1d, mlp, gru or deq1d)"
+                "(use model.arch=cnn1d, cnn_strided, mlp, gru or deq1d)"
             )
         mixers = [context] + [_fresh(context) for _ in range((model.layers or 2) - 1)]
         return TokenTransformer(task.vocab_size, task.length, task.num_classes, mixers,
@@ -158,7 +160,10 @@ def _sequence_network(
     if model.arch == "mlp":
         return MLPClassifier(task.in_channels * task.length, task.num_classes, model.width)
     if model.arch == "gru":
-        return GRUClassifier(task.in_channels, task.num_classes, model.width)
+        return GRUClassifier(task.in_channels, task.length, task.num_classes, model.width)
+    if model.arch == "cnn_strided":
+        return StridedConvClassifier1d(task.in_channels, task.length, task.num_classes,
+                                       model.width)  # fmt: skip
     return DEQClassifier1d(task.in_channels, task.num_classes, width=model.width,
                            gain=0.5 if model.gain is None else model.gain, solver=solver,
                            adjoint=adjoint, stabilise=model.stabilise)  # fmt: skip

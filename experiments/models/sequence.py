@@ -95,33 +95,63 @@ class ConvClassifier1d(nn.Module):
 
 
 class MLPClassifier(nn.Module):
-    """(B, C_in, N) flattened -> two hidden layers of ``width`` (ReLU) -> logits."""
+    """The MNIST-1D package's MLP baseline: (B, C_in, N) flattened -> ``h = relu(W1 x)``,
+    ``h = h + relu(W2 h)`` (a residual hidden layer of ``width``) -> logits ``W3 h``."""
 
     def __init__(self, in_features: int, num_classes: int, width: int = 100) -> None:
         super().__init__()
-        self.net = nn.Sequential(
-            nn.Flatten(),
-            nn.Linear(in_features, width),
-            nn.ReLU(),
-            nn.Linear(width, width),
-            nn.ReLU(),
-            nn.Linear(width, num_classes),
-        )
+        self.flatten = nn.Flatten()
+        self.linear1 = nn.Linear(in_features, width)
+        self.linear2 = nn.Linear(width, width)
+        self.linear3 = nn.Linear(width, num_classes)
 
     def forward(self, x: Tensor) -> Tensor:
         """x (B, C_in, N) -> logits (B, num_classes)."""
-        return self.net(x)
+        h = torch.relu(self.linear1(self.flatten(x)))
+        return self.linear3(h + torch.relu(self.linear2(h)))
+
+
+class StridedConvClassifier1d(nn.Module):
+    """The MNIST-1D package's CNN baseline: three strided 1-D convolutions of ``width``
+    channels (kernel 5 then 3, 3; stride 2, padding 1; ReLU), the features flattened into a
+    linear head (no pooling: on N = 40 it reads 5 positions x width)."""
+
+    def __init__(self, in_channels: int, length: int, num_classes: int, width: int = 25) -> None:
+        super().__init__()
+        self.convs = nn.Sequential(
+            nn.Conv1d(in_channels, width, 5, stride=2, padding=1),
+            nn.ReLU(),
+            nn.Conv1d(width, width, 3, stride=2, padding=1),
+            nn.ReLU(),
+            nn.Conv1d(width, width, 3, stride=2, padding=1),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        positions = (length - 3) // 2 + 1  # after the kernel-5 layer
+        for _ in range(2):
+            positions = (positions - 1) // 2 + 1  # after each kernel-3 layer
+        if positions < 1:
+            raise ValueError(
+                f"StridedConvClassifier1d: sequences of length {length} are too short for three "
+                "stride-2 convolutions (need >= 3)"
+            )
+        self.head = nn.Linear(width * positions, num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (B, C_in, N) -> logits (B, num_classes)."""
+        return self.head(self.convs(x))
 
 
 class GRUClassifier(nn.Module):
-    """(B, C_in, N) read left to right by a GRU of ``width`` -> its last state -> logits."""
+    """The MNIST-1D package's GRU baseline: a bidirectional GRU of ``width`` reads
+    (B, C_in, N); its outputs at every position, flattened (N x 2 width), feed a linear head."""
 
-    def __init__(self, in_channels: int, num_classes: int, width: int = 32) -> None:
+    def __init__(self, in_channels: int, length: int, num_classes: int, width: int = 6) -> None:
         super().__init__()
-        self.gru = nn.GRU(in_channels, width, batch_first=True)
-        self.head = nn.Linear(width, num_classes)
+        self.gru = nn.GRU(in_channels, width, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(length * 2 * width, num_classes)
 
     def forward(self, x: Tensor) -> Tensor:
         """x (B, C_in, N) -> logits (B, num_classes)."""
-        _, last = self.gru(x.transpose(1, 2))
-        return self.head(last[-1])
+        out, _ = self.gru(x.transpose(1, 2))
+        return self.head(out.flatten(1))

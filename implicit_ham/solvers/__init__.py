@@ -2,9 +2,10 @@
 
 Fixed points ``z = f(z)``: ``FixedPointIteration``, ``Anderson``, ``Broyden`` (native) and
 torchdeq's ``TorchDEQAnderson`` / ``TorchDEQBroyden`` (the optional ``torchdeq`` extra, imported
-when one is built); a plug-in written as ``init`` / ``step`` derives from ``StepwiseSolver``. Roots ``g(z) = 0``: ``Newton``. Minima: ``GradientDescent`` (with a
-``Constraint`` projection: ``NonNegative``, ``Box``), ``LBFGS``, ``NewtonCG``, ``GaussNewton``,
-``LevenbergMarquardt`` (batched least squares, with a ``RobustLoss``).
+when one is built); a plug-in written as ``init`` / ``step`` derives from ``StepwiseSolver``.
+Roots ``g(z) = 0``: ``Newton``. Minima: ``GradientDescent`` (with a ``Constraint`` projection:
+``NonNegative``, ``Box``), ``LBFGS``, ``NewtonCG``, ``GaussNewton``, ``LevenbergMarquardt``
+(batched least squares, with a ``RobustLoss``).
 """
 
 from implicit_ham.solvers.accelerated import Anderson, Broyden

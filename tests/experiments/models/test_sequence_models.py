@@ -17,6 +17,7 @@ from experiments.models.sequence import (
     ConvClassifier1d,
     GRUClassifier,
     MLPClassifier,
+    StridedConvClassifier1d,
     TokenTransformer,
 )
 from experiments.studies.paper_v3.run import compose_overrides
@@ -85,7 +86,8 @@ def test_cnn_context_sees_every_position() -> None:
         lambda: ConvClassifier1d(1, 10, ih.make_context("nmf", 8, rank=2), width=8),
         lambda: ConvClassifier1d(1, 10, ih.make_context("none", 8), width=8),
         lambda: MLPClassifier(16, 10, 20),
-        lambda: GRUClassifier(1, 10, 8),
+        lambda: GRUClassifier(1, 16, 10, 8),
+        lambda: StridedConvClassifier1d(1, 16, 10, 8),
         lambda: DEQClassifier1d(
             1, 10, width=8, solver=ih.FixedPointIteration(max_steps=8), adjoint=ih.Unroll()
         ),
@@ -156,3 +158,18 @@ def test_early_stop_at_accuracy(tmp_path: object) -> None:
     assert first["metrics"]["epoch"] == 1
     again = run_training(cfg, f"{tmp_path}/job")  # finished: its results, not a retraining
     assert again["train_time_s"] == first["train_time_s"]
+
+
+def test_mnist1d_baselines_have_the_published_sizes() -> None:
+    """The package's baselines on N = 40, 10 classes, counted from their definitions by hand:
+    MLP 40*100+100 + 100*100+100 + 100*10+10; ConvBase (25 channels) 25*5+25 + 2*(25*25*3+25) +
+    125*10+10; GRUBase (6, bidirectional) 2*3*(6*1 + 6*6 + 2*6) + 40*12*10+10."""
+
+    def count(net: torch.nn.Module) -> int:
+        return sum(p.numel() for p in net.parameters())
+
+    assert count(MLPClassifier(40, 10, 100)) == 15210
+    assert count(StridedConvClassifier1d(1, 40, 10, 25)) == 5210
+    assert count(GRUClassifier(1, 40, 10, 6)) == 5134
+    with pytest.raises(ValueError, match="too short"):
+        StridedConvClassifier1d(1, 2, 10)
