@@ -5,8 +5,9 @@ Running the same command again resumes each job from its newest checkpoint (also
 preemption: SIGUSR1 / SIGTERM / SIGINT make a job checkpoint, write ``results.json`` with
 ``status: "preempted"`` and exit with status 128 + signal number); data parallel:
 ``torchrun --standalone --nproc_per_node=2 -m experiments.train hydra.run.dir=DIR ...``.
-The logic lives in ``experiments.engine.run.run_training``; this file only wires Hydra and turns
-the composed config into the typed ``TrainConfig`` it runs.
+The logic lives in ``experiments.engine.run.run_training``, which checks every value before the
+job writes anything; this file only wires Hydra, turns the composed config into the typed
+``TrainConfig`` it runs and checks what is Hydra's (the launcher's ``tasks_per_node``).
 """
 
 from __future__ import annotations
@@ -15,18 +16,12 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from experiments.config.groups import (
-    TrainConfig,
-    check_components,
-    check_train_config,
-    register_configs,
-)
-from experiments.config.typed import as_container, typed_config
+from experiments.config.groups import TrainConfig, register_configs
+from experiments.config.typed import typed_config
 from experiments.engine.command import check_tasks_per_node, run_job
 from experiments.engine.job_record import hydra_record
 from experiments.engine.run import run_training
-from experiments.engine.run_checks import check_run_settings
-from experiments.engine.targets import check_targets, guard_hydra_callbacks
+from experiments.engine.targets import guard_hydra_callbacks
 
 register_configs()
 guard_hydra_callbacks()  # before Hydra instantiates hydra.callbacks
@@ -36,10 +31,6 @@ guard_hydra_callbacks()  # before Hydra instantiates hydra.callbacks
 def main(cfg: DictConfig) -> float:
     """Run the job; return the validation loss (for sweepers that minimise)."""
     config = typed_config(cfg, TrainConfig)  # unset mandatory values fail here
-    check_train_config(config)  # before the job writes anything
-    check_run_settings(config)
-    check_targets(as_container(config))  # no _target_ outside the allowlist runs
-    check_components(config)  # the library's own checks of solver, adjoint, context
     hydra_cfg = HydraConfig.get()
     check_tasks_per_node(int(hydra_cfg.launcher.get("tasks_per_node", 1) or 1))
     output_dir = hydra_cfg.runtime.output_dir

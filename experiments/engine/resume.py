@@ -34,6 +34,7 @@ from __future__ import annotations
 import csv
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,8 @@ from experiments.config.groups import TrainConfig
 from experiments.config.typed import as_container
 from experiments.engine.checkpoint import CheckpointError, CheckpointStore, read_checkpoint
 from experiments.engine.distributed import DistributedContext
-from experiments.engine.loop import TrainState
 from experiments.engine.results import RESULTS_FILE, ResultsError, read_results
+from experiments.engine.state import TrainState
 from implicit_ham.plugins import check_choice
 from implicit_ham.reliability.failures import FailureMonitor
 from implicit_ham.reliability.guard import unwrap
@@ -105,6 +106,29 @@ def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [prefix.rstrip(".")]
 
 
+@dataclass(frozen=True)
+class CheckpointExtras:
+    """What a job's checkpoints carry beside the training state, each a callable whose
+    plain-data result is stored at every save.
+
+    Attributes:
+        totals: (rank 0) e.g. the cumulative train time and the last solver statistics; after
+            ``JobCheckpoints.restore`` available as ``restored_totals`` so that the results of
+            a resumed run cover the whole run.
+        rank_totals: called on every rank, e.g. the rank's warning-event counts; stored per
+            rank and, after ``restore``, this rank's is ``restored_rank_totals`` (after a
+            reshard: rank 0 gets every old rank's ``{key: {source: {kind: n}}}`` counts summed,
+            the others none).
+        rank_state: called on every rank, e.g. the rank's loss-divergence check; stored per
+            rank and, after ``restore``, is ``restored_rank_state`` (old rank
+            ``rank % old_world_size``'s, as the RNG states).
+    """
+
+    totals: Callable[[], dict[str, Any]] | None = None
+    rank_totals: Callable[[], dict[str, Any]] | None = None
+    rank_state: Callable[[], dict[str, Any]] | None = None
+
+
 class JobCheckpoints:
     """Saves and restores the training state of one job (collective under data parallelism:
     every rank calls ``save``/``restore`` at the same step; rank 0 reads and writes files).
@@ -113,20 +137,10 @@ class JobCheckpoints:
         output_dir: the job directory.
         cfg: the typed config (``reliability.keep`` and ``reliability.resume`` are read; its
             ``comparable_config`` is stored and compared).
-        model, optimizer, scheduler: what is saved and restored (the model may be wrapped).
+        model, optimizer: what is saved and restored (the model may be wrapped).
         monitor: the failure monitor whose counts are saved.
         dist: the process group context.
-        totals: called at every save; its plain-data result (e.g. the cumulative train time and
-            the last solver statistics) is stored in the checkpoint and, after ``restore``,
-            available as ``restored_totals`` so that the results of a resumed run cover the
-            whole run.
-        rank_totals: called on every rank at every save; its plain-data result (e.g. the rank's
-            warning-event counts) is stored per rank and, after ``restore``, this rank's is
-            ``restored_rank_totals`` (after a reshard: rank 0 gets every old rank's
-            ``{key: {source: {kind: n}}}`` counts summed, the others none).
-        rank_state: called on every rank at every save; its plain-data result (e.g. the
-            rank's loss-divergence check) is stored per rank and, after ``restore``, is
-            ``restored_rank_state`` (old rank ``rank % old_world_size``'s, as the RNG states).
+        extras: what else a checkpoint carries (``CheckpointExtras``).
     """
 
     def __init__(
@@ -136,25 +150,19 @@ class JobCheckpoints:
         *,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
-        scheduler: Any,
         monitor: FailureMonitor,
         dist: DistributedContext,
-        totals: Callable[[], dict[str, Any]] | None = None,
-        rank_totals: Callable[[], dict[str, Any]] | None = None,
-        rank_state: Callable[[], dict[str, Any]] | None = None,
+        extras: CheckpointExtras | None = None,
     ) -> None:
         self.output_dir, self.cfg, self.dist = output_dir, cfg, dist
-        self.totals, self.rank_totals, self.rank_state = totals, rank_totals, rank_state
+        extras = extras or CheckpointExtras()
+        self.totals, self.rank_totals = extras.totals, extras.rank_totals
+        self.rank_state = extras.rank_state
         self.restored_totals: dict[str, Any] = {}
         self.restored_rank_totals: dict[str, Any] = {}
         self.restored_rank_state: dict[str, Any] = {}
         self.config = comparable_config(as_container(cfg))
-        self.model, self.optimizer, self.scheduler, self.monitor = (
-            model,
-            optimizer,
-            scheduler,
-            monitor,
-        )
+        self.model, self.optimizer, self.monitor = model, optimizer, monitor
         self.store = CheckpointStore(output_dir / CHECKPOINT_DIR, keep=cfg.reliability.keep)
         self.resume = cfg.reliability.resume
         check_choice(
@@ -186,7 +194,6 @@ class JobCheckpoints:
             "train_state": state.state_dict(),
             "model": unwrap(self.model).state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             "ranks": ranks,
             "logs": log_rows(self.output_dir),
             "log_headers": csv_headers(self.output_dir),
@@ -200,7 +207,7 @@ class JobCheckpoints:
         return finished_results(self.output_dir, self.cfg, self.dist)
 
     def restore(self) -> TrainState | None:
-        """Load the newest good checkpoint into the model, optimiser, scheduler, RNGs and
+        """Load the newest good checkpoint into the model, optimiser, RNGs and
         monitor and return its ``TrainState``; None when starting from scratch (no checkpoint,
         or ``reliability.resume=false``, which deletes the old checkpoints, or every checkpoint
         is bad: each was moved aside as ``.corrupt``, and the error names them). A fresh start
@@ -235,17 +242,8 @@ class JobCheckpoints:
             )
         unwrap(self.model).load_state_dict(payload["model"])
         self.optimizer.load_state_dict(payload["optimizer"])
-        if self.scheduler is not None and payload["scheduler"] is not None:
-            self.scheduler.load_state_dict(payload["scheduler"])
         ranks, old_world = payload["ranks"], int(payload["world_size"])
-        restore_rng_state(ranks[self.dist.rank % old_world]["rng"])
-        self.restored_rank_state = dict(ranks[self.dist.rank % old_world].get("state", {}))
-        if old_world == self.dist.world_size:
-            self.monitor.load_state_dict(ranks[self.dist.rank]["failures"])
-            self.restored_rank_totals = dict(ranks[self.dist.rank].get("totals", {}))
-        elif self.dist.is_main:  # resharded: rank 0 carries every old rank's counts
-            self.monitor.merge([rank["failures"] for rank in ranks])
-            self.restored_rank_totals = _summed([rank.get("totals", {}) for rank in ranks])
+        self._restore_ranks(ranks, old_world)
         self.restored_totals = dict(payload.get("totals", {}))
         if self.dist.is_main:
             rewind_logs(self.output_dir, payload["logs"])
@@ -261,6 +259,19 @@ class JobCheckpoints:
             state.step,
         )
         return state
+
+    def _restore_ranks(self, ranks: list[dict[str, Any]], old_world: int) -> None:
+        """This rank's RNG state, rank state, failure counts and rank totals from the
+        checkpoint's per-rank entries (old rank ``rank % old_world_size``'s after a reshard;
+        rank 0 then carries every old rank's counts)."""
+        restore_rng_state(ranks[self.dist.rank % old_world]["rng"])
+        self.restored_rank_state = dict(ranks[self.dist.rank % old_world].get("state", {}))
+        if old_world == self.dist.world_size:
+            self.monitor.load_state_dict(ranks[self.dist.rank]["failures"])
+            self.restored_rank_totals = dict(ranks[self.dist.rank].get("totals", {}))
+        elif self.dist.is_main:  # resharded: rank 0 carries every old rank's counts
+            self.monitor.merge([rank["failures"] for rank in ranks])
+            self.restored_rank_totals = _summed([rank.get("totals", {}) for rank in ranks])
 
     def _check_compatible(self, path: Path, payload: Mapping[str, Any]) -> None:
         differences = config_differences(payload["config"], self.config)

@@ -1,4 +1,31 @@
-"""``run_training``: the whole training job of ``experiments.train``, from a resolved config."""
+"""``run_training``: the whole training job of ``experiments.train``, from a resolved config.
+
+The job's steps, in reading order (``_train``): check the config (``check_training``), take the
+job directory's lock, build the data, model, optimiser, sinks and checkpoints (``_build``),
+restore the newest checkpoint (``_restore``), build the guarded optimisation step with its hooks
+(``_guarded_step``), train (``_fit``: a ``Trainer`` with its callbacks) and write the results
+(``_results``).
+
+Reliability (``cfg.reliability``, a ``ReliabilityConf``): failures of implicit layers are
+handled by ``on_failure`` and counted; checkpoints go to ``output_dir/checkpoints`` every
+``checkpoint_every`` steps and at every epoch end; a job started again in the same directory
+resumes from its newest good checkpoint (or returns its results when it had finished, before its
+data and model are built). Under torchrun the job trains data-parallel and only rank 0 logs and
+writes files; a collective that waits more than ``reliability.dist_timeout_s`` for a hung peer
+raises ``DistributedTimeoutError`` naming the ranks that did not answer.
+
+One writer: the job directory's lock (``experiments.engine.joblock``) is held while the job
+runs; ``JobLockedError`` (naming the holder) when another live process holds it. Only while it
+holds the lock does the job write into its directory: an error then writes ``results.json``
+``status: "failed"`` (``experiments.engine.command.failures_recorded``); a command refused before
+(a value, a held lock) leaves every file of the directory byte-identical.
+
+Preemption: the signals of ``reliability.preempt_signals`` stop the run after the current step
+with a checkpoint and ``results.json`` ``status: "preempted"``, then ``PreemptedError`` is raised
+(``experiments.train`` exits with its ``exit_code``, 128 + signal number). Under submitit its
+preemption signal is handled too, and the job is requeued through its ``checkpoint()`` hook
+instead (``experiments.engine.submitit_requeue``).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +34,9 @@ import random
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -22,6 +50,7 @@ from experiments.config.groups import (
     check_train_config,
 )
 from experiments.config.typed import as_container
+from experiments.data.factory import TaskInfo
 from experiments.engine.build import (
     build_context,
     build_datasets,
@@ -30,6 +59,12 @@ from experiments.engine.build import (
     build_optimizer,
     build_sinks,
     context_channels,
+)
+from experiments.engine.callbacks import (
+    Checkpointing,
+    FlushAfterStep,
+    SkipLimits,
+    standard_callbacks,
 )
 from experiments.engine.checkpoint import write_checkpoint
 from experiments.engine.clipping import clip_grad_hooks
@@ -40,7 +75,6 @@ from experiments.engine.failure_log import RankFailureLog, logged_failure_counts
 from experiments.engine.job_record import write_job_record
 from experiments.engine.joblock import JobLock, JobLockedError
 from experiments.engine.log_record import log_record
-from experiments.engine.loop import Task, TrainState, fit
 from experiments.engine.preemption import (
     PreemptedError,
     PreemptionGuard,
@@ -48,11 +82,14 @@ from experiments.engine.preemption import (
     preemptible,
 )
 from experiments.engine.results import write_results
-from experiments.engine.resume import JobCheckpoints, finished_results
+from experiments.engine.resume import CheckpointExtras, JobCheckpoints, finished_results
 from experiments.engine.run_checks import check_run_settings
 from experiments.engine.run_events import RunEvents, events_summary
 from experiments.engine.schedule import poly_lr_hooks
+from experiments.engine.state import TrainState
 from experiments.engine.targets import check_targets
+from experiments.engine.task import Task
+from experiments.engine.trainer import Trainer
 from implicit_ham.adjoints.layers import find_implicit_layers
 from implicit_ham.diagnostics import DiagnosticsCallback, Sink
 from implicit_ham.plugins import check_choice
@@ -72,61 +109,44 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def run_training(
-    cfg: TrainConfig, output_dir: str | Path, job_files: Mapping[str, str] | None = None
-) -> dict[str, Any]:
-    """Train and evaluate the configured model; write ``results.json`` and ``checkpoint.pt``.
-
-    Reliability (``cfg.reliability``, a ``ReliabilityConf``): failures of implicit layers are
-    handled by ``on_failure`` and counted; checkpoints go to ``output_dir/checkpoints`` every
-    ``checkpoint_every`` steps and at every epoch end; a job started again in the same directory
-    resumes from its newest good checkpoint (or returns its results when it had finished). Under
-    torchrun the job trains data-parallel and only rank 0 logs and writes files.
-
-    Args:
-        cfg: the typed config (``experiments.config.typed.typed_config(cfg, TrainConfig)`` of
-            the composed one, or a ``TrainConfig`` built by hand).
-        output_dir: the job's directory.
-        job_files: files the job writes (rank 0) into its directory once it holds the lock and
-            its checkpoints (or finished results) match the config: the command's record of
-            itself, ``experiments.engine.job_record.hydra_record`` ({relative path: text}).
-
-    Every value is checked first (``check_train_config``, ``check_run_settings``, the
-    components) and every ``_target_`` against ``experiments.engine.targets``'s allowlist
-    (``UnsafeTargetError``), before anything is written. One writer: the job directory's lock
-    (``experiments.engine.joblock``) is held while the job runs; ``JobLockedError`` (naming the
-    holder) when another live process holds it. Only while it holds the lock does the job
-    write into its directory: an error then writes ``results.json`` ``status: "failed"``
-    (``experiments.engine.command.failures_recorded``); a command refused before (a value, a
-    held lock) leaves every file of the directory byte-identical.
-
-    Preemption: the signals of ``reliability.preempt_signals`` stop the run after the current
-    step with a checkpoint and ``results.json`` ``status: "preempted"``, then ``PreemptedError`` is
-    raised (``experiments.train`` exits with its ``exit_code``, 128 + signal number). Under
-    submitit its preemption signal is handled too, and the job is requeued through its
-    ``checkpoint()`` hook instead (``experiments.engine.submitit_requeue``).
-
-    A job that finished earlier with this config returns its results before its data and
-    model are built. Under torchrun a collective that waits more than
-    ``reliability.dist_timeout_s`` for a hung peer raises ``DistributedTimeoutError`` naming
-    the ranks that did not answer.
-
-    Returns:
-        The results: ``config`` (as plain data), final ``metrics``, ``best`` validation loss,
-        ``failures`` (counts), ``parameters``, ``train_time_s`` (of the whole run, resumed
-        segments included), ``world_size``,
-        ``state_digests`` (SHA-256 of the model state on each rank: all equal when the replicas
-        are in sync), and the last forward solve statistics of each implicit layer
-        (``solver``), ``threads`` (``torch.get_num_threads()``) and ``events``: the library's
-        warning events of the run (``experiments.engine.run_events.events_summary``: total,
-        by kind, by source, the implicit layers by name); rank 0's also ``logs``, the metric
-        files it belongs to (``experiments.engine.log_record``).
-    """
+def check_training(cfg: TrainConfig) -> None:
+    """Every check of a training config, before anything is instantiated or written:
+    ``check_train_config``, ``check_run_settings``, every ``_target_`` against
+    ``experiments.engine.targets``'s allowlist (``UnsafeTargetError``), the library's checks of
+    solver, adjoint and context (``check_components``) and ``dtype``."""
     check_train_config(cfg)
     check_run_settings(cfg)
     check_targets(as_container(cfg))  # before anything is instantiated
     check_components(cfg)  # the library's checks of solver, adjoint, context: before the data
     check_choice("config", "dtype", cfg.dtype, tuple(DTYPES))
+
+
+def run_training(
+    cfg: TrainConfig, output_dir: str | Path, job_files: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Train and evaluate the configured model; write ``results.json`` and ``checkpoint.pt``
+    (the module docstring says how a job checkpoints, resumes, is preempted and fails).
+
+    Args:
+        cfg: the typed config (``experiments.config.typed.typed_config(cfg, TrainConfig)`` of
+            the composed one, or a ``TrainConfig`` built by hand); checked first
+            (``check_training``), before anything is written.
+        output_dir: the job's directory.
+        job_files: files the job writes (rank 0) into its directory once it holds the lock and
+            its checkpoints (or finished results) match the config: the command's record of
+            itself, ``experiments.engine.job_record.hydra_record`` ({relative path: text}).
+
+    Returns:
+        The results: ``config`` (as plain data), final ``metrics``, ``best`` validation loss,
+        ``failures`` (counts), ``parameters``, ``train_time_s`` (of the whole run, resumed
+        segments included), ``world_size``, ``state_digests`` (SHA-256 of the model state on
+        each rank: all equal when the replicas are in sync), the last forward solve statistics
+        of each implicit layer (``solver``), ``threads`` (``torch.get_num_threads()``) and
+        ``events``: the library's warning events of the run
+        (``experiments.engine.run_events.events_summary``); rank 0's also ``logs``, the metric
+        files it belongs to (``experiments.engine.log_record``).
+    """
+    check_training(cfg)
     with preemptible(cfg.reliability.preempt_signals) as guard:
         dist = DistributedContext.from_env(cfg.device, cfg.reliability.dist_timeout_s)
         with dist.diagnose_hangs():
@@ -168,6 +188,40 @@ def _job_lock(job_dir: Path, dist: DistributedContext) -> Iterator[None]:
             lock.release()
 
 
+@dataclass
+class _Job:
+    """The parts of one training job, built once (``_build``) in a fixed order (the order of
+    the random draws)."""
+
+    cfg: TrainConfig
+    output_dir: Path
+    dist: DistributedContext
+    info: TaskInfo
+    loaders: tuple[Any, Any]
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    sinks: list[Sink]
+    monitor: FailureMonitor
+    failure_log: RankFailureLog
+    run_events: RunEvents
+    divergence: LossDivergence | None
+    checkpoints: JobCheckpoints
+    clock: _Clock
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The model's floating-point type."""
+        return DTYPES[self.cfg.dtype]
+
+
+class _Step(NamedTuple):
+    """The guarded optimisation step of a job, its task and its diagnostics callback."""
+
+    run: GuardedStep
+    task: Task
+    diagnostics: DiagnosticsCallback | None
+
+
 def _train(
     cfg: TrainConfig,
     output_dir: Path,
@@ -175,33 +229,48 @@ def _train(
     guard: PreemptionGuard,
     job_files: dict[str, str],
 ) -> dict[str, Any]:
-    reliability = cfg.reliability
-    config = as_container(cfg)  # what the files record
-    output_dir.mkdir(parents=True, exist_ok=True)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    if not dist.is_main:
-        logging.getLogger().setLevel(logging.WARNING)
-    configure_determinism(reliability.deterministic, dist.device)
-    seed_everything(cfg.seed)
+    """The job under its lock: set up the process, build, restore, train, write the results."""
+    _set_up_process(cfg, output_dir, dist)
     finished = finished_results(output_dir, cfg, dist)
     if finished is not None:  # before any data or model is built
         logger.info("%s finished earlier with this config; not retrained", output_dir)
         if dist.is_main:
             write_job_record(output_dir, job_files)
         return finished
-    device = dist.device
+    job = _build(cfg, output_dir, dist)
+    state = _restore(job, job_files)
+    step = _guarded_step(job, None if state is None else state.step)
+    state = state or TrainState()
+    metrics = _fit(job, step, state, guard)
+    return _results(job, metrics, state)
+
+
+def _set_up_process(cfg: TrainConfig, output_dir: Path, dist: DistributedContext) -> None:
+    """The job directory, threads, log level of the other ranks, determinism and seeds."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    if not dist.is_main:
+        logging.getLogger().setLevel(logging.WARNING)
+    configure_determinism(cfg.reliability.deterministic, dist.device)
+    seed_everything(cfg.seed)
+
+
+def _build(cfg: TrainConfig, output_dir: Path, dist: DistributedContext) -> _Job:
+    """Data, model (wrapped for data parallelism), optimiser, sinks, the failure monitor and
+    the checkpoints, in this order."""
+    reliability = cfg.reliability
     train_set, val_set, info = build_datasets(cfg.data)
-    train_loader, val_loader = build_loaders(
+    loaders = build_loaders(
         train_set, val_set, cfg.batch_size, cfg.seed, rank=dist.rank, world_size=dist.world_size
     )
     solver, adjoint = instantiate(cfg.solver), instantiate(cfg.adjoint)
     context = build_context(cfg.context, context_channels(info, cfg.model), solver, adjoint)
-    dtype = DTYPES[cfg.dtype]
-    model = build_model(info, context, cfg.model, solver, adjoint).to(device=device, dtype=dtype)
+    model = build_model(info, context, cfg.model, solver, adjoint)
+    model = model.to(device=dist.device, dtype=DTYPES[cfg.dtype])
     optimizer = build_optimizer(cfg.optim, model, cfg.model.backbone_lr_scale)
     model = dist.wrap(model)
-    sinks = build_sinks(cfg.logger, output_dir, config) if dist.is_main else []
+    sinks = build_sinks(cfg.logger, output_dir, as_container(cfg)) if dist.is_main else []
     clock = _Clock()
     divergence = (
         LossDivergence(reliability.divergence_factor, reliability.divergence_steps)
@@ -213,14 +282,7 @@ def _train(
     monitor = FailureMonitor(
         [failure_log], warn_first=reliability.warn_first, warn_every=reliability.warn_every
     )
-    checkpoints = JobCheckpoints(
-        output_dir,
-        cfg,
-        model=model,
-        optimizer=optimizer,
-        scheduler=None,
-        monitor=monitor,
-        dist=dist,
+    extras = CheckpointExtras(
         totals=lambda: {
             "train_time_s": clock.elapsed(),
             "solver": _solver_summaries(unwrap(model)),
@@ -228,117 +290,120 @@ def _train(
         rank_totals=lambda: {"events": run_events.counts()},
         rank_state=lambda: {} if divergence is None else {"divergence": divergence.state_dict()},
     )
-    state = checkpoints.restore()
-    if divergence is not None and "divergence" in checkpoints.restored_rank_state:
-        divergence.load_state_dict(checkpoints.restored_rank_state["divergence"])
-    if dist.is_main:  # the checkpoints matched this config: the job's record is this command's
-        write_job_record(output_dir, job_files)
-    run_events.restore(checkpoints.restored_rank_totals.get("events") or {})
-    hooks, callback = _diagnostics(cfg.diagnostics, unwrap(model), sinks, optimizer)
+    checkpoints = JobCheckpoints(
+        output_dir, cfg, model=model, optimizer=optimizer, monitor=monitor, dist=dist, extras=extras
+    )
+    return _Job(
+        cfg, output_dir, dist, info, loaders, model, optimizer, sinks, monitor, failure_log,
+        run_events, divergence, checkpoints, clock,
+    )  # fmt: skip
+
+
+def _restore(job: _Job, job_files: dict[str, str]) -> TrainState | None:
+    """The newest good checkpoint into the job (None: a fresh start); then the job's record."""
+    state = job.checkpoints.restore()
+    restored = job.checkpoints.restored_rank_state
+    if job.divergence is not None and "divergence" in restored:
+        job.divergence.load_state_dict(restored["divergence"])
+    if job.dist.is_main:  # the checkpoints matched this config: the job's record is this command's
+        write_job_record(job.output_dir, job_files)
+    job.run_events.restore(job.checkpoints.restored_rank_totals.get("events") or {})
+    return state
+
+
+def _guarded_step(job: _Job, resumed_at: int | None) -> _Step:
+    """The step hooks (diagnostics, polynomial learning rate, gradient clipping), the task
+    (with its penalty) and the ``GuardedStep`` under the failure policy; ``resumed_at``: the
+    step a resumed run continues from (None: a fresh start)."""
+    cfg, model = job.cfg, unwrap(job.model)
+    hooks, diagnostics = _diagnostics(cfg.diagnostics, model, job.sinks, job.optimizer)
     if cfg.lr_poly_power is not None:
-        total = cfg.epochs * len(train_loader)
-        hooks = poly_lr_hooks(hooks, optimizer, total, cfg.lr_poly_power)
+        total = cfg.epochs * len(job.loaders[0])
+        hooks = poly_lr_hooks(hooks, job.optimizer, total, cfg.lr_poly_power)
     if cfg.clip_grad_norm is not None:
-        hooks = clip_grad_hooks(hooks, unwrap(model), cfg.clip_grad_norm)
-    if callback is not None and state is not None:
-        callback.close()
-        callback.prepare(state.step)
-    penalty = None if cfg.penalty is None else instantiate(cfg.penalty).attach(unwrap(model))
-    task = Task(
-        info.kind,
-        info.num_classes,
-        info.ignore_index if info.ignore_index is not None else -100,
-        penalty=penalty,
-        loss_fn=info.loss,
-    )
-    step_fn = GuardedStep(
-        model,
+        hooks = clip_grad_hooks(hooks, model, cfg.clip_grad_norm)
+    if diagnostics is not None and resumed_at is not None:
+        diagnostics.close()
+        diagnostics.prepare(resumed_at)
+    penalty = None if cfg.penalty is None else instantiate(cfg.penalty).attach(model)
+    info = job.info
+    ignore_index = info.ignore_index if info.ignore_index is not None else -100
+    task = Task(info.kind, info.num_classes, ignore_index, penalty=penalty, loss_fn=info.loss)
+    run = GuardedStep(
+        job.model,
         task,
-        optimizer,
-        policy=reliability.on_failure,
-        monitor=monitor,
+        job.optimizer,
+        policy=cfg.reliability.on_failure,
+        monitor=job.monitor,
         hooks=hooks,
-        dist=dist,
-        divergence=divergence,
+        dist=job.dist,
+        divergence=job.divergence,
     )
-    state = state or TrainState()
+    return _Step(run, task, diagnostics)
 
-    def logged_step(inputs: torch.Tensor, target: torch.Tensor, step: int) -> torch.Tensor | None:
-        loss = step_fn(inputs, target, step)
-        failure_log.flush()  # every rank, before this step's checkpoint counts the rows
-        return loss
 
-    clock.start(float(checkpoints.restored_totals.get("train_time_s", 0.0)))
+def _fit(job: _Job, step: _Step, state: TrainState, guard: PreemptionGuard) -> dict[str, float]:
+    """Train from ``state`` with the job's callbacks; a preempted run writes its results
+    (``status: "preempted"``) and raises ``PreemptedError``."""
+    cfg, dist = job.cfg, job.dist
+    checkpointing = Checkpointing(job.checkpoints.save, cfg.reliability.checkpoint_every)
+    callbacks = standard_callbacks(
+        sinks=job.sinks,
+        log_every=cfg.log_every,
+        checkpoint=checkpointing,
+        preempt=lambda: guard.signum,
+        skip_limits=SkipLimits(cfg.reliability.max_consecutive_skips, cfg.reliability.max_skips),
+        stop_at_accuracy=cfg.stop_at_accuracy,
+        progress=cfg.progress and dist.is_main,
+    )
+    callbacks.insert(0, FlushAfterStep(job.failure_log))  # every rank's failure rows first
+    trainer = Trainer(
+        job.model, step.task, step.run, device=dist.device, dtype=job.dtype, dist=dist,
+        callbacks=callbacks,
+    )  # fmt: skip
+    job.clock.start(float(job.checkpoints.restored_totals.get("train_time_s", 0.0)))
     try:
-        metrics = fit(
-            model,
-            train_loader,
-            val_loader,
-            task,
-            optimizer,
-            epochs=cfg.epochs,
-            device=device,
-            dtype=dtype,
-            sinks=sinks,
-            show_progress=cfg.progress and dist.is_main,
-            log_every=cfg.log_every,
-            state=state,
-            step_fn=logged_step,
-            checkpoint=checkpoints.save,
-            checkpoint_every=reliability.checkpoint_every,
-            dist=dist,
-            preempt=lambda: guard.signum,
-            max_consecutive_skips=reliability.max_consecutive_skips,
-            max_skips=reliability.max_skips,
-            stop_when=_stop_when(cfg.stop_at_accuracy),
-        )
+        return trainer.fit(*job.loaders, cfg.epochs, state)
     except PreemptedError as stopped:  # every rank stops at the same step
-        failures = _failure_counts(monitor, dist, state.skipped)
+        failures = _failure_counts(job.monitor, dist, state.skipped)
         if dist.is_main:
-            write_results(output_dir, preempted_results(stopped, config, failures))
+            write_results(job.output_dir, preempted_results(stopped, as_container(cfg), failures))
         logger.warning("%s; checkpoint written, run the same command to resume", stopped)
         raise
     finally:
-        step_fn.close()
-        run_events.close()
-        if callback is not None:
-            callback.close()
-        for sink in sinks:
+        step.run.close()
+        job.run_events.close()
+        if step.diagnostics is not None:
+            step.diagnostics.close()
+        for sink in job.sinks:
             sink.close()
+
+
+def _results(job: _Job, metrics: dict[str, float], state: TrainState) -> dict[str, Any]:
+    """The finished job's results (collective); rank 0 writes ``checkpoint.pt`` (the final
+    model and optimiser) and ``results.json``."""
+    dist, model, config = job.dist, unwrap(job.model), as_container(job.cfg)
     results = {
         "status": "ok",
         "config": config,
         "metrics": metrics,
         "best": state.best,
-        "failures": _failure_counts(monitor, dist, state.skipped),
-        "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
-        "train_time_s": clock.elapsed(),
+        "failures": _failure_counts(job.monitor, dist, state.skipped),
+        "parameters": sum(p.numel() for p in job.model.parameters() if p.requires_grad),
+        "train_time_s": job.clock.elapsed(),
         "world_size": dist.world_size,
-        "state_digests": dist.gather(state_digest(unwrap(model))),
-        "solver": _solver_summaries(unwrap(model)) or checkpoints.restored_totals.get("solver", {}),
+        "state_digests": dist.gather(state_digest(model)),
+        "solver": _solver_summaries(model) or job.checkpoints.restored_totals.get("solver", {}),
         "threads": torch.get_num_threads(),
-        "events": events_summary(dist.gather(run_events.counts())),
+        "events": events_summary(dist.gather(job.run_events.counts())),
     }
     logger.info("failures: %s", results["failures"])
     if dist.is_main:
-        write_checkpoint(
-            output_dir / "checkpoint.pt",
-            {
-                "model": unwrap(model).state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "config": config,
-            },
-        )
-        results["logs"] = log_record(output_dir)  # the rows these results belong to
-        write_results(output_dir, results)
+        final = {"model": model.state_dict(), "optimizer": job.optimizer.state_dict()}
+        write_checkpoint(job.output_dir / "checkpoint.pt", {**final, "config": config})
+        results["logs"] = log_record(job.output_dir)  # the rows these results belong to
+        write_results(job.output_dir, results)
     return results
-
-
-def _stop_when(accuracy: float | None) -> Any:
-    """Early stopping at validation accuracy >= ``accuracy`` (None: never)."""
-    if accuracy is None:
-        return None
-    return lambda metrics: metrics.get("val/accuracy", -1.0) >= accuracy
 
 
 def _failure_counts(

@@ -56,10 +56,9 @@ class WandbSink(Sink):
     Args:
         project: wandb project. group: run group (e.g. a sweep's name). tags: run tags.
         config: the full configuration (a dict or a Hydra/OmegaConf config, resolved).
-        name: run name. job_type: wandb job type.
         dir: directory under which wandb writes ``wandb/`` (default: the current directory).
         mode: "online", "offline" or "disabled"; None chooses as the module docstring says.
-        **init_kwargs: further ``wandb.init`` arguments.
+        **init_kwargs: further ``wandb.init`` arguments (e.g. ``name``, ``job_type``).
     """
 
     def __init__(
@@ -69,8 +68,6 @@ class WandbSink(Sink):
         group: str | None = None,
         tags: Sequence[str] = (),
         config: Any = None,
-        name: str | None = None,
-        job_type: str | None = None,
         dir: str | Path | None = None,
         mode: str | None = None,
         **init_kwargs: Any,
@@ -85,8 +82,6 @@ class WandbSink(Sink):
             group=group,
             tags=list(tags),
             config=resolved_config(config),
-            name=name,
-            job_type=job_type,
             dir=None if dir is None else str(dir),
             mode=resolve_mode(mode),
             reinit="create_new",

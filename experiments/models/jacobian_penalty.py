@@ -13,7 +13,7 @@ consume the global random stream. Cost per penalised step: one evaluation of f a
 sample and layer, and about one more VJP each in the backward pass.
 
 The engine's ``Task`` adds ``term()`` to its loss when gradient is enabled (training, not
-evaluation); ``train_epoch`` sets ``step`` before each batch.
+evaluation); ``Trainer.train_epoch`` sets ``step`` before each batch.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class JacobianPenalty:
         samples: Gaussian probe vectors per estimate (>= 1).
 
     Attributes:
-        step: the training step the next loss belongs to (set by ``train_epoch``).
+        step: the training step the next loss belongs to (set by ``Trainer.train_epoch``).
         last: the latest penalty term added (``weight * sum``, detached), None before one.
     """
 

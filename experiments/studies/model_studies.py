@@ -33,9 +33,9 @@ from experiments.engine.build import (
     context_channels,
 )
 from experiments.engine.checkpoint import read_checkpoint
-from experiments.engine.loop import Task, evaluate
 from experiments.engine.results import write_results
 from experiments.engine.run import seed_everything
+from experiments.engine.task import Task, evaluate
 from experiments.studies.task_gradients import task_gradient_rows
 from implicit_ham.adjoints.modes import Implicit, Neumann, OneStep, Phantom, Truncated, Unroll
 from implicit_ham.decompositions.base import Decomposition

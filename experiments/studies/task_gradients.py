@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from experiments.engine.loop import Task
+from experiments.engine.task import Task
 from implicit_ham.adjoints.modes import Adjoint, Implicit, OneStep, Phantom, Unroll
 from implicit_ham.decompositions.base import Decomposition
 from implicit_ham.diagnostics.measure import fork_rng_on

@@ -27,7 +27,7 @@ from experiments.data.splits import Splits
 from experiments.engine.build import build_context, build_model, context_channels
 from experiments.engine.checkpoint import read_checkpoint, sidecar
 from experiments.engine.file_sinks import read_jsonl
-from experiments.engine.loop import Task, evaluate
+from experiments.engine.task import Task, evaluate
 from experiments.studies.task_gradients import task_loss_gradient
 from implicit_ham.adjoints.modes import OneStep, Unroll
 from implicit_ham.decompositions.base import Decomposition

@@ -26,10 +26,10 @@ from experiments.engine.checkpoint import (
     write_checkpoint,
 )
 from experiments.engine.file_sinks import CSVSink, JSONLSink
-from experiments.engine.loop import TrainState
 from experiments.engine.results import ResultsError, read_results, write_results
 from experiments.engine.resume import comparable_config, config_differences, log_rows, rewind_logs
 from experiments.engine.sampler import EpochBatchSampler
+from experiments.engine.state import TrainState
 from implicit_ham.reliability.rng import capture_rng_state, restore_rng_state
 
 

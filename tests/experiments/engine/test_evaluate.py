@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from experiments.engine.loop import Task, evaluate
+from experiments.engine.task import Task, evaluate
 
 TASK = Task("classification", 3)
 

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 
 from experiments.config.groups import TrainConfig, register_configs
 from experiments.config.typed import typed_config
-from experiments.engine.loop import SkipLimitError
+from experiments.engine.callbacks import SkipLimitError
 from experiments.engine.run import run_training
 
 CONF = Path(__file__).resolve().parents[3] / "conf"

@@ -1,5 +1,6 @@
-"""Bounded failure policy: ``fit`` stops with ``SkipLimitError`` once the failure policy has
-skipped ``max_consecutive_skips`` batches in a row or ``max_skips`` in total."""
+"""Bounded failure policy: ``Trainer.fit`` with the ``SkipLimits`` callback stops with
+``SkipLimitError`` once the failure policy has skipped ``max_consecutive_skips`` batches in a
+row or ``max_skips`` in total."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ import torch
 from helpers.train_jobs import assert_failures_agree, failure_rows
 from torch import Tensor, nn
 
-from experiments.engine.loop import SkipLimitError, Task, TrainState, fit
+from experiments.engine.callbacks import SkipLimitError, SkipLimits
+from experiments.engine.state import TrainState
+from experiments.engine.task import Task
+from experiments.engine.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -29,15 +33,14 @@ def _fit(
     skip: set[int], state: TrainState, max_consecutive_skips: int = 0, max_skips: int = 0
 ) -> None:
     model = nn.Linear(3, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     task = Task("classification", 2)
 
     def step_fn(inputs: Tensor, target: Tensor, step: int) -> Tensor | None:
         return None if step in skip else task.loss(model(inputs), target).detach()
 
-    fit(model, _batches(8), _batches(2), task, optimizer, epochs=2,
-        device=torch.device("cpu"), state=state, step_fn=step_fn,
-        max_consecutive_skips=max_consecutive_skips, max_skips=max_skips)  # fmt: skip
+    limits = SkipLimits(max_consecutive_skips, max_skips)
+    trainer = Trainer(model, task, step_fn, device=torch.device("cpu"), callbacks=[limits])
+    trainer.fit(_batches(8), _batches(2), epochs=2, state=state)
 
 
 def test_consecutive_skips_end_the_run_at_the_limit() -> None:

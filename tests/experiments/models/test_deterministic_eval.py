@@ -17,7 +17,7 @@ import implicit_ham as ih
 from experiments.config.groups import register_configs
 from experiments.data.digit_canvas import digit_canvases
 from experiments.engine.build import build_context
-from experiments.engine.loop import Task, evaluate
+from experiments.engine.task import Task, evaluate
 from experiments.models import ContextSegmenter
 from implicit_ham.nn.context import make_context
 

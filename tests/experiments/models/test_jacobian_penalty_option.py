@@ -16,7 +16,9 @@ from torch import nn
 import implicit_ham as ih
 from experiments.config.groups import TrainConfig, register_configs
 from experiments.config.typed import typed_config
-from experiments.engine.loop import Task, evaluate, train_epoch
+from experiments.engine.state import TrainState
+from experiments.engine.task import Task, evaluate
+from experiments.engine.trainer import Trainer
 from experiments.models.jacobian_penalty import JacobianPenalty
 from implicit_ham.reliability.guard import GuardedStep
 
@@ -86,7 +88,7 @@ def test_the_loss_gains_the_penalty_on_the_due_steps_only(adjoint: ih.plugins.Ad
     assert penalty.last is not None and float(penalty.last) > 0
 
 
-def test_train_epoch_sets_the_step_and_evaluation_has_no_penalty() -> None:
+def test_the_trainer_sets_the_step_and_evaluation_has_no_penalty() -> None:
     """Through the engine's loop (GuardedStep, lr 0 so the model stays put): the returned
     losses differ from an unpenalised run exactly on steps 0, 3, 6."""
     batches = [_data(step) for step in range(7)]
@@ -104,7 +106,7 @@ def test_train_epoch_sets_the_step_and_evaluation_has_no_penalty() -> None:
             seen.append(float(out))
             return out
 
-        train_epoch(model, batches, task, opt, device=torch.device("cpu"), step_fn=record)
+        Trainer(model, task, record, device=torch.device("cpu")).train_epoch(batches, TrainState())
         torch.manual_seed(9)  # the same random bases for both evaluations
         metrics = evaluate(model, batches[:2], task, device=torch.device("cpu"))
         torch.manual_seed(9)

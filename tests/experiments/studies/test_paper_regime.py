@@ -23,8 +23,8 @@ from experiments.engine.build import (
     build_optimizer,
     context_channels,
 )
-from experiments.engine.loop import Task
 from experiments.engine.schedule import poly_lr_hooks
+from experiments.engine.task import Task
 from experiments.studies import pretraining
 from experiments.studies.pretraining import (
     PretrainConf,

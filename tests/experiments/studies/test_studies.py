@@ -21,8 +21,8 @@ from experiments.engine.build import (
     context_channels,
 )
 from experiments.engine.checkpoint import write_checkpoint
-from experiments.engine.loop import Task, evaluate
 from experiments.engine.run import seed_everything
+from experiments.engine.task import Task, evaluate
 from experiments.studies.model_studies import run_convergence, run_grad_study
 
 CONF = Path(__file__).resolve().parents[3] / "conf"
