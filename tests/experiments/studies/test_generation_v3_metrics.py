@@ -1,7 +1,8 @@
 """Generation v3's sample metrics against independent references: the Fréchet distance of two
 Gaussians against the closed form (commuting covariances) and scipy's matrix square root, KID
 against a direct double loop, kappa against scikit-learn, precision / recall on a constructed
-example, and the cell classifier's determinism and held-out accuracy."""
+example, the cell classifier's determinism and held-out accuracy, and the sample metrics of an
+oracle (the real-data row) and of a constant prediction (kappa 0)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from scipy import linalg
 from sklearn.metrics import cohen_kappa_score
 
+from experiments.data.far_twins import FarTwinsDataset, right_cell
 from experiments.studies.generation_v3.classifier import (
     ClassifierSettings,
     cached_classifier,
@@ -25,6 +27,7 @@ from experiments.studies.generation_v3.metrics import (
     kid,
     precision_recall,
 )
+from experiments.studies.generation_v3.samples import left_cell, sample_metrics
 
 
 def test_frechet_distance_of_commuting_gaussians_is_the_closed_form() -> None:
@@ -102,3 +105,41 @@ def test_the_cell_classifier_is_deterministic_accurate_and_cached(tmp_path) -> N
     for p, q in zip(cached.state_dict().values(), loaded.state_dict().values(), strict=True):
         assert torch.equal(p, q)
     assert math.isfinite(read["train_time_s"])
+
+
+class _Oracle(torch.nn.Module):
+    """Returns the true canvases, in the order the metrics feed the masked ones."""
+
+    def __init__(self, canvases: torch.Tensor) -> None:
+        super().__init__()
+        self.canvases, self.at = canvases, 0
+
+    def forward(self, masked: torch.Tensor) -> torch.Tensor:
+        out = self.canvases[self.at : self.at + len(masked)]
+        self.at += len(masked)
+        return out
+
+
+class _Constant(torch.nn.Module):
+    def __init__(self, cell: torch.Tensor) -> None:
+        super().__init__()
+        self.cell = cell
+
+    def forward(self, masked: torch.Tensor) -> torch.Tensor:
+        out = masked.clone()
+        out[:, 0, 8:16, 24:32] = self.cell
+        return out
+
+
+def test_an_oracle_scores_the_real_row_and_a_constant_scores_kappa_zero() -> None:
+    val = FarTwinsDataset("val", 300, seed=2)
+    classifier, _ = train_classifier(ClassifierSettings(epochs=15), data_seed=2)
+    oracle = sample_metrics(_Oracle(val.canvases), classifier, val)
+    assert oracle["model"] == oracle["real"]
+    assert oracle["real"]["kappa"] == 1.0 and oracle["real"]["consistency"] > 0.8
+    constant = sample_metrics(_Constant(right_cell(val.canvases)[0]), classifier, val)["model"]
+    assert constant["kappa"] == pytest.approx(0.0, abs=1e-12)
+    labels = classifier(left_cell(val.canvases)).argmax(1)
+    share = float((labels == classifier(right_cell(val.canvases)[:1]).argmax(1)).double().mean())
+    assert constant["consistency"] == pytest.approx(share)
+    assert constant["fid"] > oracle["real"]["fid"] and constant["recall"] < oracle["real"]["recall"]
