@@ -124,9 +124,5 @@ def job_samples(cfg: TrainConfig, job_dir: Path, classifiers: Path) -> dict[str,
     val = held_out(cfg)
     classifier, record = cached_classifier(classifiers, val.seed)
     scores = sample_metrics(checkpoint_model(cfg, job_dir / "checkpoint.pt"), classifier, val)
-    return {
-        "samples": scores["model"],
-        "samples_real": scores["real"],
-        "classifier": {"val_accuracy": record["val_accuracy"], "data_seed": record["data_seed"],
-                       "settings": record["settings"]},  # fmt: skip
-    }
+    kept = {key: record[key] for key in ("val_accuracy", "data_seed", "settings")}
+    return {"samples": scores["model"], "samples_real": scores["real"], "classifier": kept}
