@@ -10,10 +10,12 @@ by the digit classifier of the job's data seed (``classifier.cached_classifier``
 * kappa: Cohen's kappa between the predicted cell's class and the classifier's class of the true
   masked cell (so the real-data row has kappa 1 by construction);
 * FID / KID and precision / recall (k = 3) in the classifier's features, against real held-out
-  right cells. The held-out canvases are split in two by their right digit's scan (even / odd
-  index among the val scans, so no scan is in both halves): the predictions of half A are
-  compared with the real cells of half B; the real-data row compares the real cells of A with
-  those of B (the floor each metric has at these sample sizes).
+  cells, with no scan repeated (``feature_sets``): the val scans are split by index parity;
+  the model's predictions for one held-out canvas per even left scan are compared with the
+  cells of the odd scans; the real-data row compares the even scans' own cells (the same
+  scans) with the odd ones (the floor each metric has at these sample sizes).
+
+Pair consistency and kappa are computed over all held-out canvases (a scan can be in several).
 """
 
 from __future__ import annotations
@@ -22,16 +24,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from hydra.utils import instantiate
 from torch import Tensor, nn
 
 from experiments.config.groups import TrainConfig
+from experiments.data.digits import load_digits_arrays
 from experiments.data.far_twins import (
     DIGIT,
     LEFT,
     TOP,
     FarTwinsDataset,
+    digit_tensor,
     mask_right_cell,
     right_cell,
 )
@@ -57,25 +62,38 @@ def predicted_cells(model: nn.Module, canvases: Tensor) -> Tensor:
     return torch.cat(out).clamp(0.0, 1.0)
 
 
-def _scores(
-    classifier: CellClassifier, cells: Tensor, true_cells: Tensor, left: Tensor, half: Tensor
-) -> dict[str, float]:
-    """The metrics of ``cells`` (N, 8, 8): classes against the left twins' and the true cells',
-    features of half A (``~half``) against the true cells' of half B (``half``)."""
+def feature_sets(val: FarTwinsDataset) -> tuple[Tensor, Tensor, Tensor]:
+    """Which cells the feature metrics compare, without repeated scans (a repeated scan would
+    shrink the k-NN radii to 0): the val scans split by index parity into even and odd ones.
+    Returns (``chosen``: one held-out canvas per even left scan, indices into ``val``;
+    ``even``: those left scans' cells (M, 8, 8), the reference's samples; ``odd``: the cells
+    of every odd val scan (N, 8, 8), the real set). The model's samples are its predictions for
+    the ``chosen`` canvases (a prediction depends on the left digit alone: one per scan)."""
+    images, _ = load_digits_arrays()
+    scans = digit_tensor(images[val.digit_indices])
+    left = val.pairs[:, 0]
+    _, first = np.unique(left, return_index=True)
+    chosen = np.sort(first[left[first] % 2 == 0])
+    return torch.from_numpy(chosen), scans[left[chosen]], scans[1::2]
+
+
+def _features_scores(classifier: CellClassifier, fake: Tensor, real: Tensor) -> dict[str, float]:
     with torch.no_grad():
         classifier.eval()
-        own, true = classifier(cells).argmax(1), classifier(true_cells).argmax(1)
-        twin = classifier(left).argmax(1)
-        fake, real = classifier.features(cells[~half]), classifier.features(true_cells[half])
-    precision, recall = precision_recall(real, fake, K)
-    return {
-        "consistency": float((own == twin).double().mean()),
-        "kappa": cohen_kappa(own, true),
-        "fid": fid(fake, real),
-        "kid": kid(fake, real),
-        "precision": precision,
-        "recall": recall,
-    }
+        fake_f, real_f = classifier.features(fake), classifier.features(real)
+    precision, recall = precision_recall(real_f, fake_f, K)
+    return {"fid": fid(fake_f, real_f), "kid": kid(fake_f, real_f), "precision": precision,
+            "recall": recall}  # fmt: skip
+
+
+@torch.no_grad()
+def _class_scores(
+    classifier: CellClassifier, cells: Tensor, true_cells: Tensor, left: Tensor
+) -> dict[str, float]:
+    classifier.eval()
+    own, true = classifier(cells).argmax(1), classifier(true_cells).argmax(1)
+    twin = classifier(left).argmax(1)
+    return {"consistency": float((own == twin).double().mean()), "kappa": cohen_kappa(own, true)}
 
 
 def sample_metrics(
@@ -83,17 +101,19 @@ def sample_metrics(
 ) -> dict[str, dict[str, float]]:
     """``{"model": ..., "real": ...}``: the metrics (module docstring) of ``model``'s predicted
     cells and of the true cells of the held-out canvases ``val``."""
+    chosen, even, odd = feature_sets(val)
+    if min(len(chosen), len(odd)) <= K:
+        raise ValueError(f"sample_metrics: {len(chosen)} distinct even left scans and {len(odd)} "
+                         f"odd scans in {len(val)} held-out canvases; each needs > {K}; use a "
+                         "larger val_size")  # fmt: skip
     canvases = val.canvases
-    half = torch.from_numpy(val.pairs[:, 1] % 2 == 1)
-    if int(half.sum()) <= K or int((~half).sum()) <= K:
-        raise ValueError(f"sample_metrics: {len(canvases)} held-out canvases split into "
-                         f"{int((~half).sum())} / {int(half.sum())}; each half needs > {K}; "
-                         "use a larger val_size")  # fmt: skip
     true_cells, left = right_cell(canvases), left_cell(canvases)
     predicted = predicted_cells(model, canvases)
     return {
-        "model": _scores(classifier, predicted, true_cells, left, half),
-        "real": _scores(classifier, true_cells, true_cells, left, half),
+        "model": _class_scores(classifier, predicted, true_cells, left)
+        | _features_scores(classifier, predicted[chosen], odd),
+        "real": _class_scores(classifier, true_cells, true_cells, left)
+        | _features_scores(classifier, even, odd),
     }
 
 

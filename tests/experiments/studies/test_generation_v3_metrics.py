@@ -27,7 +27,7 @@ from experiments.studies.generation_v3.metrics import (
     kid,
     precision_recall,
 )
-from experiments.studies.generation_v3.samples import left_cell, sample_metrics
+from experiments.studies.generation_v3.samples import feature_sets, left_cell, sample_metrics
 
 
 def test_frechet_distance_of_commuting_gaussians_is_the_closed_form() -> None:
@@ -120,6 +120,15 @@ class _Oracle(torch.nn.Module):
         return out
 
 
+class _CopyLeft(torch.nn.Module):
+    """Predicts the right cell as a copy of the left digit."""
+
+    def forward(self, masked: torch.Tensor) -> torch.Tensor:
+        out = masked.clone()
+        out[:, 0, 8:16, 24:32] = masked[:, 0, 8:16, 0:8]
+        return out
+
+
 class _Constant(torch.nn.Module):
     def __init__(self, cell: torch.Tensor) -> None:
         super().__init__()
@@ -135,8 +144,18 @@ def test_an_oracle_scores_the_real_row_and_a_constant_scores_kappa_zero() -> Non
     val = FarTwinsDataset("val", 300, seed=2)
     classifier, _ = train_classifier(ClassifierSettings(epochs=15), data_seed=2)
     oracle = sample_metrics(_Oracle(val.canvases), classifier, val)
-    assert oracle["model"] == oracle["real"]
+    classes = ("consistency", "kappa")
+    assert {k: oracle["model"][k] for k in classes} == {k: oracle["real"][k] for k in classes}
     assert oracle["real"]["kappa"] == 1.0 and oracle["real"]["consistency"] > 0.8
+    # the reference's samples are the even left scans' own cells: copying the left digit
+    # reproduces its feature metrics exactly, and every copy has its twin's class
+    copy = sample_metrics(_CopyLeft(), classifier, val)["model"]
+    features = ("fid", "kid", "precision", "recall")
+    assert {k: copy[k] for k in features} == {k: oracle["real"][k] for k in features}
+    assert copy["consistency"] == 1.0
+    chosen, even, odd = feature_sets(val)
+    assert len(set(val.pairs[chosen.numpy(), 0])) == len(chosen) == len(even)  # no repeats
+    assert (val.pairs[chosen.numpy(), 0] % 2 == 0).all() and len(odd) == len(val.digit_indices) // 2
     constant = sample_metrics(_Constant(right_cell(val.canvases)[0]), classifier, val)["model"]
     assert constant["kappa"] == pytest.approx(0.0, abs=1e-12)
     labels = classifier(left_cell(val.canvases)).argmax(1)
