@@ -8,9 +8,11 @@ reference predictors); the page renders with no rows (it says that nothing has r
 partial set (it says which jobs are missing). A verdict is a paired 95 % t interval over the seeds
 both arms have (``experiments.reports.verdicts.paired_interval``); the held-out loss is lower
 for the better arm, so intervals are of ``loss(b) - loss(a)``: above 0 when ``a`` is better.
-The pairing check's rows (``--pairing-results``) give each arm's held-out balanced accuracy and
-its paired interval against no context, ``accuracy(a) - accuracy(none)``: above 0 when ``a``
-carries the pairing better.
+The sample metrics (``samples``) are read from the rows that have them (older rows: "not
+measured"), as mean ± sd per arm and paired intervals oriented so that above 0 means ``a`` is
+better. The pairing check's rows (``--pairing-results``) give each arm's held-out balanced
+accuracy and its paired interval against no context, ``accuracy(a) - accuracy(none)``: above
+0 when ``a`` carries the pairing better.
 """
 
 from __future__ import annotations
@@ -241,6 +243,89 @@ def pairing_comparison(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
     return Table.of(header, body)
 
 
+# sample metric -> (column label, higher is better)
+SAMPLE_METRICS: dict[str, tuple[str, bool]] = {
+    "consistency": ("pair consistency", True),
+    "kappa": ("kappa", True),
+    "fid": ("FID", False),
+    "kid": ("KID", False),
+    "precision": ("precision", True),
+    "recall": ("recall", True),
+}
+
+
+def _sample_values(
+    rows: Sequence[Mapping[str, Any]],
+    arm: str | None,
+    digest: str,
+    metric: str,
+    key: str = "samples",
+) -> dict[int, float]:
+    """{seed: row[key][metric]} of ``arm``'s rows (any arm's when None) of the plan ``digest``
+    that have sample metrics (older rows have none: not measured)."""
+    return {int(r["seed"]): float(r[key][metric]) for r in rows
+            if (arm is None or r["arm"] == arm) and r["plan"] == digest
+            and isinstance(r.get(key), Mapping)}  # fmt: skip
+
+
+def _spread(values: Sequence[float], digits: int) -> str:
+    if not values:
+        return "not measured"
+    sd = f" ± {statistics.stdev(values):.{digits}f}" if len(values) > 1 else ""
+    return f"{statistics.fmean(values):.{digits}f}{sd}"
+
+
+def _metric_digits(metric: str) -> int:
+    return 2 if metric == "fid" else 3
+
+
+def samples_table(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
+    """Per arm: the seeds with sample metrics and each metric's mean ± sd over them; last, the
+    real-data row (the true masked cells scored the same way, one value per seed)."""
+    digest, body = plan.digest(), []
+    for arm in plan.arms:
+        seeds = _sample_values(rows, arm, digest, "kappa")
+        cells = [_spread(list(_sample_values(rows, arm, digest, m).values()), _metric_digits(m))
+                 for m in SAMPLE_METRICS]  # fmt: skip
+        body.append((ARMS[arm][1], f"{len(seeds)} / {len(plan.seeds)}", *cells))
+    real = [_spread(list(_sample_values(rows, None, digest, m, "samples_real").values()),
+                    _metric_digits(m)) for m in SAMPLE_METRICS]  # fmt: skip
+    real_seeds = _sample_values(rows, None, digest, "kappa", "samples_real")
+    body.append(("real held-out cells (reference)", f"{len(real_seeds)} / {len(plan.seeds)}",
+                 *real))  # fmt: skip
+    header = ("arm", "seeds measured", *(label for label, _ in SAMPLE_METRICS.values()))
+    return Table.of(header, body)
+
+
+def classifier_accuracies(rows: Sequence[Mapping[str, Any]], plan: Plan) -> dict[int, float]:
+    """{data seed: the digit classifier's accuracy on that seed's val scans} from the rows."""
+    return {int(r["seed"]): float(r["classifier"]["val_accuracy"]) for r in rows
+            if r["plan"] == plan.digest() and isinstance(r.get("classifier"), Mapping)}  # fmt: skip
+
+
+def samples_comparison(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
+    """Every arm against no context and against self-attention, each sample metric's paired 95 %
+    interval over the seeds both have, oriented so that above 0 means ``a`` is better
+    (``a - b`` of the higher-is-better metrics, ``b - a`` of FID and KID)."""
+    digest, body = plan.digest(), []
+    for arm in plan.arms:
+        for base in PILOT_ARMS:
+            if arm == base or (arm, base) == ("none", "self_attention"):
+                continue
+            cells, counts = [], set()
+            for metric, (_, higher) in SAMPLE_METRICS.items():
+                va = _sample_values(rows, arm, digest, metric)
+                vb = _sample_values(rows, base, digest, metric)
+                i = _paired(va, vb, arm, base, plan.seeds) if higher else _paired(
+                    vb, va, arm, base, plan.seeds)  # fmt: skip
+                cells.append("–" if i is None else i.text)
+                counts.add(0 if i is None else i.n)
+            body.append((ARMS[arm][1], ARMS[base][1], str(max(counts)), *cells))
+    header = ("arm a", "against b", "seeds",
+              *(label for label, _ in SAMPLE_METRICS.values()))  # fmt: skip
+    return Table.of(header, body)
+
+
 def _fmt(value: float | None, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
@@ -273,6 +358,12 @@ def write_page(
         pairing_expected=len(plan.pairing_jobs()),
         pairing=pairing_table(pairing_rows, plan),
         pairing_comparison=pairing_comparison(pairing_rows, plan),
+        samples=samples_table(rows, plan),
+        samples_comparison=samples_comparison(rows, plan),
+        measured=sum(
+            isinstance(r.get("samples"), Mapping) for r in rows if r["plan"] == plan.digest()
+        ),
+        accuracies=classifier_accuracies(rows, plan),
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)

@@ -20,6 +20,14 @@ the accuracy curve, the plateau check of its val loss, time per step, peak memor
 their own results file
 (``docs/generation_v3/pairing.jsonl`` by default); it does not wait for the gate (it asks
 whether each context block can carry the pairing at all).
+
+Each main-stage row also holds the sample metrics of the trained model (``samples``: pair
+consistency, kappa, FID / KID, precision / recall in a digit classifier's features, and the
+real-data row of its seed), computed from the job's final checkpoint after training
+(``with_samples``). The ``samples`` stage back-fills them into rows that lack them, for the
+jobs whose checkpoints are in ``OUT/jobs``::
+
+    OMP_NUM_THREADS=1 python -m experiments.studies.generation_v3.run samples multirun/generation_v3
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from experiments.engine.file_sinks import read_jsonl
 from experiments.engine.run import run_training
 from experiments.studies.generation_v3.plan import Job, Plan, job_overrides
 from experiments.studies.generation_v3.report import gate, plateau_change, read_rows
+from experiments.studies.generation_v3.samples import job_samples
 from experiments.studies.paper_v3.run import _peak_memory_mb, _reset_peak_memory
 
 logger = logging.getLogger(__name__)
@@ -51,6 +60,7 @@ CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 DEFAULT_OUT = Path("multirun/generation_v3")
 DEFAULT_RESULTS = {"pilot": Path("docs/generation_v3/results.jsonl"),
                    "main": Path("docs/generation_v3/results.jsonl"),
+                   "samples": Path("docs/generation_v3/results.jsonl"),
                    "pairing": Path("docs/generation_v3/pairing.jsonl")}  # fmt: skip
 
 
@@ -101,18 +111,37 @@ def _train(job: Job, cfg: TrainConfig, job_dir: Path, metric: str) -> dict[str, 
 
 
 def run_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
-    """Train the masked-cell ``job`` (resuming its directory) and return its results row."""
-    row = _train(job, compose_job(job, plan), out_dir / "jobs" / job.key, "val/loss")
+    """Train the masked-cell ``job`` (resuming its directory) and return its results row, with
+    the sample metrics of the trained model (``with_samples``)."""
+    cfg = compose_job(job, plan)
+    row = _train(job, cfg, out_dir / "jobs" / job.key, "val/loss")
     results = row.pop("results")
     change = plateau_change([loss for _, loss in row["curve"]], plan.plateau_share)
     best = results.get("best")
-    return row | {
+    row |= {
         "plan": plan.digest(),
         "val_loss": float(results["metrics"]["val/loss"]),
         "best_val_loss": float(best["val/loss"]) if best else None,
         "plateau_change": change,
         "at_plateau": change is not None and change < plan.plateau_tol,
     }
+    return with_samples(row, cfg, out_dir)
+
+
+def with_samples(row: dict[str, Any], cfg: TrainConfig, out_dir: Path) -> dict[str, Any]:
+    """``row`` with the sample metrics of its job's final checkpoint in
+    ``OUT/jobs/<job key>`` (``samples.job_samples``, the classifiers cached in
+    ``OUT/classifiers``) and the seconds they took (``samples_time_s``, the classifier's
+    training included when it was not cached). An evaluation after training: the training
+    and its held-out loss are the same with or without it. When the metrics fail the row keeps
+    its training results and says why (``samples_error``; the page counts it as not measured)."""
+    start = time.perf_counter()
+    try:
+        extra = job_samples(cfg, out_dir / "jobs" / row["job"], out_dir / "classifiers")
+    except (RuntimeError, ValueError, OSError, KeyError) as error:
+        logger.warning("%s: sample metrics failed: %s", row["job"], error)
+        return row | {"samples_error": f"{type(error).__name__}: {error}"}
+    return row | extra | {"samples_time_s": time.perf_counter() - start}
 
 
 def run_pairing_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
@@ -192,6 +221,22 @@ def run_stage(
     return len(jobs)
 
 
+def backfill_samples(out_dir: Path, results: Path, plan: Plan) -> int:
+    """Append, for every row of this plan in ``results`` without sample metrics whose job's
+    final checkpoint is in ``OUT/jobs``, the row with them (``with_samples``; a later row of a
+    job replaces the earlier one). Returns the number of rows measured; rows whose checkpoint
+    is missing are counted in the log."""
+    rows = [r for r in read_rows(results) if r["plan"] == plan.digest() and "samples" not in r]
+    ready = [r for r in rows if (out_dir / "jobs" / r["job"] / "checkpoint.pt").exists()]
+    logger.info("samples: %d row(s) without sample metrics, %d with a checkpoint in %s",
+                len(rows), len(ready), out_dir / "jobs")  # fmt: skip
+    for row in ready:
+        cfg = compose_job(Job(row["arm"], int(row["seed"])), plan)
+        clean = {k: v for k, v in row.items() if k != "samples_error"}
+        append_row(results, with_samples(clean, cfg, out_dir))
+    return len(ready)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Command line (module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -204,7 +249,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     start = time.perf_counter()
     results = args.results or DEFAULT_RESULTS[args.stage]
-    count = run_stage(args.stage, args.out, results, Plan(), args.workers, args.skip_gate)
+    if args.stage == "samples":
+        count = backfill_samples(args.out, results, Plan())
+    else:
+        count = run_stage(args.stage, args.out, results, Plan(), args.workers, args.skip_gate)
     logger.info("%s: %d job(s) in %.0f s", args.stage, count, time.perf_counter() - start)
 
 

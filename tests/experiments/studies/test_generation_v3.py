@@ -197,3 +197,69 @@ def test_a_tiny_pairing_job_gives_its_row_through_the_engine(tmp_path: Path) -> 
     assert row["plateau_change"] == pytest.approx(abs(last - first) / first)
     assert row["at_plateau"] == (row["plateau_change"] < plan.plateau_tol)
     assert math.isfinite(row["gamma"]) and row["peak_memory_mb"] > 0
+
+
+def _sampled(arm: str, seed: int, kappa: float, fid: float, plan: Plan) -> dict[str, object]:
+    scores = {"consistency": kappa, "kappa": kappa, "fid": fid, "kid": fid / 10,
+              "precision": 0.5, "recall": 0.25}  # fmt: skip
+    real = {"consistency": 0.9, "kappa": 1.0, "fid": 3.0 + seed, "kid": 0.1, "precision": 0.8,
+            "recall": 0.8}  # fmt: skip
+    return _row(arm, seed, 4.0, plan) | {"samples": scores, "samples_real": real,
+                                         "classifier": {"val_accuracy": 0.97}}  # fmt: skip
+
+
+def test_the_sample_tables_give_mean_sd_the_real_row_and_paired_intervals(
+    tmp_path: Path,
+) -> None:
+    plan = Plan()
+    kappa_none, kappa_att = [0.01, 0.03, 0.02], [0.5, 0.7, 0.65]
+    fid_none, fid_att = [40.0, 44.0, 41.0], [20.0, 21.0, 25.0]
+    rows = [_sampled("none", s, kappa_none[s], fid_none[s], plan) for s in range(3)]
+    rows += [_sampled("self_attention", s, kappa_att[s], fid_att[s], plan) for s in range(3)]
+    rows.append(_row("nmf_one_step", 0, 4.0, plan))  # an old row: not measured
+    results = tmp_path / "rows.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = write_page(results, tmp_path / "page.md", plan).read_text()
+    sd = statistics.stdev(kappa_att)
+    assert f"| self-attention (SAGAN) | 3 / 6 | {statistics.fmean(kappa_att):.3f} ± {sd:.3f} |" \
+        in page  # fmt: skip
+    assert "| Hamburger NMF, one-step gradient (HamGAN) | 0 / 6 | not measured |" in page
+    real = "| real held-out cells (reference) | 3 / 6 | 0.900 ± 0.000 | 1.000 ± 0.000 | 4.00 ± 1.00"
+    assert real in page
+    assert "6 of the rows have sample metrics" in page
+
+    def text(diffs: list[float]) -> str:
+        half = stats.t.ppf(0.975, 2) * statistics.stdev(diffs) / math.sqrt(3)
+        m = statistics.fmean(diffs)
+        return f"{m:+.3f} [{m - half:+.3f}, {m + half:+.3f}]"
+
+    kappa = text([a - b for a, b in zip(kappa_att, kappa_none, strict=True)])
+    fid = text([b - a for a, b in zip(fid_att, fid_none, strict=True)])  # lower FID is better
+    assert f"| self-attention (SAGAN) | no context | 3 | {kappa} | {kappa} | {fid} |" in page
+
+
+def test_a_tiny_job_has_sample_metrics_and_the_samples_stage_backfills_them(
+    tmp_path: Path,
+) -> None:
+    plan = Plan(seeds=(0, 1), pilot_seeds=(0,), epochs=2, rank=2, ham_steps=2,
+                overrides=("data.train_size=64", "data.val_size=64", "batch_size=32",
+                           "model.width=8"))  # fmt: skip
+    threads = torch.get_num_threads()
+    try:
+        row = study_run.run_job(Job("self_attention", 0), plan, tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+    assert "samples_error" not in row
+    assert set(row["samples"]) == {"consistency", "kappa", "fid", "kid", "precision", "recall"}
+    assert row["samples_real"]["kappa"] == 1.0 and row["classifier"]["val_accuracy"] > 0.9
+    assert list((tmp_path / "classifiers").iterdir())  # cached for the seed's other jobs
+    results = tmp_path / "rows.jsonl"
+    old = {k: v for k, v in row.items() if k not in ("samples", "samples_real", "classifier")}
+    missing = _row("none", 1, 4.0, plan)  # no checkpoint on disk: left as it is
+    results.write_text(json.dumps(old) + "\n" + json.dumps(missing) + "\n")
+    assert study_run.backfill_samples(tmp_path, results, plan) == 1
+    filled = {r["job"]: r for r in read_rows(results)}
+    assert filled["self_attention-s0"]["samples"] == row["samples"]
+    assert filled["self_attention-s0"]["val_loss"] == row["val_loss"]
+    assert "samples" not in filled["none-s1"]
+    assert study_run.backfill_samples(tmp_path, results, plan) == 0  # nothing left to fill
