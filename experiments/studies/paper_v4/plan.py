@@ -206,9 +206,27 @@ def edge_selected(plan: Plan, rows: Rows, context: str) -> bool:
     return len(grid) > 1 and select_lr(plan, rows, context) in (grid[0], grid[-1])
 
 
+# Errors that end a job for a reason outside its training (a job folder holding another
+# config's checkpoints, a folder locked by another run, a kill): such a row says nothing about
+# the rate, so it does not settle the tuning; the runner retries it.
+NOT_AN_OUTCOME = ("ResumeConflictError", "JobLockedError", "PreemptedError", "KeyboardInterrupt",
+                  "BrokenProcessPool", "Killed")  # fmt: skip
+
+
+def settled(row: Mapping[str, Any] | None) -> bool:
+    """Whether a tuning row is an outcome of training: ok, or failed in training (a non-finite
+    loss, the skip limit), not stopped by its environment (``NOT_AN_OUTCOME``)."""
+    if row is None:
+        return False
+    if row.get("status") == "ok":
+        return True
+    return not str(row.get("error") or "").startswith(NOT_AN_OUTCOME)
+
+
 def tuned(plan: Plan, rows: Rows) -> bool:
-    """Whether every tuning job has a row (ok or failed)."""
-    return all(job.key in rows for job in tune_jobs(plan))
+    """Whether every tuning job has a settled row (``settled``); until then no rate is
+    selected and no main, length or secondary job exists."""
+    return all(settled(rows.get(job.key)) for job in tune_jobs(plan))
 
 
 def main_jobs(plan: Plan, rows: Rows) -> list[Job]:

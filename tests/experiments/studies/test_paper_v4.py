@@ -23,11 +23,13 @@ from experiments.studies.paper_v4.plan import (
     PAPER_EFFECT,
     Plan,
     all_jobs,
+    jobs_of_stage,
     main_jobs,
     pretrain_jobs,
     select_lr,
     start_order,
     tune_jobs,
+    tuned,
 )
 from experiments.studies.paper_v4.power import power, replicates_for
 
@@ -117,6 +119,25 @@ def test_one_rate_per_ham_for_both_gradients_from_their_mean() -> None:
         if job.context == "vq" and job.lr == 0.05 and job.gradient == BPTT:
             failed[job.key] = {**failed[job.key], "status": "failed"}
     assert select_lr(PLAN, failed, "vq") != 0.05
+
+
+def test_a_job_stopped_by_its_environment_does_not_settle_the_tuning() -> None:
+    """A tuning job that failed because its folder held another config's checkpoints (seen in
+    this study: a ResumeConflictError after a config field's recorded default changed) is not a
+    rate's outcome: no rate is selected and no main job exists until its retry has a row."""
+    rows = _tuning_rows()
+    assert tuned(PLAN, rows) and main_jobs(PLAN, rows)
+    rate = select_lr(PLAN, rows, "nmf")
+    job = next(j for j in tune_jobs(PLAN)
+               if j.context == "nmf" and j.gradient == ONE_STEP and j.lr == rate)  # fmt: skip
+    conflict = {**rows[job.key], "status": "failed",
+                "error": "ResumeConflictError: .../step-000000099.pt was written by a run with a "
+                         "different config (solver.max_steps)"}  # fmt: skip
+    assert not tuned(PLAN, {**rows, job.key: conflict})
+    assert jobs_of_stage(PLAN, {**rows, job.key: conflict}, "main") == []
+    diverged = {**conflict, "error": "NonFiniteError: loss is nan at step 12"}
+    assert tuned(PLAN, {**rows, job.key: diverged})  # a training failure is an outcome
+    assert select_lr(PLAN, {**rows, job.key: diverged}, "nmf") != job.lr
 
 
 def test_the_runner_starts_tuning_first_and_whole_replicates_in_order() -> None:
