@@ -18,6 +18,7 @@ import pytest
 import torch
 from scipy import stats
 
+import implicit_ham as ih
 from experiments import report
 from experiments.studies.deq_training import report as page_module
 from experiments.studies.deq_training import rows as rows_module
@@ -266,3 +267,26 @@ def test_a_job_on_the_trainer_equals_a_hand_written_adam_loop(
     assert all(torch.equal(ported[k], v) for k, v in model.state_dict().items())
     assert [s["loss"] for s in job["steps"]] == losses
     assert job["probes"] == probes and job["failure"] is None
+
+
+def test_a_non_finite_step_ends_the_job_with_its_step_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ih.NonFiniteError`` in step 3 stops the job there: two step records, the probes up to
+    step 2, the failure naming step 3, no final accuracy; the job file is written."""
+    config = dataclasses.replace(TINY, arms=("none",), steps=4)
+    real_step = study_module.train_step
+
+    def failing(model: Any, optimizer: Any, batch: Any, arm: Any, config: Any) -> Any:
+        if len(calls) == 2:
+            raise ih.NonFiniteError("loss is nan")
+        calls.append(1)
+        return real_step(model, optimizer, batch, arm, config)
+
+    calls: list[int] = []
+    monkeypatch.setattr(study_module, "train_step", failing)
+    job = study_module.run_job(config, "none", 0, tmp_path)
+    assert job["failure"] == "step 3: loss is nan" and job["final_test_accuracy"] is None
+    assert [s["step"] for s in job["steps"]] == [1, 2]
+    assert [p["step"] for p in job["probes"]] == [0, 2]
+    assert json.loads(job_path(tmp_path, "none", 0).read_text())["failure"] == job["failure"]
