@@ -73,8 +73,9 @@ class Trainer:
         Starts from ``state`` (a resumed run's position; default the beginning) and updates it.
         When ``train_batches`` is a DataLoader over an ``EpochBatchSampler`` it is positioned
         at (``state.epoch``, ``state.batch``) each epoch; any other iterable can only start at
-        an epoch boundary. Logs a line when an epoch's evaluation starts (``epoch N/M:
-        evaluating``) and one with its metrics. ``epochs`` must be >= 1.
+        an epoch boundary. ``val_batches`` None: no evaluation (a caller that measures its
+        model itself, e.g. in a callback). Logs a line when an epoch's evaluation starts
+        (``epoch N/M: evaluating``) and one with its metrics. ``epochs`` must be >= 1.
         """
         check_positive_int("Trainer.fit", "epochs", epochs)
         state = state if state is not None else TrainState()
@@ -115,11 +116,12 @@ class Trainer:
 
     def _epoch_metrics(self, state: TrainState, val_batches: Any, start: float) -> dict[str, Any]:
         """The epoch's train loss over every rank, rank 0's evaluation, the epoch and its time
-        (collective)."""
+        (collective); no evaluation when ``val_batches`` is None."""
         loss_sum, loss_count = self.dist.sum([state.loss_sum, state.loss_count])
-        if self.dist.is_main:
+        evaluating = self.dist.is_main and val_batches is not None
+        if evaluating:
             logger.info("epoch %d/%d: evaluating", state.epoch, self.epochs)
-        val = self.evaluate(val_batches) if self.dist.is_main else {}
+        val = self.evaluate(val_batches) if evaluating else {}
         metrics = self.dist.broadcast(
             {
                 "train/loss": _mean(loss_sum, loss_count),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from experiments.data.digit_canvas import CLEAN, SEG_CLASSES, digit_canvases
+from experiments.engine.callbacks import Callback
 from experiments.engine.checkpoint import read_checkpoint, write_checkpoint
+from experiments.engine.state import TrainState
+from experiments.engine.task import Task
+from experiments.engine.trainer import StepFn, Trainer
 from experiments.models.backbone import LocalBackbone
 
 logger = logging.getLogger(__name__)
@@ -52,45 +57,93 @@ class PretrainConf:
 
 
 def pretrain_backbone(conf: PretrainConf) -> dict[str, Any]:
-    """Train the backbone and a per-pixel head on clean canvases; return the artefact:
-    ``{"config", "backbone" (state dict), "val_pixel_acc", "val_digit_acc", "seconds"}``
-    (accuracies on 256 clean validation canvases; "digit" counts digit pixels only)."""
+    """Train the backbone and a per-pixel head on clean canvases (one epoch of ``conf.steps``
+    batches on the ``Trainer``); return the artefact: ``{"config", "backbone" (state dict),
+    "val_pixel_acc", "val_digit_acc", "seconds"}`` (accuracies on 256 clean validation
+    canvases; "digit" counts digit pixels only)."""
     torch.manual_seed(conf.seed)
     images, masks = digit_canvases(
         conf.images, "train", CLEAN, seed=conf.seed, scan_seed=conf.scan_seed
     )
     val_images, val_masks = digit_canvases(256, "val", CLEAN, conf.seed, conf.scan_seed)
-    backbone = LocalBackbone(1, conf.width)
-    head = nn.Conv2d(conf.width, SEG_CLASSES, 1)
-    model = nn.Sequential(backbone, head)
+    model = PixelClassifier(LocalBackbone(1, conf.width), nn.Conv2d(conf.width, SEG_CLASSES, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=conf.lr)
-    order = torch.Generator().manual_seed(conf.seed)
+    batches = RandomBatches(images, masks, conf.steps, conf.batch_size, conf.seed)
+    trainer = Trainer(
+        model, Task("segmentation", SEG_CLASSES), optimizer_step(model, optimizer),
+        device=torch.device("cpu"), callbacks=[LossLog("pretrain step", conf.steps)],
+    )  # fmt: skip
     start = time.perf_counter()
-    model.train()
-    for step in range(conf.steps):
-        batch = torch.randint(len(images), (conf.batch_size,), generator=order)
-        loss = F.cross_entropy(_logits(model, images[batch]), masks[batch])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        if step % 100 == 0:
-            logger.info("pretrain step %d/%d  loss %.4f", step, conf.steps, float(loss.detach()))
+    trainer.fit(batches, None, epochs=1)
     model.eval()
     with torch.no_grad():
-        predicted = _logits(model, val_images).argmax(1)
+        predicted = model(val_images).argmax(1)
     digit = val_masks > 0
     return {
         "config": dataclasses.asdict(conf),
-        "backbone": backbone.state_dict(),
+        "backbone": model.backbone.state_dict(),
         "val_pixel_acc": float((predicted == val_masks).float().mean()),
         "val_digit_acc": float((predicted == val_masks)[digit].float().mean()),
         "seconds": time.perf_counter() - start,
     }
 
 
-def _logits(model: nn.Module, images: Tensor) -> Tensor:
-    """(B, 1, 64, 64) -> (B, classes, 64, 64): the head's logits upsampled to the input."""
-    return F.interpolate(model(images), size=images.shape[-2:], mode="bilinear")
+class PixelClassifier(nn.Module):
+    """A backbone and a per-pixel head, the head's logits upsampled (bilinear) to the input:
+    (B, 1, 64, 64) -> (B, classes, 64, 64)."""
+
+    def __init__(self, backbone: nn.Module, head: nn.Module) -> None:
+        super().__init__()
+        self.backbone, self.head = backbone, head
+
+    def forward(self, images: Tensor) -> Tensor:
+        """(B, 1, H, W) -> (B, classes, H, W)."""
+        logits = self.head(self.backbone(images))
+        return F.interpolate(logits, size=images.shape[-2:], mode="bilinear")
+
+
+class RandomBatches:
+    """``steps`` batches of ``size`` (images, masks) drawn with replacement, each by
+    ``torch.randint`` from one generator seeded with ``seed``, as they are iterated."""
+
+    def __init__(self, images: Tensor, masks: Tensor, steps: int, size: int, seed: int) -> None:
+        self.images, self.masks, self.steps, self.size = images, masks, steps, size
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        for _ in range(self.steps):
+            batch = torch.randint(len(self.images), (self.size,), generator=self.generator)
+            yield self.images[batch], self.masks[batch]
+
+
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer) -> StepFn:
+    """A ``Trainer`` step: cross-entropy of ``model(inputs)`` against the target, backward,
+    ``optimizer.step()``; returns the (detached) loss."""
+
+    def step(inputs: Tensor, target: Tensor, index: int) -> Tensor:
+        loss = F.cross_entropy(model(inputs), target)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    return step
+
+
+class LossLog(Callback):
+    """Logs ``<what> <step>/<steps>  loss <loss>`` at every ``every``-th step (0-based)."""
+
+    def __init__(self, what: str, steps: int, every: int = 100) -> None:
+        self.what, self.steps, self.every = what, steps, every
+
+    def on_step_end(self, trainer: Trainer, state: TrainState, loss: Tensor | None) -> None:
+        """Log the step's loss when due."""
+        step = state.step - 1
+        if loss is not None and step % self.every == 0:
+            logger.info("%s %d/%d  loss %.4f", self.what, step, self.steps, float(loss))
 
 
 def ensure_pretrained(path: str | Path, conf: PretrainConf) -> dict[str, Any]:

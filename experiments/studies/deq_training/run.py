@@ -2,8 +2,8 @@
 
 A small MDEQ-like classifier (single scale): a convolution stem and injection, the fixed-point
 cell ``z = GroupNorm(ReLU(gain * conv(z) + x))`` solved by ``ih.fixed_point`` (Anderson forward,
-implicit backward), a 2x2-pooled linear head. It is trained in plain PyTorch with the library's
-stabilisers, one arm each and a combination:
+implicit backward), a 2x2-pooled linear head. It is trained on the experiments' ``Trainer``
+(``experiments.engine.trainer``) with the library's stabilisers, one arm each and a combination:
 
 * ``none``: no stabilisation;
 * ``jacobian``: ``+ w * ih.jacobian_penalty(cell, z*, x)`` (Hutchinson ``||J||_F^2 / numel``);
@@ -43,7 +43,7 @@ import statistics
 import time
 import warnings
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +56,10 @@ from torch.nn.utils import parametrize
 
 import implicit_ham as ih
 from experiments.data.digits import NUM_CLASSES, DigitsDataset
+from experiments.engine.callbacks import Callback
+from experiments.engine.state import TrainState
+from experiments.engine.task import Task
+from experiments.engine.trainer import Trainer
 from experiments.studies.deq_training.rows import (
     DEFAULT_CSV,
     append_row,
@@ -308,10 +312,81 @@ def train_step(
     return {**record, **_step_record(sol, caught)}
 
 
-def run_job(config: StudyConfig, arm_name: str, seed: int, out_dir: Path) -> dict[str, Any]:
-    """Train one (arm, seed) and write ``out_dir/jobs/<arm>_seed<seed>.json``; returns it.
+class StepFailedError(RuntimeError):
+    """A training step raised ``ih.NonFiniteError``; the message names the step (1-based)."""
 
-    A non-finite value (``ih.NonFiniteError``) ends the job early; the file records it.
+
+class StudyStep:
+    """The ``Trainer`` step of a job: ``train_step`` on the batch; ``last`` holds its record.
+    An ``ih.NonFiniteError`` becomes ``StepFailedError`` ("step N: ...")."""
+
+    def __init__(
+        self, model: DEQClassifier, optimizer: torch.optim.Optimizer, arm: Arm, config: StudyConfig
+    ) -> None:
+        self.model, self.optimizer, self.arm, self.config = model, optimizer, arm, config
+        self.last: dict[str, Any] = {}
+
+    def __call__(self, images: Tensor, labels: Tensor, index: int) -> Tensor:
+        """One step on (images, labels), the job's ``index``-th (0-based); its loss."""
+        try:
+            self.last = train_step(
+                self.model, self.optimizer, (images, labels), self.arm, self.config
+            )
+        except ih.NonFiniteError as error:
+            raise StepFailedError(f"step {index + 1}: {error}") from error
+        return torch.as_tensor(self.last["loss"])
+
+
+class JobLog(Callback):
+    """A job's records: every step's (``StudyStep.last`` with its 1-based ``step``) and the
+    probes (``measure(step)``) before the first step, every ``probe_every`` steps and after
+    the last."""
+
+    def __init__(
+        self, step: StudyStep, measure: Callable[[int], dict[str, Any]], config: StudyConfig
+    ) -> None:
+        self.step, self.measure, self.config = step, measure, config
+        self.steps: list[dict[str, Any]] = []
+        self.probes: list[dict[str, Any]] = []
+
+    def on_fit_start(self, trainer: Trainer, state: TrainState) -> None:
+        """The probe before training."""
+        self.probes.append(self.measure(state.step))
+
+    def on_step_end(self, trainer: Trainer, state: TrainState, loss: Tensor | None) -> None:
+        """Record the step; probe when due."""
+        self.steps.append({"step": state.step, **self.step.last})
+        if state.step % self.config.probe_every == 0 or state.step == self.config.steps:
+            self.probes.append(self.measure(state.step))
+
+
+class PermutationBatches:
+    """``steps`` batches of ``size`` (images, labels): consecutive slices of a random
+    permutation (a generator seeded with ``seed``), a new permutation whenever the rest of the
+    current one is shorter than a batch."""
+
+    def __init__(self, images: Tensor, labels: Tensor, steps: int, size: int, seed: int) -> None:
+        self.images, self.labels, self.steps, self.size = images, labels, steps, size
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        perm, cursor = torch.randperm(len(self.images), generator=self.generator), 0
+        for _ in range(self.steps):
+            if cursor + self.size > len(perm):
+                perm, cursor = torch.randperm(len(self.images), generator=self.generator), 0
+            index = perm[cursor : cursor + self.size]
+            cursor += self.size
+            yield self.images[index], self.labels[index]
+
+
+def run_job(config: StudyConfig, arm_name: str, seed: int, out_dir: Path) -> dict[str, Any]:
+    """Train one (arm, seed) on the ``Trainer`` (one epoch of ``config.steps`` batches, the
+    records and probes in ``JobLog``) and write ``out_dir/jobs/<arm>_seed<seed>.json``;
+    returns it. A non-finite value (``ih.NonFiniteError``) ends the job early; the file
+    records it.
     """
     torch.set_num_threads(config.threads)
     where = provenance()  # the processor, this job's threads, the library commit
@@ -319,48 +394,45 @@ def run_job(config: StudyConfig, arm_name: str, seed: int, out_dir: Path) -> dic
     torch.manual_seed(seed)
     (train_x, train_y), (test_x, test_y) = load_split("train"), load_split("val")
     model, optimizer = build(config, arm)
-    order = torch.Generator().manual_seed(seed)
-    perm, cursor = torch.randperm(len(train_x), generator=order), 0
-    steps: list[dict[str, Any]] = []
-    failure: str | None = None
-    start = time.perf_counter()
+    step = StudyStep(model, optimizer, arm, config)
 
-    def measure(step: int) -> dict[str, Any]:
-        return {"step": step, **probe(model, test_x[: config.probe_size], config),
+    def measure(index: int) -> dict[str, Any]:
+        return {"step": index, **probe(model, test_x[: config.probe_size], config),
                 "test_accuracy": accuracy(model, test_x, test_y, config)}  # fmt: skip
 
-    probes = [measure(0)]
-    for step in range(1, config.steps + 1):
-        if cursor + config.batch > len(perm):
-            perm, cursor = torch.randperm(len(train_x), generator=order), 0
-        index = perm[cursor : cursor + config.batch]
-        cursor += config.batch
-        try:
-            steps.append({"step": step, **train_step(
-                model, optimizer, (train_x[index], train_y[index]), arm, config)})  # fmt: skip
-        except ih.NonFiniteError as error:
-            failure = f"step {step}: {error}"
-            logger.warning("%s seed %d stopped: %s", arm_name, seed, failure)
-            break
-        if step % config.probe_every == 0 or step == config.steps:
-            probes.append(measure(step))
+    log = JobLog(step, measure, config)
+    trainer = Trainer(
+        model, Task("classification", NUM_CLASSES), step, device=torch.device("cpu"),
+        callbacks=[log],
+    )  # fmt: skip
+    failure: str | None = None
+    start = time.perf_counter()
+    try:
+        trainer.fit(PermutationBatches(train_x, train_y, config.steps, config.batch, seed), None, 1)
+    except StepFailedError as error:
+        failure = str(error)
+        logger.warning("%s seed %d stopped: %s", arm_name, seed, failure)
     result = {
         "arm": arm_name,
         "seed": seed,
         "config": config.job_key(),
-        "steps": steps,
-        "probes": probes,
+        "steps": log.steps,
+        "probes": log.probes,
         "failure": failure,
-        "final_test_accuracy": None if failure else probes[-1]["test_accuracy"],
+        "final_test_accuracy": None if failure else log.probes[-1]["test_accuracy"],
         "wall_s": time.perf_counter() - start,
         "provenance": where,
     }
-    path = job_path(out_dir, arm_name, seed)
+    _write_job(job_path(out_dir, arm_name, seed), result)
+    return result
+
+
+def _write_job(path: Path, result: dict[str, Any]) -> None:
+    """Write the job file atomically (it exists only once the job has finished)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1))
-    os.replace(tmp, path)  # a job file exists only once the job has finished
-    return result
+    os.replace(tmp, path)
 
 
 def job_path(out_dir: Path, arm: str, seed: int) -> Path:

@@ -124,6 +124,21 @@ def test_the_trainer_matches_a_hand_written_loop() -> None:
     assert [s for m, s in logged if "epoch" in m] == [5, 10]
 
 
+def test_without_validation_batches_the_trainer_trains_and_evaluates_nothing() -> None:
+    """``fit(train, None, ...)``: the same steps as with an evaluation, metrics without any
+    ``val/`` key (the studies that measure their model themselves)."""
+    torch.manual_seed(0)
+    model, task = nn.Linear(3, 2), Task("classification", 2)
+    reference = copy.deepcopy(model)
+    metrics = Trainer(model, task, _sgd_step(model, task), device=CPU).fit(_batches(3), None, 1)
+    Trainer(reference, task, _sgd_step(reference, task), device=CPU).fit(
+        _batches(3), _batches(1), 1
+    )
+    assert sorted(metrics) == ["epoch", "epoch_time_s", "train/loss"]
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
 @pytest.mark.parametrize(
     ("every", "signal_at", "saves"), [(3, 3, [3]), (3, 4, [3, 4]), (0, 2, [2])]
 )

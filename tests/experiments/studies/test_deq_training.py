@@ -12,10 +12,13 @@ import json
 import shutil
 import statistics
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 from scipy import stats
 
+import implicit_ham as ih
 from experiments import report
 from experiments.studies.deq_training import report as page_module
 from experiments.studies.deq_training import rows as rows_module
@@ -216,3 +219,74 @@ def test_an_empty_csv_gives_a_rows_pending_page(tmp_path: Path) -> None:
 def test_a_bad_configuration_is_refused_early(change: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(TINY, **change)
+
+
+def test_a_job_on_the_trainer_equals_a_hand_written_adam_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run_job`` (the ``Trainer``, ``PermutationBatches``, ``JobLog``) gives the weights, step
+    losses and probes of a plain loop: same seed, batches as consecutive slices of seeded
+    permutations (batch 700 of 1438 images: the third step draws a new permutation), one Adam
+    step each, the probes before the first step, at step 2 and after the last."""
+    config = dataclasses.replace(TINY, arms=("combined",), steps=3, batch=700)
+    built: list[torch.nn.Module] = []
+
+    def build(config: StudyConfig, arm: study_module.Arm) -> tuple[torch.nn.Module, Any]:
+        model, optimizer = real_build(config, arm)
+        built.append(model)
+        return model, optimizer
+
+    real_build = study_module.build
+    monkeypatch.setattr(study_module, "build", build)
+    job = study_module.run_job(config, "combined", 0, tmp_path)
+    monkeypatch.undo()
+
+    arm = study_module.ARMS["combined"]
+    torch.manual_seed(0)
+    (x, y), (test_x, test_y) = study_module.load_split("train"), study_module.load_split("val")
+    model, optimizer = study_module.build(config, arm)
+
+    def measure(step: int) -> dict[str, Any]:
+        return {"step": step, **study_module.probe(model, test_x[: config.probe_size], config),
+                "test_accuracy": study_module.accuracy(model, test_x, test_y, config)}  # fmt: skip
+
+    order = torch.Generator().manual_seed(0)
+    perm, cursor, losses, probes = torch.randperm(len(x), generator=order), 0, [], [measure(0)]
+    for step in (1, 2, 3):
+        if cursor + config.batch > len(x):
+            perm, cursor = torch.randperm(len(x), generator=order), 0
+        index, cursor = perm[cursor : cursor + config.batch], cursor + config.batch
+        loss, _ = study_module._loss(model, x[index], y[index], arm, config)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss))
+        if step != 1:
+            probes.append(measure(step))
+    ported = built[0].state_dict()
+    assert all(torch.equal(ported[k], v) for k, v in model.state_dict().items())
+    assert [s["loss"] for s in job["steps"]] == losses
+    assert job["probes"] == probes and job["failure"] is None
+
+
+def test_a_non_finite_step_ends_the_job_with_its_step_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ih.NonFiniteError`` in step 3 stops the job there: two step records, the probes up to
+    step 2, the failure naming step 3, no final accuracy; the job file is written."""
+    config = dataclasses.replace(TINY, arms=("none",), steps=4)
+    real_step = study_module.train_step
+
+    def failing(model: Any, optimizer: Any, batch: Any, arm: Any, config: Any) -> Any:
+        if len(calls) == 2:
+            raise ih.NonFiniteError("loss is nan")
+        calls.append(1)
+        return real_step(model, optimizer, batch, arm, config)
+
+    calls: list[int] = []
+    monkeypatch.setattr(study_module, "train_step", failing)
+    job = study_module.run_job(config, "none", 0, tmp_path)
+    assert job["failure"] == "step 3: loss is nan" and job["final_test_accuracy"] is None
+    assert [s["step"] for s in job["steps"]] == [1, 2]
+    assert [p["step"] for p in job["probes"]] == [0, 2]
+    assert json.loads(job_path(tmp_path, "none", 0).read_text())["failure"] == job["failure"]
