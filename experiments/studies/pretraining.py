@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from experiments.engine.callbacks import Callback
 from experiments.engine.checkpoint import read_checkpoint, write_checkpoint
 from experiments.engine.state import TrainState
 from experiments.engine.task import Task
+from experiments.engine.tensor_batches import RandomBatches
 from experiments.engine.trainer import StepFn, Trainer
 from experiments.models.backbone import LocalBackbone
 
@@ -100,23 +100,6 @@ class PixelClassifier(nn.Module):
         """(B, 1, H, W) -> (B, classes, H, W)."""
         logits = self.head(self.backbone(images))
         return F.interpolate(logits, size=images.shape[-2:], mode="bilinear")
-
-
-class RandomBatches:
-    """``steps`` batches of ``size`` (images, masks) drawn with replacement, each by
-    ``torch.randint`` from one generator seeded with ``seed``, as they are iterated."""
-
-    def __init__(self, images: Tensor, masks: Tensor, steps: int, size: int, seed: int) -> None:
-        self.images, self.masks, self.steps, self.size = images, masks, steps, size
-        self.generator = torch.Generator().manual_seed(seed)
-
-    def __len__(self) -> int:
-        return self.steps
-
-    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        for _ in range(self.steps):
-            batch = torch.randint(len(self.images), (self.size,), generator=self.generator)
-            yield self.images[batch], self.masks[batch]
 
 
 def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer) -> StepFn:

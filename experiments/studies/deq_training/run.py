@@ -43,7 +43,7 @@ import statistics
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +59,7 @@ from experiments.data.digits import NUM_CLASSES, DigitsDataset
 from experiments.engine.callbacks import Callback
 from experiments.engine.state import TrainState
 from experiments.engine.task import Task
+from experiments.engine.tensor_batches import PermutationBatches
 from experiments.engine.trainer import Trainer
 from experiments.studies.deq_training.rows import (
     DEFAULT_CSV,
@@ -358,28 +359,6 @@ class JobLog(Callback):
         self.steps.append({"step": state.step, **self.step.last})
         if state.step % self.config.probe_every == 0 or state.step == self.config.steps:
             self.probes.append(self.measure(state.step))
-
-
-class PermutationBatches:
-    """``steps`` batches of ``size`` (images, labels): consecutive slices of a random
-    permutation (a generator seeded with ``seed``), a new permutation whenever the rest of the
-    current one is shorter than a batch."""
-
-    def __init__(self, images: Tensor, labels: Tensor, steps: int, size: int, seed: int) -> None:
-        self.images, self.labels, self.steps, self.size = images, labels, steps, size
-        self.generator = torch.Generator().manual_seed(seed)
-
-    def __len__(self) -> int:
-        return self.steps
-
-    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        perm, cursor = torch.randperm(len(self.images), generator=self.generator), 0
-        for _ in range(self.steps):
-            if cursor + self.size > len(perm):
-                perm, cursor = torch.randperm(len(self.images), generator=self.generator), 0
-            index = perm[cursor : cursor + self.size]
-            cursor += self.size
-            yield self.images[index], self.labels[index]
 
 
 def run_job(config: StudyConfig, arm_name: str, seed: int, out_dir: Path) -> dict[str, Any]:
