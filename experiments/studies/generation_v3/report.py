@@ -326,6 +326,16 @@ def samples_comparison(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
     return Table.of(header, body)
 
 
+def provenance_summary(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Where the rows ran, for the page: the count of rows per library commit and processor
+    (``run._train`` records them), and of rows written before rows recorded it."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        key = f"commit {row['commit']} on {row['cpu']}" if "commit" in row else "not recorded"
+        counts[key] = counts.get(key, 0) + 1
+    return "; ".join(f"{key}: {n} row(s)" for key, n in sorted(counts.items())) or "no rows"
+
+
 def _fmt(value: float | None, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
@@ -364,6 +374,8 @@ def write_page(
             isinstance(r.get("samples"), Mapping) for r in rows if r["plan"] == plan.digest()
         ),
         accuracies=classifier_accuracies(rows, plan),
+        provenance=provenance_summary([r for r in rows if r["plan"] == plan.digest()]),
+        pairing_provenance=provenance_summary(pairing_rows),
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)

@@ -53,6 +53,7 @@ from experiments.studies.generation_v3.plan import Job, Plan, job_overrides
 from experiments.studies.generation_v3.report import gate, plateau_change, read_rows
 from experiments.studies.generation_v3.samples import job_samples
 from experiments.studies.paper_v3.run import _peak_memory_mb, _reset_peak_memory
+from experiments.studies.provenance import provenance
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +87,8 @@ def gate_gamma(job_dir: Path) -> float:
 
 def _train(job: Job, cfg: TrainConfig, job_dir: Path, metric: str) -> dict[str, Any]:
     """Train ``cfg`` in ``job_dir`` (resuming it); the row's fields every stage shares, with
-    the curve of ``metric``."""
+    the curve of ``metric`` and where it ran (``provenance``: processor, threads, library
+    commit, torch version)."""
     reset = _reset_peak_memory()
     results = run_training(cfg, job_dir)
     if results.get("status") != "ok":
@@ -107,6 +109,7 @@ def _train(job: Job, cfg: TrainConfig, job_dir: Path, metric: str) -> dict[str, 
         "parameters": results.get("parameters"),
         "failures": results.get("failures", {}).get("total"),
         "results": results,
+        **provenance(),
     }
 
 

@@ -19,9 +19,11 @@ from experiments.studies.generation_v3.plan import ARMS, Job, Plan, job_override
 from experiments.studies.generation_v3.report import (
     gate,
     plateau_change,
+    provenance_summary,
     read_rows,
     write_page,
 )
+from experiments.studies.provenance import cpu_model, library_commit
 
 
 def test_the_plan_pairs_every_arm_on_each_seed() -> None:
@@ -120,6 +122,20 @@ def test_a_tiny_job_gives_its_row_through_the_engine(tmp_path: Path) -> None:
     assert row["val_loss"] == row["curve"][-1][1]
     assert math.isfinite(row["gamma"]) and row["peak_memory_mb"] > 0
     assert row["plan"] == plan.digest()
+    assert row["commit"] == library_commit() and row["cpu"] == cpu_model()
+    assert int(row["threads"]) >= 1 and row["torch"] == torch.__version__
+
+
+def test_the_page_says_where_its_rows_ran(tmp_path: Path) -> None:
+    plan = Plan()
+    rows = [_row("none", 0, 4.7, plan) | {"commit": "abc", "cpu": "X"},
+            _row("none", 1, 4.7, plan) | {"commit": "abc", "cpu": "X"},
+            _row("self_attention", 0, 3.0, plan)]  # fmt: skip
+    assert provenance_summary(rows) == "commit abc on X: 2 row(s); not recorded: 1 row(s)"
+    results = tmp_path / "rows.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = write_page(results, tmp_path / "page.md", plan).read_text()
+    assert "Where the rows ran (processor and library commit): commit abc on X: 2 row(s)" in page
 
 
 def _pairing_row(arm: str, seed: int, accuracy: float, plan: Plan) -> dict[str, object]:
