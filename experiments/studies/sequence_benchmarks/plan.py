@@ -70,7 +70,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 STUDY = "sequence_benchmarks"
 BUDGET_MINUTES = 120.0  # the issue's wall-time budget on 2 idle cores
@@ -221,10 +221,14 @@ class Plan:
     overrides: tuple[str, ...] = field(default=())
 
     def digest(self) -> str:
-        """A short hash of the plan and its jobs' epochs (rows of another plan, or of the same
-        options under other measured ``EPOCH_S``, are not mixed in)."""
-        epochs = [(j.key, j.epochs) for j in jobs(self)]
-        text = json.dumps([asdict(self), epochs], sort_keys=True)
+        """A short hash of the plan's jobs and their epochs (rows of another plan, or of the
+        same options under other measured ``EPOCH_S``, are not mixed in). ``tiers`` and
+        ``benchmarks`` only select which of those jobs run: runs of different selections share
+        one digest, so a CSV of tiers 1-2 grows into the whole plan."""
+        whole = replace(self, tiers=tuple(TIERS), benchmarks=Plan.benchmarks)
+        epochs = [(j.key, j.epochs) for j in jobs(whole)]
+        fields = {k: v for k, v in asdict(self).items() if k not in ("tiers", "benchmarks")}
+        text = json.dumps([fields, epochs], sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 

@@ -118,6 +118,17 @@ def test_plan_runs_the_priority_rows_first_and_projects_the_budget() -> None:
     assert {j.tier for j in jobs(only)} == {1, 3} and [t.tier for t in cost(only)] == [1, 3]
 
 
+def test_the_digest_names_the_jobs_not_which_tiers_run() -> None:
+    """A run of tiers 1-2 and a later run of the whole plan write rows of one plan (the
+    selection does not change a job); an option that changes jobs changes the digest."""
+    whole = Plan()
+    assert Plan(tiers=(1, 2)).digest() == whole.digest()
+    assert Plan(benchmarks=("mnist1d",), tiers=(3,)).digest() == whole.digest()
+    assert {j.key for j in jobs(Plan(tiers=(1, 2)))} < {j.key for j in jobs(whole)}
+    assert Plan(arm_seconds=180.0).digest() != whole.digest()
+    assert Plan(seeds=(0, 1)).digest() != whole.digest()
+
+
 def test_runner_projection_and_stop(tmp_path: Path) -> None:
     """--cost prints each tier against the budget; --stop-after-minutes 0 starts no job."""
     text = run.projection_text(Plan())
