@@ -30,6 +30,7 @@ import torch
 from experiments.data.far_twins import FarTwinsDataset, right_cell
 from experiments.reports.render import Table, render_beside
 from experiments.reports.verdicts import paired_interval
+from experiments.studies.generation_v3.figures import curve_figure, job_minutes
 from experiments.studies.generation_v3.plan import ARMS, PILOT_ARMS, Plan
 
 DEFAULT_RESULTS = Path("docs/generation_v3/results.jsonl")
@@ -348,6 +349,11 @@ def write_page(
     plan = plan or Plan()
     rows = read_rows(results)
     pairing_rows = [r for r in read_rows(pairing) if r["plan"] == plan.pairing_digest()]
+    mine = [r for r in rows if r["plan"] == plan.digest()]
+    figures = out.with_suffix("")  # docs/generation_v3.md -> docs/generation_v3/
+    curve_figure(mine, plan.arms, "held-out loss", figures / "loss_curves.png")
+    curve_figure(pairing_rows, plan.arms, "held-out balanced accuracy",
+                 figures / "pairing_curves.png")  # fmt: skip
     expected = {job.key for job in plan.main_jobs()}
     done = {r["job"] for r in rows if r["plan"] == plan.digest()}
     text = render_beside(
@@ -374,8 +380,12 @@ def write_page(
             isinstance(r.get("samples"), Mapping) for r in rows if r["plan"] == plan.digest()
         ),
         accuracies=classifier_accuracies(rows, plan),
-        provenance=provenance_summary([r for r in rows if r["plan"] == plan.digest()]),
+        provenance=provenance_summary(mine),
         pairing_provenance=provenance_summary(pairing_rows),
+        figures=figures.name,
+        main_minutes=job_minutes(mine),
+        samples_minutes=sum(float(r.get("samples_time_s", 0.0)) for r in mine) / 60,
+        pairing_minutes=job_minutes(pairing_rows),
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)

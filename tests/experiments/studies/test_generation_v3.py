@@ -15,6 +15,7 @@ from scipy import stats
 
 from experiments.engine.file_sinks import read_jsonl
 from experiments.studies.generation_v3 import run as study_run
+from experiments.studies.generation_v3.figures import mean_curve
 from experiments.studies.generation_v3.plan import ARMS, Job, Plan, job_overrides
 from experiments.studies.generation_v3.report import (
     gate,
@@ -56,7 +57,8 @@ def test_the_plateau_change_over_the_last_fifth() -> None:
 def _row(arm: str, seed: int, loss: float, plan: Plan) -> dict[str, object]:
     return {"job": Job(arm, seed).key, "arm": arm, "seed": seed, "plan": plan.digest(),
             "status": "ok", "val_loss": loss, "at_plateau": True, "gamma": 1.0,
-            "time_per_step_s": 0.05, "peak_memory_mb": 300.0, "curve": []}  # fmt: skip
+            "time_per_step_s": 0.05, "peak_memory_mb": 300.0, "curve": [],
+            "train_time_s": 60.0}  # fmt: skip
 
 
 def test_the_gate_is_the_paired_t_interval_of_the_losses() -> None:
@@ -83,10 +85,17 @@ def test_the_page_renders_with_zero_and_with_partial_rows(tmp_path: Path) -> Non
     rows = [_row("none", s, 4.7 + 0.01 * s, plan) for s in range(3)]
     rows += [_row("self_attention", s, 3.0 + 0.02 * s, plan) for s in range(3)]
     results.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    page = write_page(results, tmp_path / "partial.md", plan).read_text()
+    page = write_page(results, tmp_path / "partial.md", plan, tmp_path / "none.jsonl").read_text()
     assert "6 of 36 jobs have run" in page and "nmf_one_step-s0" in page
     assert "passed" in page
     assert "| no context | 3 / 6 | 4.710 |" in page  # mean of 4.70, 4.71, 4.72
+    assert "pilot's jobs included, 6 min" in page and "that is 3 wall minutes" in page
+    assert (tmp_path / "partial" / "loss_curves.png").stat().st_size > 0
+
+
+def test_the_curves_are_averaged_step_by_step_over_seeds() -> None:
+    rows = [{"curve": [[64, 4.0], [128, 3.0], [192, 2.0]]}, {"curve": [[64, 5.0], [128, 4.0]]}]
+    assert mean_curve(rows) == ([64, 128, 192], [4.5, 3.5, 2.0])
 
 
 def test_the_runner_skips_jobs_with_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -141,7 +150,7 @@ def test_the_page_says_where_its_rows_ran(tmp_path: Path) -> None:
 def _pairing_row(arm: str, seed: int, accuracy: float, plan: Plan) -> dict[str, object]:
     return {"job": Job(arm, seed).key, "arm": arm, "seed": seed, "plan": plan.pairing_digest(),
             "status": "ok", "balanced_accuracy": accuracy, "gamma": 1.0,
-            "time_per_step_s": 0.02, "curve": []}  # fmt: skip
+            "time_per_step_s": 0.02, "curve": [], "train_time_s": 30.0}  # fmt: skip
 
 
 def test_the_pairing_stage_pairs_every_arm_over_eight_seeds() -> None:
