@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.studies.paper_v3.table import decode_curve
+from experiments.studies.csv_rows import decode_curve
 
 FLAT_TAIL = 0.25  # the share of training at the end over which a run's tail gain is measured
 

@@ -31,6 +31,7 @@ from experiments.reports.verdicts import (
     paired_interval,
     verdict,
 )
+from experiments.studies.csv_rows import decode_curve
 from experiments.studies.paper_v3.budget import ok_row, plan_budget
 from experiments.studies.paper_v3.length import (
     ComparisonAtLength,
@@ -58,7 +59,6 @@ from experiments.studies.paper_v3.plan import (
     settled,
     tune_jobs,
 )
-from experiments.studies.paper_v3.table import decode_curve
 
 MARGIN = 0.01  # δ in mIoU: the paper's own gaps are about one point
 BUDGET_MIN = 150  # issue 27: the whole `make study` on 2 idle cores

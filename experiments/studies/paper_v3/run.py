@@ -6,7 +6,7 @@ from the project's configs (``conf/config.yaml`` + ``+experiment=paper_v3`` + ``
 + the job's overrides) into the typed ``TrainConfig`` and trained by the engine's
 ``run_training`` in ``OUT/jobs/<job key>``; afterwards its test metrics, val curve and (one-step
 arms) gradient fidelity are read (``experiments.studies.paper_v3.eval``) and its row is written
-to the CSV (``experiments.studies.paper_v3.table``), atomically, as each job ends. A job whose
+to the CSV (``experiments.studies.csv_rows``), atomically, as each job ends. A job whose
 row says ``ok`` (with this plan) is skipped without touching ``OUT``, so the study resumes from
 the committed CSV alone on a fresh machine; a replicate's backbone
 (``OUT/pretrain/replicate<r>.pt``) is rebuilt, deterministically, only when a job that still
@@ -33,6 +33,13 @@ from hydra import compose, initialize_config_dir
 from experiments.config.groups import TrainConfig, register_configs
 from experiments.config.typed import typed_config
 from experiments.engine.run import run_training
+from experiments.studies.csv_rows import (
+    COLUMNS,
+    append_session,
+    encode_curve,
+    read_rows,
+    write_rows,
+)
 from experiments.studies.job_runner import Schedule, run_schedule
 from experiments.studies.paper_v3 import eval as job_eval
 from experiments.studies.paper_v3.plan import (
@@ -43,13 +50,6 @@ from experiments.studies.paper_v3.plan import (
     Plan,
     all_jobs,
     tune_jobs,
-)
-from experiments.studies.paper_v3.table import (
-    COLUMNS,
-    append_session,
-    encode_curve,
-    read_rows,
-    write_rows,
 )
 from experiments.studies.pretraining import PretrainConf, ensure_pretrained
 

@@ -34,8 +34,8 @@ from experiments.reports.verdicts import (
     paired_interval,
     verdict,
 )
+from experiments.studies.csv_rows import read_row_list, read_rows, read_sessions
 from experiments.studies.paper_v3.plan import BPTT, HAMS, NO_GRADIENT, ONE_STEP, THROUGH_BASES, Job
-from experiments.studies.paper_v3.table import read_row_list, read_rows, read_sessions
 from experiments.studies.paper_v4.drift import drift_summary, drift_table, pairs
 from experiments.studies.paper_v4.plan import (
     BASELINES,

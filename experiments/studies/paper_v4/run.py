@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from experiments.config.groups import TrainConfig
+from experiments.studies.csv_rows import COLUMNS as V3_COLUMNS
 from experiments.studies.paper_v3 import run as paper_v3
 from experiments.studies.paper_v3.plan import REGIME, Job
 from experiments.studies.paper_v3.run import measured_row, pending, pretrain_row, train_row
-from experiments.studies.paper_v3.table import COLUMNS as V3_COLUMNS
 from experiments.studies.paper_v4.plan import STUDY, Plan, all_jobs, arm_name, start_order, tuned
 from experiments.studies.provenance import provenance
 

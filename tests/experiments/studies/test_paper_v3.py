@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from scipy import stats
 
+from experiments.studies.csv_rows import append_session, encode_curve, read_rows, write_rows
 from experiments.studies.paper_v3 import run as paper_v3
 from experiments.studies.paper_v3.length import (
     comparison_at_length,
@@ -38,7 +39,6 @@ from experiments.studies.paper_v3.plan import (
     select_lr,
     tune_jobs,
 )
-from experiments.studies.paper_v3.table import append_session, encode_curve, read_rows, write_rows
 
 PLAN = Plan(
     replicates=3, tune_replicates=(0, 1), k_replicates=(0, 1), lrs=(0.05, 0.1),
