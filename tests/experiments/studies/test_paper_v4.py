@@ -15,8 +15,8 @@ import pytest
 from scipy import stats
 
 from experiments.studies.csv_rows import read_row_list, read_rows, write_row_list, write_rows
-from experiments.studies.paper_v3.plan import BPTT, NO_GRADIENT, ONE_STEP, Job
 from experiments.studies.paper_v4 import drift, report, rerun, run
+from experiments.studies.paper_v4.jobs import BPTT, NO_GRADIENT, ONE_STEP, Job
 from experiments.studies.paper_v4.plan import (
     HAMS,
     MARGIN,
