@@ -45,7 +45,7 @@ demo: install
 
 study: install
 	PY=$(PY) bash experiments/scripts/study.sh
-	@echo "results: docs/results.md (figures and the paper-regime CSV in docs/results/; runs in multirun/study/)"
+	@echo "results: docs/results.md (figures and study v4's CSV in docs/results/; runs in multirun/study/)"
 
 # Study v4 alone (docs/results.md's first section): resumable, rows committed as jobs end.
 study-v4: install

@@ -10,9 +10,9 @@
   (default ``multirun/study``, written by ``experiments/scripts/study.sh``) -> ``results.md``, its
   figures and ``results/findings.md`` (the verdicts alone, included by ``docs/index.md``), with
   the study script quoted at the top.
-* ``python -m experiments.report --from-csv docs/results/paper_v3.csv [--out docs]``: the
-  paper-regime section (study v3) of ``results.md`` and its verdicts in
-  ``results/findings.md``, from the study's committed CSV alone (the rest of both files is kept).
+
+Study v4's section of ``results.md`` has its own command,
+``python -m experiments.studies.paper_v4.report``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from experiments.reports.sweep import write_report
 from experiments.reports.sweep_metrics import UnknownMetricError
 from experiments.studies.deq_training.report import write_deq_report
 from experiments.studies.legend_seg.report import write_study_report
-from experiments.studies.paper_v3.page import write_from_csv
 
 logger = logging.getLogger("experiments.report")
 STUDY_SCRIPT = Path(__file__).parent / "scripts" / "study.sh"
@@ -49,15 +48,8 @@ def main(argv: list[str] | None = None) -> None:
         "--deq", action="store_true", help="write docs/deq_training.md from the DEQ study's CSV"
     )
     parser.add_argument("--commands", default=str(STUDY_SCRIPT), help="script quoted by --study")
-    parser.add_argument(
-        "--from-csv", default=None, help="the study v3 CSV: rewrite results.md's paper section"
-    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if args.from_csv:
-        path = write_from_csv(args.from_csv, args.out or "docs")
-        logger.info("paper-regime section (study v3): %s", path)
-        return
     if args.deq:
         path = write_deq_report(
             args.sweep_dir or "docs/deq_training/runs.csv", args.out or "docs/deq_training.md"

@@ -147,7 +147,7 @@ class ModelConf:
     cell's factor, None: 0.5). All new fields default to None so earlier configs compare equal.
 
     ``channels_last``: the network's 4-D weights and activations in the channels-last memory
-    format (``torch.channels_last``), which the CPU convolutions run faster in (the paper_v3
+    format (``torch.channels_last``), which the CPU convolutions run faster in (the paper-regime
     segmenter's training step: 1.46x with the identity as context; whole 4-epoch jobs of the
     paper preset 1.07-1.27x, the ham's share unchanged); the context module gets its
     input in that format and answers in it (``implicit_ham`` keeps a channels-last input's

@@ -106,7 +106,7 @@ def build_model(
     """A segmenter (``model.arch``) or a classifier (by ``task.kind``) around ``context``,
     which must take ``context_channels(task, model)`` channels (a sequence arch: see
     ``_sequence_network``; ``solver`` and ``adjoint`` are the ``deq1d``'s); in the
-    channels-last memory format when ``model.channels_last`` (one thread, the paper_v3
+    channels-last memory format when ``model.channels_last`` (one thread, the paper-regime
     segmenter's training step at batch 16, 64x64: 30 vs 44 ms with the identity as
     context)."""
     if model.arch in SEQUENCE_ARCHS:

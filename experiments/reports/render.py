@@ -126,3 +126,22 @@ def render_beside(module_file: str, template: str, **data: Any) -> str:
     """The template ``template`` beside the module ``module_file`` (pass ``__file__``; or in the
     ``templates`` folder beside it) filled with ``data``."""
     return environment_beside(Path(module_file).parent).get_template(template).render(**data)
+
+
+def splice(path: Path, content: str, begin: str, end: str, top: bool = False) -> None:
+    """Put ``content`` between the markers ``begin`` / ``end`` in ``path`` (a generated block of
+    a page whose other parts another command writes); a file without them gets the marked
+    block appended (``top``: inserted after the file's first line), a missing file is
+    created."""
+    block = content if content.startswith(begin) else f"{begin}\n{content.strip()}\n{end}"
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text)
+    elif top and text.strip():
+        first, _, rest = text.partition("\n")
+        text = f"{first}\n\n{block}\n\n{rest.lstrip()}"
+    else:
+        text = (text.rstrip() + "\n\n" if text.strip() else "") + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")

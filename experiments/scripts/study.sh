@@ -22,12 +22,6 @@ run $PY -m experiments.train -m +experiment=study_remedy hydra.sweep.dir=$OUT/re
 run $PY -m experiments.train -m +experiment=study_ridge hydra.sweep.dir=$OUT/ridge
 # The dD/dX probe on legend_seg: the one-step through the last step's bases (9 jobs).
 run $PY -m experiments.train -m +experiment=legend_probe hydra.sweep.dir=$OUT/legend_probe
-# The paper's regime on real digits (study v3, experiments/studies/paper_v3/: independent
-# replicates, tuned arms, inv_t and K axes, test split); its rows go to the committed CSV as jobs
-# end, and jobs whose row says ok are skipped, also on a fresh machine (its committed CSV is
-# complete: nothing runs).
-run env OMP_NUM_THREADS=1 $PY -m experiments.studies.paper_v3 "$OUT/paper_v3" \
-  --csv docs/results/paper_v3.csv --workers 2
 # Q2 and Q4 at initialisation, then on the BPTT-trained K=6 seed-0 model of each ham.
 for ham in nmf vq cd nmf_normalized; do
   run $PY -m experiments.grad_study context=$ham "${STUDY[@]}" hydra.run.dir=$OUT/grad/init_$ham

@@ -1,5 +1,6 @@
-"""The resumable job scheduler of the paper-regime studies (v3, v4): run every pending job,
-``workers`` at a time, and write each job's row to the study's CSV as it ends.
+"""The resumable job scheduler of the studies that commit one CSV row per job (study v4, the
+sequence benchmarks): run every pending job, ``workers`` at a time, and write each job's row to
+the study's CSV as it ends.
 
 A study supplies its jobs (anything with ``key``, ``stage``, ``replicate``), a picklable
 ``run(job, *args) -> row`` (a row with ``status``), which jobs are still pending given the

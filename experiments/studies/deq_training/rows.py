@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.studies.paper_v3.table import decode_curve, encode_curve, write_row_list
+from experiments.studies.csv_rows import decode_curve, encode_curve, write_row_list
 
 WARNING_KINDS = ("NotFixedPointWarning", "ConvergenceWarning", "ConditioningWarning")
 CURVES = {  # column -> the probe key it plots (forward_curve: every training step)

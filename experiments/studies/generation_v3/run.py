@@ -52,7 +52,7 @@ from experiments.engine.run import run_training
 from experiments.studies.generation_v3.plan import Job, Plan, job_overrides
 from experiments.studies.generation_v3.report import gate, plateau_change, read_rows
 from experiments.studies.generation_v3.samples import job_samples
-from experiments.studies.paper_v3.run import _peak_memory_mb, _reset_peak_memory
+from experiments.studies.job_row import peak_memory_mb, reset_peak_memory
 from experiments.studies.provenance import provenance
 
 logger = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def _train(job: Job, cfg: TrainConfig, job_dir: Path, metric: str) -> dict[str, 
     """Train ``cfg`` in ``job_dir`` (resuming it); the row's fields every stage shares, with
     the curve of ``metric`` and where it ran (``provenance``: processor, threads, library
     commit, torch version)."""
-    reset = _reset_peak_memory()
+    reset = reset_peak_memory()
     results = run_training(cfg, job_dir)
     if results.get("status") != "ok":
         raise RuntimeError(f"{job.key}: run_training ended with status {results.get('status')!r}")
@@ -104,7 +104,7 @@ def _train(job: Job, cfg: TrainConfig, job_dir: Path, metric: str) -> dict[str, 
         "steps": steps,
         "train_time_s": float(results["train_time_s"]),
         "time_per_step_s": float(results["train_time_s"]) / max(steps, 1),
-        "peak_memory_mb": _peak_memory_mb(reset),
+        "peak_memory_mb": peak_memory_mb(reset),
         "gamma": gate_gamma(job_dir),
         "parameters": results.get("parameters"),
         "failures": results.get("failures", {}).get("total"),

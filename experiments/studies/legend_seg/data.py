@@ -6,8 +6,8 @@ Layout (what ``experiments/scripts/study.sh`` writes under ``multirun/study``)::
     context/<n>/        experiments.train, +experiment=attention_vs_md (question 3)
     remedy/<n>/         experiments.train, +experiment=study_remedy (question 2)
     legend_probe/<n>/   experiments.train, +experiment=legend_probe (the dD/dX probe)
-    paper_v3/           experiments.studies.paper_v3 (the paper regime, section 1: read from its
-                        committed CSV, docs/results/paper_v3.csv, not from this folder)
+    paper_v4/           experiments.studies.paper_v4.run (study v4: its page section is
+                        written from its committed CSV, docs/results/paper_v4.csv)
     grad/<init|trained>_<context>/         experiments.grad_study (question 2)
     convergence/<init|trained>_<context>/  experiments.convergence (question 4)
     bench.json          experiments.bench --json (question 3's compute table)
@@ -46,9 +46,9 @@ KS = (1, 3, 6, 12)
 METRICS = ("val/blob_acc", "val/miou")
 REFERENCE_K = 6  # the paper's K, where the document compares modes
 STRESS_TASK = "legend_seg"  # the stress test's task (the study_scale presets), by name
-PAPER_TASK = "digit_seg"  # the paper regime's task (study v3, the paper_v3 preset), by name
+PAPER_TASK = "digit_seg"  # the paper regime's task (study v4, the paper_v4 preset), by name
 LEGEND_SWEEPS = ("adjoints", "context", "remedy", "legend_probe")
-SWEEPS = LEGEND_SWEEPS  # what study.sh runs as Hydra sweeps (the paper regime: study v3's CSV)
+SWEEPS = LEGEND_SWEEPS  # what study.sh runs as Hydra sweeps (the paper regime: study v4's CSV)
 STUDIES = ("grad", "convergence")
 EXPECTED_STUDIES = {  # what experiments/scripts/study.sh runs
     "grad": (*(f"init_{c}" for c in ("nmf", "vq", "cd", "nmf_normalized")),

@@ -3,16 +3,16 @@
 Every number, setting and verdict is computed from the run outputs (the configs and results
 each job saved) into frozen dataclasses, one per section (``study_stress``,
 ``study_gradients``, ``study_baselines``, ``study_convergence``, ``study_ridge``); the prose is
-in the templates ``templates/study/*.md.j2``. Section 1, the paper regime (study v3), comes from
-its committed CSV (``paper_v3.page``: the same block ``--from-csv`` rewrites). Where a part of
-the study is missing, the document says so. ``write_study_report`` also writes ``findings.md``
-beside the figures: the summary, the closing note and the study v3 verdicts, which
-``docs/index.md`` includes.
+in the templates ``templates/study/*.md.j2``. Section 1, study v3 of the paper regime, is a
+static history (``templates/study/paper_v3.md.j2``: its code was removed, its rows stay in
+``docs/results/paper_v3.csv``); study v4's section is written above it by
+``experiments.studies.paper_v4.report``. Where a part of the study is missing, the document says
+so. ``write_study_report`` also writes ``findings.md`` beside the figures: the summary, the
+closing note and study v3's verdicts, which ``docs/index.md`` includes.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +37,6 @@ from experiments.studies.legend_seg.data import (
 from experiments.studies.legend_seg.gradients import Gradients, gradients
 from experiments.studies.legend_seg.ridge import Ridge, ridge
 from experiments.studies.legend_seg.stress import StressTest, stress_test
-from experiments.studies.paper_v3.page import V3Blocks, blocks
-from experiments.studies.paper_v3.report import BUDGET_MIN
 
 FINDINGS = "findings.md"  # written into the figures folder: docs/results/findings.md
 
@@ -77,8 +75,7 @@ class SweepTime:
 class Scale:
     """The scale-and-compute section: settings, per-sweep times, the no-training studies'
     count and minutes, the total, the last ``make study`` invocation's minutes (None without
-    both stamps), the missing parts, and the paper-regime runner's minutes from scratch (None
-    unless one invocation wrote its whole CSV) with the budget of the whole ``make study``."""
+    both stamps) and the missing parts."""
 
     paper_task: str
     stress: StressSetup | None
@@ -88,8 +85,6 @@ class Scale:
     total_minutes: float
     invocation_minutes: float | None
     missing: tuple[str, ...]
-    paper_v3_minutes: float | None = None
-    budget_minutes: int = BUDGET_MIN
 
 
 @dataclass(frozen=True)
@@ -100,8 +95,6 @@ class StudyDocument:
     date: str
     commands: str
     scale: Scale
-    paper_v3: str
-    paper_v3_findings: str
     stress: StressTest
     gradients: Gradients
     baselines: Baselines
@@ -114,17 +107,14 @@ def write_study_report(
     out_dir: str | Path,
     commands: str,
     figures: str = "results",
-    csv: str | Path | None = None,
 ) -> Path:
     """Write ``out_dir/results.md``, its PNGs and ``findings.md`` (in ``out_dir/figures``)
-    from the study folder ``root`` and the study v3 CSV (default
-    ``out_dir/figures/paper_v3.csv``); ``commands`` is the shell script that produced the runs,
+    from the study folder ``root``; ``commands`` is the shell script that produced the runs,
     quoted at the top."""
     runs = load_study(root)
     out_dir = Path(out_dir)
     (out_dir / figures).mkdir(parents=True, exist_ok=True)
-    v3 = blocks(csv if csv is not None else out_dir / figures / "paper_v3.csv", out_dir, figures)
-    doc = study_document(runs, Figures(out_dir, figures), commands, v3)
+    doc = study_document(runs, Figures(out_dir, figures), commands)
     findings = render_beside(__file__, "study/findings.md.j2", doc=doc)
     (out_dir / figures / FINDINGS).write_text(findings)
     path = out_dir / "results.md"
@@ -132,19 +122,13 @@ def write_study_report(
     return path
 
 
-def study_document(
-    runs: StudyRuns, figures: Figures, commands: str, paper_v3: V3Blocks
-) -> StudyDocument:
-    """Compute every section of the document (writing the figures into ``figures``);
-    ``paper_v3``: the study v3 blocks of the page and of findings.md
-    (``paper_v3.page.blocks``)."""
+def study_document(runs: StudyRuns, figures: Figures, commands: str) -> StudyDocument:
+    """Compute every section of the document (writing the figures into ``figures``)."""
     return StudyDocument(
         root=runs.root,
         date=datetime.date.today().isoformat(),
         commands=commands.strip(),
-        scale=dataclasses.replace(scale(runs), paper_v3_minutes=paper_v3.from_scratch_minutes),
-        paper_v3=paper_v3.page,
-        paper_v3_findings=paper_v3.findings,
+        scale=scale(runs),
         stress=stress_test(runs, figures),
         gradients=gradients(runs, figures),
         baselines=baselines(runs),

@@ -1,8 +1,8 @@
 """The jobs of study v4: the paper's one-step claim at the paper's own settings, fixed in
 advance, with the power to decide it.
 
-Every job is a v3 ``Job`` (context, gradient, K, inv_t, lr, replicate, epochs; its key names
-them all) run from the ``paper_v4`` preset. Stages, in the order the runner starts them:
+Every job is a ``paper_v4.jobs.Job`` (context, gradient, K, inv_t, lr, replicate, epochs; its
+key names them all) run from the ``paper_v4`` preset. Stages, in the order the runner starts them:
 
 1. ``pretrain``: one backbone per replicate (tuning and test replicates alike).
 2. ``tune``: on the ``tune_replicates`` only (never test replicates), every rate of ``lrs`` for
@@ -29,19 +29,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.studies.paper_v3.plan import (
-    BPTT,
-    HAMS,
-    NO_GRADIENT,
-    ONE_STEP,
-    THROUGH_BASES,
-    Job,
-    val_score,
-)
+from experiments.studies.paper_v4.jobs import BPTT, HAMS, NO_GRADIENT, ONE_STEP, THROUGH_BASES, Job
 
 STUDY = "paper_v4"
 BASELINES = ("none", "gap")
@@ -178,6 +171,14 @@ def tune_jobs(plan: Plan) -> list[Job]:
         for lr in plan.lrs
         for r in plan.tune_replicates
     ]
+
+
+def val_score(row: Mapping[str, Any] | None) -> float:
+    """A row's final validation mIoU; -inf for a failed or non-finite job (never selected)."""
+    if row is None or row.get("status") != "ok":
+        return -math.inf
+    value = float(row.get("val_miou", math.nan))
+    return value if math.isfinite(value) else -math.inf
 
 
 def lr_scores(plan: Plan, rows: Rows, context: str) -> dict[float, float]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from scipy import stats
 
-from experiments.studies.paper_v3.plan import Job
+from experiments.studies.paper_v4.jobs import Job
 
 FAMILY = 3  # the primary comparisons (Holm)
 LEVEL = 0.05

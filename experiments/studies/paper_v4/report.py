@@ -25,7 +25,7 @@ from typing import Any
 
 import jinja2
 
-from experiments.reports.render import Table, environment
+from experiments.reports.render import Table, environment, splice
 from experiments.reports.verdicts import (
     Interval,
     holm,
@@ -34,9 +34,9 @@ from experiments.reports.verdicts import (
     paired_interval,
     verdict,
 )
-from experiments.studies.paper_v3.plan import BPTT, HAMS, NO_GRADIENT, ONE_STEP, THROUGH_BASES, Job
-from experiments.studies.paper_v3.table import read_row_list, read_rows, read_sessions
+from experiments.studies.csv_rows import read_row_list, read_rows, read_sessions
 from experiments.studies.paper_v4.drift import drift_summary, drift_table, pairs
+from experiments.studies.paper_v4.jobs import BPTT, HAMS, NO_GRADIENT, ONE_STEP, THROUGH_BASES, Job
 from experiments.studies.paper_v4.plan import (
     BASELINES,
     GRADIENTS,
@@ -576,8 +576,6 @@ def write(csv: str | Path, out_dir: str | Path, plan: Plan | None = None,
           v3_csv: str | Path = V3_CSV) -> Path:  # fmt: skip
     """Regenerate study v4's block in ``out_dir/results.md`` and ``out_dir/results/findings.md``
     (placed at the top of each, after its first line, the first time); returns the page."""
-    from experiments.studies.paper_v3.page import splice
-
     doc = paper_v4(
         read_rows(csv, COLUMNS),
         plan or Plan(),

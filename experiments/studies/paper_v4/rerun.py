@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.studies.paper_v3.plan import NO_GRADIENT, Job
-from experiments.studies.paper_v3.table import read_row_list, read_rows, write_row_list
+from experiments.studies.csv_rows import read_row_list, read_rows, write_row_list
+from experiments.studies.paper_v4.jobs import NO_GRADIENT, Job
 from experiments.studies.paper_v4.plan import Plan
 from experiments.studies.paper_v4.run import COLUMNS, DEFAULT_CSV, run_job
 

@@ -3,9 +3,12 @@ two at a time, each row (with its processor, thread count and library commit) wr
 committed CSV as its job ends.
 
 Jobs are composed from ``conf/config.yaml`` + ``+experiment=paper_v4`` + ``+arm=<arm>`` + the
-job's overrides and trained by the engine (``paper_v3.train_row``: test metrics on the
-replicate's held-out canvases, val curve); the scheduling, the backbones and the row writing
-are study v3's (``job_runner``, ``paper_v3``, ``paper_v3_table``). Interrupt it at any time and
+job's overrides and trained by the engine (``paper_v4.training.train_row``: test metrics on
+the replicate's held-out canvases, val curve); ``job_runner`` schedules them, ``job_row``
+measures each and ``csv_rows`` writes its row. A job whose row says ``ok`` (with this plan) is
+skipped without touching ``OUT``, so the study resumes from the committed CSV alone on a fresh
+machine; a replicate's backbone (``OUT/pretrain/replicate<r>.pt``) is rebuilt,
+deterministically, only when a job that still has to run needs it. Interrupt it at any time and
 run the same command again: finished jobs are skipped.
 
     OMP_NUM_THREADS=1 python -m experiments.studies.paper_v4.run multirun/study/paper_v4 \\
@@ -22,24 +25,44 @@ from pathlib import Path
 from typing import Any
 
 from experiments.config.groups import TrainConfig
-from experiments.studies.paper_v3 import run as paper_v3
-from experiments.studies.paper_v3.plan import REGIME, Job
-from experiments.studies.paper_v3.run import measured_row, pending, pretrain_row, train_row
-from experiments.studies.paper_v3.table import COLUMNS as V3_COLUMNS
+from experiments.studies.csv_rows import COLUMNS as ROW_COLUMNS
+from experiments.studies.csv_rows import append_session, read_rows, write_rows
+from experiments.studies.job_row import compose_overrides, measured_row
+from experiments.studies.job_runner import Schedule, run_schedule
+from experiments.studies.paper_v4.jobs import REGIME, Job
 from experiments.studies.paper_v4.plan import STUDY, Plan, all_jobs, arm_name, start_order, tuned
+from experiments.studies.paper_v4.training import backbone_path, pretrain_row, train_row
 from experiments.studies.provenance import provenance
 
 logger = logging.getLogger(__name__)
 
-COLUMNS = (*V3_COLUMNS, "cpu", "threads", "commit", "torch")
+COLUMNS = (*ROW_COLUMNS, "cpu", "threads", "commit", "torch")
 DEFAULT_OUT = Path("multirun/study/paper_v4")
 DEFAULT_CSV = Path("docs/results/paper_v4.csv")
+Rows = dict[str, dict[str, Any]]
 
 
 def job_overrides(job: Job, plan: Plan, out_dir: Path) -> list[str]:
-    """The Hydra overrides that make ``job`` out of the paper_v4 preset and its arm."""
+    """The Hydra overrides that make ``job`` out of the paper_v4 preset and its arm: the
+    replicate's seeds and backbone, the rate, the epochs, K and inv_t (a ham's), the test-set
+    size, the clip, then the plan's own ``overrides``."""
+    data_seed = plan.data_seed(job.replicate)
+    overrides = [
+        "+experiment=paper_v4",
+        f"+arm={arm_name(job)}",
+        f"seed={job.replicate}",
+        f"data.seed={data_seed}",
+        f"data.scan_seed={data_seed}",
+        f"model.pretrained={backbone_path(out_dir, job.replicate)}",
+        f"optim.lr={job.lr}",
+        f"epochs={job.epochs}",
+    ]
+    if job.context not in ("none", "sdpa", "gap"):
+        overrides += [f"context.steps={job.K}", f"context.eval_steps={job.K}"]
+    if job.inv_t is not None:
+        overrides.append(f"context.inv_t={job.inv_t}")
     return [
-        *paper_v3.job_overrides(job, plan, out_dir, preset="paper_v4", arm=arm_name(job)),
+        *overrides,
         f"data.test_size={plan.test_size}",
         f"clip_grad_norm={plan.clip_grad_norm}",
         *plan.overrides,
@@ -48,7 +71,7 @@ def job_overrides(job: Job, plan: Plan, out_dir: Path) -> list[str]:
 
 def compose_job(job: Job, plan: Plan, out_dir: Path) -> TrainConfig:
     """The typed config of a training job."""
-    return paper_v3.compose_overrides(job_overrides(job, plan, out_dir))
+    return compose_overrides(job_overrides(job, plan, out_dir))
 
 
 def base_row(job: Job, plan: Plan) -> dict[str, Any]:
@@ -69,14 +92,28 @@ def run_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
         if job.stage == "pretrain":
             return pretrain_row(job, plan, out_dir)
         cfg = compose_job(job, plan, out_dir)
-        return train_row(cfg, out_dir / "jobs" / job.key, fidelity=None)
+        return train_row(cfg, out_dir / "jobs" / job.key)
 
     row = measured_row(base_row(job, plan), job.key, work)
     row["threads"] = provenance()["threads"]  # as the job ran (measured_row sets one thread)
     return row
 
 
-def pending_jobs(plan: Plan, rows: dict[str, dict[str, Any]], out_dir: Path) -> list[Job]:
+def pending(jobs: Sequence[Job], rows: Rows, out_dir: Path, needed: set[int]) -> list[Job]:
+    """Of ``jobs``: the training jobs without an ``ok`` row, and the pretraining of each
+    replicate that one of them (or ``needed``) trains on whose backbone is missing."""
+    todo = [j for j in jobs if j.stage != "pretrain" and rows.get(j.key, {}).get("status") != "ok"]
+    needed = needed | {j.replicate for j in todo}
+
+    def missing(job: Job) -> bool:
+        ok = rows.get(job.key, {}).get("status") == "ok"
+        return not ok or not backbone_path(out_dir, job.replicate).exists()
+
+    pretrain = [j for j in jobs if j.stage == "pretrain" and j.replicate in needed and missing(j)]
+    return pretrain + todo
+
+
+def pending_jobs(plan: Plan, rows: Rows, out_dir: Path) -> list[Job]:
     """The jobs still to run in the runner's order, with the pretraining their replicates need
     (every replicate's while tuning is unsettled: the main arms are not known yet)."""
     needed = set() if tuned(plan, rows) else set(plan.all_replicates())
@@ -85,16 +122,52 @@ def pending_jobs(plan: Plan, rows: dict[str, dict[str, Any]], out_dir: Path) -> 
     )
 
 
+def ready(job: Job, out_dir: Path, settled_pretrain: set[int]) -> bool:
+    """A training job can start once its replicate's backbone exists."""
+    if job.stage == "pretrain":
+        return True
+    return job.replicate in settled_pretrain or backbone_path(out_dir, job.replicate).exists()
+
+
+def check_plan(rows: Rows, plan: Plan, csv_path: Path) -> None:
+    """Refuse a CSV holding rows of another plan (their jobs would be mixed in)."""
+    other = sorted({str(r["plan"]) for r in rows.values()} - {plan.digest()})
+    if other:
+        raise ValueError(
+            f"{csv_path} holds rows of another plan ({other}, this one is {plan.digest()}); "
+            "use another --csv or the plan that wrote it"
+        )
+
+
 def run_study(plan: Plan, out_dir: Path, csv_path: Path, workers: int = 2) -> dict[str, int]:
     """Run every job not yet ``ok`` in ``csv_path``, ``workers`` at a time (1: in this
-    process). Returns counts: ran, failed, skipped."""
-    return paper_v3.run_csv_study(plan, out_dir, csv_path, workers, pending=pending_jobs,
-                                  run=run_job, order=lambda j: start_order(plan, j),
-                                  columns=COLUMNS)  # fmt: skip
+    process; ``job_runner.run_schedule``), started in ``start_order`` once their backbone
+    exists, each row written as its job ends and the invocation appended to the sessions
+    sidecar. Returns counts: ran, failed, skipped."""
+    out_dir, csv_path = Path(out_dir).resolve(), Path(csv_path)
+    rows = read_rows(csv_path, COLUMNS)
+    check_plan(rows, plan, csv_path)
+
+    def session(started: float, finished: float, ran: int) -> None:
+        append_session(csv_path, {"started": started, "finished": finished, "jobs_run": ran,
+                                  "workers": workers, "plan": plan.digest(),
+                                  "main_epochs": plan.main_epochs})  # fmt: skip
+
+    schedule = Schedule(
+        pending=lambda current: pending_jobs(plan, dict(current), out_dir),
+        ready=lambda job, settled: ready(job, out_dir, settled),
+        order=lambda job: start_order(plan, job),
+        run=run_job,
+        args=(plan, out_dir),
+        write=lambda current: write_rows(csv_path, current, COLUMNS),
+        session=session,
+    )
+    return run_schedule(schedule, rows, workers)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run (or resume) the study into OUT_DIR, its rows into --csv."""
+    """Run (or resume) the study into OUT_DIR, its rows into --csv (``--list``: log the
+    pending jobs and stop)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", nargs="?", default=str(DEFAULT_OUT))
     parser.add_argument("--csv", default=str(DEFAULT_CSV), help="the study's CSV (resumed)")
@@ -102,7 +175,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--list", action="store_true", help="print the pending jobs and stop")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    paper_v3.run_command(Plan(), args, pending_jobs, run_study, COLUMNS)
+    plan = Plan()
+    if args.list:
+        rows = read_rows(args.csv, COLUMNS)
+        for job in pending_jobs(plan, rows, Path(args.out_dir).resolve()):
+            logger.info("%s %s", job.stage, job.key)
+        return
+    counts = run_study(plan, Path(args.out_dir), Path(args.csv), args.workers)
+    logger.info("ran %(ran)d jobs (%(failed)d failed); %(skipped)d already ok", counts)
+    if counts["failed"]:
+        logger.warning("some jobs failed; run the same command again to retry them")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from typing import Any
 import jinja2
 
 from experiments.reports.render import Table, environment
-from experiments.studies.paper_v3.table import decode_curve, read_rows, read_sessions
+from experiments.studies.csv_rows import decode_curve, read_rows, read_sessions
 from experiments.studies.sequence_benchmarks.plan import (
     ATTENTION_RUNS,
     ATTENTION_SOLVED_AT,

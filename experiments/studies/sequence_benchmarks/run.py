@@ -32,9 +32,9 @@ from experiments.engine.checkpoint import read_checkpoint
 from experiments.engine.file_sinks import read_jsonl
 from experiments.engine.run import run_training
 from experiments.models.deq1d import DEQClassifier1d
+from experiments.studies.csv_rows import append_session, encode_curve, read_rows, write_rows
+from experiments.studies.job_row import compose_overrides, measured_row
 from experiments.studies.job_runner import Schedule, run_schedule
-from experiments.studies.paper_v3.run import compose_overrides, measured_row
-from experiments.studies.paper_v3.table import append_session, encode_curve, read_rows, write_rows
 from experiments.studies.provenance import provenance
 from experiments.studies.sequence_benchmarks.plan import (
     BUDGET_MINUTES,

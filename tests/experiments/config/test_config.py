@@ -142,7 +142,7 @@ def test_optimiser_config_is_a_partial_over_parameters() -> None:
 
 @pytest.mark.parametrize("preset", ["demo", "adjoint_ablation", "attention_vs_md",
                                     "optuna_search", "study_remedy", "study_ridge", "legend_probe",
-                                    "paper_v3"])
+                                    "paper_v4"])
 def test_experiment_presets_compose(preset: str) -> None:
     config = _typed(f"+experiment={preset}")  # every key known to its schema
     check_components(config)  # and every value accepted by the library
@@ -200,7 +200,7 @@ def test_matched32_attention_arms_have_the_serial_hamburger_parameter_count() ->
     serial segmenter's 32 context channels."""
     counts = {}
     for arm in ("sdpa_matched32", "self_attention_matched32", "nmf_unroll"):
-        cfg = _typed("+experiment=paper_v3", f"+arm={arm}")
+        cfg = _typed("+experiment=paper_v4", f"+arm={arm}")
         module = build_context(cfg.context, 32, ih.FixedPointIteration(), ih.OneStep())
         counts[arm] = sum(p.numel() for p in module.parameters())
     for arm in ("sdpa_matched32", "self_attention_matched32"):

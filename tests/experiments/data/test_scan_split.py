@@ -1,5 +1,5 @@
-"""The three-way scan split of the paper-regime study v3: disjoint by scan, stratified, and a
-deterministic function of the replicate's data seed."""
+"""The three-way scan split of the paper-regime studies (v4, and v3 before it): disjoint by scan,
+stratified, and a deterministic function of the replicate's data seed."""
 
 from __future__ import annotations
 

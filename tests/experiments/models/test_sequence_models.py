@@ -20,7 +20,7 @@ from experiments.models.sequence import (
     StridedConvClassifier1d,
     TokenTransformer,
 )
-from experiments.studies.paper_v3.run import compose_overrides
+from experiments.studies.job_row import compose_overrides
 
 TOKENS = TaskInfo("classification", 12, 1, None, None, length=9, vocab_size=12)
 SERIES = TaskInfo("classification", 10, 1, None, None, length=16)

@@ -23,7 +23,7 @@ def _config(*overrides: str) -> dict:
 
 def test_the_task_names_are_the_presets_datasets() -> None:
     stress = _config("+experiment=adjoint_ablation")
-    paper = _config("+experiment=paper_v3", "+arm=nmf_unroll")
+    paper = _config("+experiment=paper_v4", "+arm=nmf_unroll")
     assert stress["data"]["_target_"].rsplit(".", 1)[-1] == STRESS_TASK
     assert paper["data"]["_target_"].rsplit(".", 1)[-1] == PAPER_TASK
 

@@ -20,11 +20,11 @@ from scipy import stats
 
 import implicit_ham as ih
 from experiments import report
+from experiments.studies.csv_rows import write_row_list
 from experiments.studies.deq_training import report as page_module
 from experiments.studies.deq_training import rows as rows_module
 from experiments.studies.deq_training import run as study_module
 from experiments.studies.deq_training.run import StudyConfig, job_path, run_study
-from experiments.studies.paper_v3.table import write_row_list
 
 TINY = StudyConfig(
     arms=("none", "jacobian"), seeds=(0,), steps=4, batch=16, width=4, groups=2,

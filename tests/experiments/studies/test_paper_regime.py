@@ -1,4 +1,4 @@
-"""The paper regime's machinery (the ``paper_v3`` preset of study v3): same forward value across
+"""The paper regime's machinery (the ``paper_v4`` preset of study v4): same forward value across
 the gradient arms of a ham, the poly schedule, the frozen / fine-tuned backbone, the cached
 pretraining artefact, the task-loss gradients. The paired interval and verdict are tested in
 tests/experiments/reports/test_verdicts.py."""
@@ -52,7 +52,7 @@ def _config(arm: str, artefact: Path, *extra: str) -> TrainConfig:
         cfg = compose(
             "config",
             overrides=[
-                "+experiment=paper_v3",
+                "+experiment=paper_v4",
                 f"+arm={arm}",
                 f"model.pretrained={artefact}",
                 "model.width=16",

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from experiments.studies.paper_v3.plan import BPTT, NO_GRADIENT, ONE_STEP, Job
-from experiments.studies.paper_v3.table import read_row_list, read_rows, write_row_list, write_rows
+from experiments.studies.csv_rows import read_row_list, read_rows, write_row_list, write_rows
 from experiments.studies.paper_v4 import drift, report, rerun, run
+from experiments.studies.paper_v4.jobs import BPTT, NO_GRADIENT, ONE_STEP, Job
 from experiments.studies.paper_v4.plan import (
     HAMS,
     MARGIN,
@@ -152,6 +152,38 @@ def test_the_runner_starts_tuning_first_and_whole_replicates_in_order() -> None:
     replicates = [r for stage, r in rest if stage in ("pretrain", "main")]
     assert replicates == sorted(replicates) and stages[-1] == "secondary"
     assert stages.index("length") > max(i for i, s in enumerate(stages) if s == "main")
+
+
+def test_resume_skips_ok_rows_and_rebuilds_only_the_needed_backbone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From the committed CSV alone (a fresh machine, no study folder): every job ok runs
+    nothing and creates no folder; a failed main job runs again after its own replicate's
+    backbone is rebuilt, and no other."""
+    rows = _tuning_rows()
+    rows.update({j.key: _row(j, val_miou=0.7, test_miou=0.7)
+                 for j in all_jobs(PLAN, rows) if j.key not in rows})  # fmt: skip
+    csv = tmp_path / "docs" / "v4.csv"
+    write_rows(csv, rows, run.COLUMNS)
+    calls: list[str] = []
+
+    def fake_run_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
+        calls.append(job.key)
+        return {**rows[job.key], "status": "ok"}
+
+    monkeypatch.setattr(run, "run_job", fake_run_job)
+    out = tmp_path / "fresh_machine"
+    assert run.run_study(PLAN, out, csv, workers=1)["ran"] == 0
+    assert calls == [] and not out.exists()
+
+    failed = next(j for j in main_jobs(PLAN, rows) if j.replicate == 2)
+    rows_now = read_rows(csv, run.COLUMNS)
+    rows_now[failed.key]["status"] = "failed"
+    write_rows(csv, rows_now, run.COLUMNS)
+    counts = run.run_study(PLAN, out, csv, workers=1)
+    assert calls == ["pretrain-r2", failed.key]  # the backbone of replicate 2 only, then the job
+    assert counts == {"ran": 2, "failed": 0, "skipped": len(rows) - 1}
+    assert read_rows(csv, run.COLUMNS)[failed.key]["status"] == "ok"
 
 
 def _holm(p: list[float]) -> list[float]:

@@ -13,8 +13,8 @@ import torch
 import implicit_ham as ih
 from experiments.engine.build import build_datasets, build_model
 from experiments.engine.checkpoint import read_checkpoint
-from experiments.studies.paper_v3.run import compose_overrides
-from experiments.studies.paper_v3.table import append_session, encode_curve, read_rows, write_rows
+from experiments.studies.csv_rows import append_session, encode_curve, read_rows, write_rows
+from experiments.studies.job_row import compose_overrides
 from experiments.studies.sequence_benchmarks import report, run
 from experiments.studies.sequence_benchmarks.plan import (
     ATTENTION_RUNS,

@@ -1,21 +1,18 @@
-"""What the paper-regime study v3 reads off a finished training job: the test metrics, the val
-curve and the gradient fidelity along training.
+"""What one job of study v4 does: a replicate's backbone (the pretraining job), or a training
+job trained by the engine and read into its row.
 
-* ``test_metrics``: the final model (``checkpoint.pt``) on the replicate's test canvases
-  (``Splits.test``), which neither training nor selection ever sees.
-* ``val_curve``: validation mIoU after every epoch (the job's ``metrics.jsonl``).
-* ``fidelity_curve``: at every epoch-end checkpoint (``checkpoints/step-*.pt``), the cosine of
-  the task-loss gradient the arm trains with to the BPTT gradient at the same weights and K
-  (``experiments.studies.task_gradients.task_loss_gradient``: d loss / dX at the ham's input,
-  the gradient through which the lower bread and the backbone are trained; the parameters above
-  the ham get the same gradient under every mode), on a fixed batch of the first
-  ``FIDELITY_BATCH`` training canvases, eval mode, identical initial bases for both modes.
+* ``pretrain_row``: the replicate's backbone (``OUT/pretrain/replicate<r>.pt``), pretrained on
+  its own clean train scans (``experiments.studies.pretraining``), deterministic, cached.
+* ``train_row``: ``run_training`` in the job's folder, then the final model on the replicate's
+  test canvases (``Splits.test``, which neither training nor selection ever sees) and the val
+  mIoU after every epoch (the job's ``metrics.jsonl``); the step checkpoints are pruned.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 from hydra.utils import instantiate
@@ -27,13 +24,40 @@ from experiments.data.splits import Splits
 from experiments.engine.build import build_context, build_model, context_channels
 from experiments.engine.checkpoint import read_checkpoint, sidecar
 from experiments.engine.file_sinks import read_jsonl
+from experiments.engine.run import run_training
 from experiments.engine.task import Task, evaluate
-from experiments.studies.task_gradients import task_loss_gradient
-from implicit_ham.adjoints.modes import OneStep, Unroll
-from implicit_ham.decompositions.base import Decomposition
+from experiments.studies.paper_v4.jobs import Job
+from experiments.studies.paper_v4.plan import Plan
+from experiments.studies.pretraining import PretrainConf, ensure_pretrained
 
-FIDELITY_BATCH = 16
 STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
+
+
+def backbone_path(out_dir: Path, replicate: int) -> Path:
+    """Where a replicate's pretrained backbone lives (absolute)."""
+    return (out_dir / "pretrain" / f"replicate{replicate}.pt").resolve()
+
+
+def pretrain_conf(plan: Plan, replicate: int) -> PretrainConf:
+    """The replicate's pretraining: its own seed and its own train scans."""
+    return PretrainConf(
+        images=plan.pretrain_images,
+        steps=plan.pretrain_steps,
+        seed=replicate,
+        scan_seed=plan.data_seed(replicate),
+    )
+
+
+def pretrain_row(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
+    """Pretrain (or find) the job's replicate's backbone; its steps, val pixel accuracy, time."""
+    artefact = ensure_pretrained(
+        backbone_path(out_dir, job.replicate), pretrain_conf(plan, job.replicate)
+    )
+    return {
+        "steps": plan.pretrain_steps,
+        "val_pixel_acc": artefact["val_pixel_acc"],
+        "train_s": artefact["seconds"],
+    }
 
 
 def build_splits(cfg: TrainConfig) -> Splits:
@@ -42,7 +66,7 @@ def build_splits(cfg: TrainConfig) -> Splits:
     if not isinstance(splits, Splits) or splits.test is None:
         raise ValueError(
             f"data config {cfg.data!r} gives no test split; the study needs data=digit_seg with "
-            "scan_seed and test_size > 0 (conf/experiment/paper_v3.yaml)"
+            "scan_seed and test_size > 0 (conf/experiment/paper_v4.yaml)"
         )
     return splits
 
@@ -93,35 +117,32 @@ def checkpoint_steps(job_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    denominator = float(a.norm() * b.norm())
-    return float((a * b).sum()) / denominator if denominator > 0 else float("nan")
-
-
-def fidelity_curve(
-    cfg: TrainConfig, job_dir: Path, splits: Splits, through_bases: bool
-) -> list[tuple[int, float]]:
-    """[(step, cosine of the arm's one-step gradient to BPTT's)] at every step checkpoint."""
-    model = build_job_model(cfg, splits)
-    hams = [m for m in model.modules() if isinstance(m, Decomposition)]
-    if len(hams) != 1:
-        raise ValueError(f"fidelity_curve: expected one ham in the model, found {len(hams)}")
-    ham = hams[0]
-    images, masks = (t[:FIDELITY_BATCH] for t in splits.train.tensors)  # type: ignore[attr-defined]
-    task, k = _task(splits), cfg.context.steps  # type: ignore[attr-defined]
-    curve = []
-    for step, path in checkpoint_steps(job_dir):
-        model.load_state_dict(read_checkpoint(path)["model"])
-        used = task_loss_gradient(model, ham, images, masks, task, adjoint=OneStep(),
-                                  through_bases=through_bases, steps=k)  # fmt: skip
-        bptt = task_loss_gradient(model, ham, images, masks, task, adjoint=Unroll(),
-                                  through_bases=False, steps=k)  # fmt: skip
-        curve.append((step, _cosine(used, bptt)))
-    return curve
-
-
 def prune_checkpoints(job_dir: Path) -> None:
     """Delete every step checkpoint but the newest (which marks the job finished on resume)."""
     for _, path in checkpoint_steps(job_dir)[:-1]:
         path.unlink()
         sidecar(path).unlink(missing_ok=True)
+
+
+def train_row(cfg: TrainConfig, job_dir: Path) -> dict[str, Any]:
+    """Train ``cfg`` in ``job_dir`` and read its row: final val metrics, test metrics, val
+    curve, train time (``fidelity``: study v3's gradient-fidelity column, empty here); then
+    prune the step checkpoints."""
+    results = run_training(cfg, job_dir)
+    if results.get("status") != "ok":
+        raise RuntimeError(f"run_training ended with status {results.get('status')!r}")
+    metrics = results["metrics"]
+    splits = build_splits(cfg)
+    curve = val_curve(job_dir)
+    row = {
+        "steps": curve[-1][0] if curve else None,
+        "val_miou": metrics["val/miou"],
+        "val_pixel_acc": metrics["val/pixel_acc"],
+        "val_loss": metrics["val/loss"],
+        **test_metrics(cfg, job_dir, splits),
+        "val_curve": curve,
+        "fidelity": [],
+        "train_s": results["train_time_s"],
+    }
+    prune_checkpoints(job_dir)
+    return row

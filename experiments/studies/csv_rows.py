@@ -1,11 +1,12 @@
-"""The paper-regime study v3's committed raw data: one CSV row per job, and a sessions sidecar.
+"""A study's committed raw data: one CSV row per job, and a sessions sidecar.
 
-``docs/results/paper_v3.csv`` holds one row per finished job (``COLUMNS``), rewritten atomically
-(a temporary file, then ``os.replace``) each time a job ends, so an interrupted study leaves a
-valid file and a study resumed on a fresh machine skips every job whose row says ``ok``. Lists
-(the val curve, the gradient-fidelity curve) are stored as ``;``-separated ``step:value``
-pairs. ``<csv stem>.sessions.csv`` beside it records each invocation of the runner (start and
-end time, jobs run, workers), from which the page states the sweep's measured wall time.
+A study's CSV (``docs/results/paper_v4.csv``, the sequence benchmarks', the DEQ study's) holds
+one row per finished job (``COLUMNS``: the paper-regime studies' columns; a study passes its
+own), rewritten atomically (a temporary file, then ``os.replace``) each time a job ends, so an
+interrupted study leaves a valid file and a study resumed on a fresh machine skips every job
+whose row says ``ok``. Lists (a val curve) are stored as ``;``-separated ``step:value`` pairs.
+``<csv stem>.sessions.csv`` beside it records each invocation of the runner (start and end
+time, jobs run, workers), from which a page states the sweep's measured wall time.
 """
 
 from __future__ import annotations
