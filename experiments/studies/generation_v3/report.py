@@ -206,6 +206,26 @@ def comparison_table(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
     return Table.of(header, body)
 
 
+# the gradient question: each Hamburger gradient against BPTT through the same NMF block
+GRADIENT_PAIRS = (("nmf_one_step", "nmf_unroll"), ("nmf_implicit", "nmf_unroll"))
+
+
+def answers(rows: Sequence[Mapping[str, Any]], plan: Plan) -> list[str]:
+    """The page's answers, one sentence per question, from the paired intervals of the
+    held-out loss: each Hamburger arm against self-attention (the paper's claim), then each
+    gradient against BPTT (does the gradient matter); pairs without two paired seeds say so."""
+    pairs = [(arm, "self_attention") for arm in plan.arms if arm not in PILOT_ARMS]
+    pairs += [p for p in GRADIENT_PAIRS if set(p) <= set(plan.arms)]
+    out = []
+    for a, b in pairs:
+        i = improvement(rows, a, b, plan, plan.seeds)
+        said = ("not enough paired seeds yet" if i is None else
+                f"{i.verdict} (held-out loss of the second minus the first: {i.text}, "
+                f"{i.n} seeds)")  # fmt: skip
+        out.append(f"{ARMS[a][1]} against {ARMS[b][1]}: {said}.")
+    return out
+
+
 def pairing_table(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
     """Per arm: the pairing classifier's held-out balanced accuracy (mean ± sd over its seeds,
     and each seed's), the seeds at a plateau (val loss), its final gamma and time per step."""
@@ -366,6 +386,7 @@ def write_page(
         refs=references(plan),
         arms=arm_table(rows, plan),
         comparison=comparison_table(rows, plan),
+        answers=answers(rows, plan),
         done=len(done & expected),
         expected=len(expected),
         missing=sorted(expected - done),

@@ -18,6 +18,7 @@ from experiments.studies.generation_v3 import run as study_run
 from experiments.studies.generation_v3.figures import mean_curve
 from experiments.studies.generation_v3.plan import ARMS, Job, Plan, job_overrides
 from experiments.studies.generation_v3.report import (
+    answers,
     gate,
     plateau_change,
     provenance_summary,
@@ -91,6 +92,26 @@ def test_the_page_renders_with_zero_and_with_partial_rows(tmp_path: Path) -> Non
     assert "| no context | 3 / 6 | 4.710 |" in page  # mean of 4.70, 4.71, 4.72
     assert "pilot's jobs included, 6 min" in page and "that is 3 wall minutes" in page
     assert (tmp_path / "partial" / "loss_curves.png").stat().st_size > 0
+
+
+def test_the_answers_are_the_paired_intervals_of_each_question() -> None:
+    plan = Plan(seeds=(0, 1, 2))
+    one_step, bptt = [4.4, 4.5, 4.3], [2.8, 2.82, 2.81]
+    rows = [_row("nmf_one_step", s, v, plan) for s, v in enumerate(one_step)]
+    rows += [_row("nmf_unroll", s, v, plan) for s, v in enumerate(bptt)]
+    rows += [_row("self_attention", s, 2.9, plan) for s in range(3)]
+    diffs = [b - a for a, b in zip(one_step, bptt, strict=True)]
+    half = stats.t.ppf(0.975, 2) * statistics.stdev(diffs) / math.sqrt(3)
+    mean = statistics.fmean(diffs)
+    lines = answers(rows, plan)
+    assert len(lines) == 6  # four Hamburger arms against attention, two gradients against BPTT
+    assert lines[4] == (
+        "Hamburger NMF, one-step gradient (HamGAN) against Hamburger NMF, BPTT: worse (held-out "
+        f"loss of the second minus the first: {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
+        ", 3 seeds)."
+    )
+    assert lines[1].startswith("Hamburger NMF, BPTT against self-attention (SAGAN): better")
+    assert lines[2].endswith("not enough paired seeds yet.")  # no implicit rows
 
 
 def test_the_curves_are_averaged_step_by_step_over_seeds() -> None:
