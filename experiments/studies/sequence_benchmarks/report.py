@@ -45,8 +45,8 @@ Rows = Mapping[str, Mapping[str, Any]]
 # H3: quoted from issue 51 (Table 2 of the paper; not checked against the paper here).
 # MNIST-1D: the package's README table (greydanus/mnist1d), checked against it.
 PUBLISHED_H3 = (  # model, induction head, associative recall (% test accuracy)
-    ("random", 5.0, 25.0), ("S4D", 35.6, 86.0), ("GSS", 6.8, 78.0), ("H3", 100.0, 99.8),
-    ("attention", 100.0, 100.0),
+    ("Random", 5.0, 25.0), ("S4D", 35.6, 86.0), ("Gated State Spaces (GSS)", 6.8, 78.0),
+    ("H3", 100.0, 99.8), ("Attention", 100.0, 100.0),
 )  # fmt: skip
 PUBLISHED_MNIST = (  # model, default, shuffled (% test accuracy)
     ("logistic", 32, 32), ("MLP", 68, 68), ("CNN", 94, 56), ("GRU", 91, 57), ("human", 96, "~30"),
