@@ -210,20 +210,59 @@ def comparison_table(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
 GRADIENT_PAIRS = (("nmf_one_step", "nmf_unroll"), ("nmf_implicit", "nmf_unroll"))
 
 
-def answers(rows: Sequence[Mapping[str, Any]], plan: Plan) -> list[str]:
-    """The page's answers, one sentence per question, from the paired intervals of the
-    held-out loss: each Hamburger arm against self-attention (the paper's claim), then each
-    gradient against BPTT (does the gradient matter); pairs without two paired seeds say so."""
+Verdicts = dict[tuple[str, str], Interval | None]
+
+
+def verdicts(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Verdicts:
+    """The page's questions and their paired intervals of the held-out loss: each Hamburger arm
+    against self-attention (the paper's claim), then each gradient against BPTT (does the
+    gradient matter); None where fewer than two seeds are paired."""
     pairs = [(arm, "self_attention") for arm in plan.arms if arm not in PILOT_ARMS]
     pairs += [p for p in GRADIENT_PAIRS if set(p) <= set(plan.arms)]
+    return {(a, b): improvement(rows, a, b, plan, plan.seeds) for a, b in pairs}
+
+
+def answers(rows: Sequence[Mapping[str, Any]], plan: Plan) -> list[str]:
+    """``verdicts`` as one sentence per question."""
     out = []
-    for a, b in pairs:
-        i = improvement(rows, a, b, plan, plan.seeds)
+    for (a, b), i in verdicts(rows, plan).items():
         said = ("not enough paired seeds yet" if i is None else
                 f"{i.verdict} (held-out loss of the second minus the first: {i.text}, "
                 f"{i.n} seeds)")  # fmt: skip
         out.append(f"{ARMS[a][1]} against {ARMS[b][1]}: {said}.")
     return out
+
+
+def extrapolated(row: Mapping[str, Any], plan: Plan, runs: float = 1.0) -> dict[str, Any]:
+    """``row`` with its held-out loss moved on as if its last ``plan.plateau_share`` of training
+    went on falling at the same rate for ``runs`` more whole trainings (linear: an optimistic
+    bound for a curve that slows down)."""
+    losses = [loss for _, loss in row["curve"]]
+    back = max(1, round(plan.plateau_share * len(losses)))
+    drop = losses[max(0, len(losses) - 1 - back)] - losses[-1]
+    return dict(row) | {"val_loss": row["val_loss"] - drop * runs / plan.plateau_share}
+
+
+def plateau_check(rows: Sequence[Mapping[str, Any]], plan: Plan) -> str:
+    """One sentence: which jobs did not reach a plateau, and whether any answer (``answers``)
+    moves when each of them is extrapolated by another whole training run."""
+    mine = [r for r in rows if r["plan"] == plan.digest()]
+    late = [r for r in mine if not r["at_plateau"]]
+    if not late:
+        return f"Every one of the {len(mine)} jobs reached a plateau."
+    listed = ", ".join(f"{r['job']} ({100 * (r['plateau_change'] or 0):.1f} %)" for r in late)
+    moved = [r if r["at_plateau"] else extrapolated(r, plan) for r in mine]
+    said = [{pair: i.verdict if i else "not enough paired seeds" for pair, i in v.items()}
+            for v in (verdicts(mine, plan), verdicts(moved, plan))]  # fmt: skip
+    changed = [f"{ARMS[a][1]} against {ARMS[b][1]} becomes {now}"
+               for (a, b), now in said[1].items() if now != said[0][(a, b)]]  # fmt: skip
+    verdict = ("changes none of the answers above" if not changed else
+               "changes: " + "; ".join(changed))  # fmt: skip
+    return (
+        f"{len(late)} of {len(mine)} jobs did not reach a plateau (their change over the last "
+        f"fifth: {listed}). Extrapolating each one's last-fifth decline over another whole "
+        f"training run (linear, an optimistic bound for a curve that slows down) {verdict}."
+    )
 
 
 def pairing_table(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
@@ -387,6 +426,7 @@ def write_page(
         arms=arm_table(rows, plan),
         comparison=comparison_table(rows, plan),
         answers=answers(rows, plan),
+        plateau=plateau_check(rows, plan),
         done=len(done & expected),
         expected=len(expected),
         missing=sorted(expected - done),

@@ -19,8 +19,10 @@ from experiments.studies.generation_v3.figures import mean_curve
 from experiments.studies.generation_v3.plan import ARMS, Job, Plan, job_overrides
 from experiments.studies.generation_v3.report import (
     answers,
+    extrapolated,
     gate,
     plateau_change,
+    plateau_check,
     provenance_summary,
     read_rows,
     write_page,
@@ -112,6 +114,24 @@ def test_the_answers_are_the_paired_intervals_of_each_question() -> None:
     )
     assert lines[1].startswith("Hamburger NMF, BPTT against self-attention (SAGAN): better")
     assert lines[2].endswith("not enough paired seeds yet.")  # no implicit rows
+
+
+def test_a_job_off_its_plateau_is_extrapolated_and_the_answers_rechecked() -> None:
+    plan = Plan(seeds=(0, 1, 2))  # plateau_share 0.2: over 10 points, the last fifth is 2 steps
+    curve = [[64 * (k + 1), 3.0 - 0.1 * k] for k in range(10)]  # falls 0.2 over the last fifth
+    rows = [_row("nmf_unroll", s, 1.5, plan) for s in range(3)]
+    rows += [_row("nmf_one_step", s, 1.6 + 0.01 * s, plan) for s in range(3)]
+    assert plateau_check(rows, plan) == "Every one of the 6 jobs reached a plateau."
+    assert extrapolated(rows[3] | {"curve": curve}, plan)["val_loss"] == pytest.approx(0.6)
+    flat = rows[3] | {"at_plateau": False, "plateau_change": 0.015, "curve": curve[:2] * 5}
+    text = plateau_check([*rows[:3], flat, *rows[4:]], plan)
+    assert text.startswith("1 of 6 jobs did not reach a plateau") and "-s0 (1.5 %)" in text
+    assert "changes none of the answers above" in text  # a flat curve extrapolates to itself
+    # one-step worse than BPTT by 0.10-0.12 on every seed; seed 0 extrapolated to 0.6 is not
+    steep = rows[3] | {"at_plateau": False, "plateau_change": 0.2 / 2.3, "curve": curve}
+    text = plateau_check([*rows[:3], steep, *rows[4:]], plan)
+    assert "nmf_one_step-s0 (8.7 %)" in text
+    assert "Hamburger NMF, one-step gradient (HamGAN) against Hamburger NMF, BPTT becomes" in text
 
 
 def test_the_curves_are_averaged_step_by_step_over_seeds() -> None:
