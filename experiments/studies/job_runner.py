@@ -7,20 +7,68 @@ A study supplies its jobs (anything with ``key``, ``stage``, ``replicate``), a p
 rows, when a job is ready (its replicate's backbone exists) and the order in which ready jobs
 start. A job whose row says ``ok`` is never run again, so the study resumes from the committed
 CSV alone; a failed job is retried only by the next invocation.
+
+A runner stops on SIGTERM or SIGINT (``StopRequest``): it starts no new job, waits for the jobs
+in flight (a job that got the signal too, as ``kill -- -PGID`` sends it to the whole group,
+checkpoints at its next step and ends ``PreemptedError``; the engine's own guard handles it
+there) and logs how many jobs did not start; a job stopped that way also stops the runner. A
+second signal exits at once. The same command resumes.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
+import types
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
+from experiments.engine.preemption import PreemptionGuard
+
 logger = logging.getLogger(__name__)
 
 Row = dict[str, Any]
+
+
+class StopRequest(PreemptionGuard):
+    """A study runner's guard over SIGTERM and SIGINT: the first one asks the runner to start
+    no new job (``requested``); a second exits at once."""
+
+    def __init__(self) -> None:
+        super().__init__([signal.SIGTERM, signal.SIGINT])
+
+    def _handle(self, signum: int, frame: types.FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.signum is not None:
+            logger.error("second %s: exiting now", name)
+            os._exit(128 + signum)
+        self.signum = signum
+        logger.warning("received %s: starting no new job, waiting for those in flight; send "
+                       "it again to exit at once", name)  # fmt: skip
+
+    def __enter__(self) -> StopRequest:
+        super().__enter__()
+        return self
+
+    def stop(self, row: Mapping[str, Any]) -> bool:
+        """Whether to start no new job after ``row``: a signal arrived, or ``row``'s job was
+        stopped by one (its error names ``PreemptedError`` or ``KeyboardInterrupt``)."""
+        error = str(row.get("error") or "")
+        return self.requested() or error.startswith(("PreemptedError", "KeyboardInterrupt"))
+
+    def report(self, not_started: int) -> None:
+        """When the runner stopped with ``not_started`` jobs left: log how many and how to
+        resume, and exit with 128 + the signal's number (SIGTERM's when only a job's own guard
+        saw it), as a stopped job does, so that the next stage of a ``make`` target does not
+        start."""
+        if not_started:
+            logger.warning("stopped: %d job(s) not started; run the same command to resume",
+                           not_started)  # fmt: skip
+            raise SystemExit(128 + (self.signum or signal.SIGTERM))
 
 
 @dataclass(frozen=True)
@@ -68,30 +116,40 @@ def run_schedule(schedule: Schedule, rows: dict[str, Row], workers: int = 2) -> 
         schedule.write(rows)
         logger.info("%s: %s (%d ran)", job.key, row["status"], counts["ran"])
 
-    try:
-        while True:
-            in_flight = {j.key for j in running.values()}
-            todo = [j for j in schedule.pending(rows)
-                    if j.key not in settled and j.key not in in_flight]  # fmt: skip
-            ready = sorted(
-                (j for j in todo if schedule.ready(j, settled_pretrain)), key=schedule.order
-            )
-            if not ready and not running:
-                break
-            if pool is None:
-                if not ready:
+    stopping = False
+    with StopRequest() as guard:
+        try:
+            while True:
+                in_flight = {j.key for j in running.values()}
+                todo = [j for j in schedule.pending(rows)
+                        if j.key not in settled and j.key not in in_flight]  # fmt: skip
+                stopping = stopping or guard.requested()
+                ready = (
+                    []
+                    if stopping
+                    else sorted(
+                        (j for j in todo if schedule.ready(j, settled_pretrain)), key=schedule.order
+                    )
+                )
+                if not ready and not running:
                     break
-                record(ready[0], schedule.run(ready[0], *schedule.args))
-                continue
-            for job in ready[: max(workers - len(running), 0)]:
-                running[pool.submit(schedule.run, job, *schedule.args)] = job
-            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
-            for future in done:
-                record(running.pop(future), future.result())
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-        counts["skipped"] = len(skipped_at_start)
-        if counts["ran"]:
-            schedule.session(started, time.time(), counts["ran"])
+                if pool is None:
+                    record(ready[0], schedule.run(ready[0], *schedule.args))
+                    stopping = guard.stop(rows[ready[0].key])
+                    continue
+                for job in ready[: max(workers - len(running), 0)]:
+                    running[pool.submit(schedule.run, job, *schedule.args)] = job
+                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for future in done:
+                    job = running.pop(future)
+                    record(job, future.result())
+                    stopping = stopping or guard.stop(rows[job.key])
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+            counts["skipped"] = len(skipped_at_start)
+            if counts["ran"]:
+                schedule.session(started, time.time(), counts["ran"])
+        if stopping:
+            guard.report(len([j for j in schedule.pending(rows) if j.key not in settled]))
     return counts

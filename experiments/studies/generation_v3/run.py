@@ -39,6 +39,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +49,13 @@ from hydra import compose, initialize_config_dir
 from experiments.config.groups import TrainConfig, register_configs
 from experiments.config.typed import typed_config
 from experiments.engine.file_sinks import read_jsonl
+from experiments.engine.preemption import PreemptedError
 from experiments.engine.run import run_training
 from experiments.studies.generation_v3.plan import Job, Plan, job_overrides
 from experiments.studies.generation_v3.report import gate, plateau_change, read_rows
 from experiments.studies.generation_v3.samples import job_samples
 from experiments.studies.job_row import peak_memory_mb, reset_peak_memory
+from experiments.studies.job_runner import StopRequest
 from experiments.studies.provenance import provenance
 
 logger = logging.getLogger(__name__)
@@ -206,22 +209,39 @@ def run_stage(
         jobs = pending(plan.pilot_jobs() if stage == "pilot" else plan.main_jobs(),
                        plan.digest(), results)  # fmt: skip
     logger.info("%s: %d job(s) to run", stage, len(jobs))
-    if workers <= 1:
-        for job in jobs:
-            append_row(results, _runner(stage)(job, plan, out_dir))
-        return len(jobs)
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        running: dict[Future[dict[str, Any]], Job] = {}
-        queue = list(jobs)
-        while queue or running:
-            while queue and len(running) < workers:
-                job = queue.pop(0)
-                running[pool.submit(_worker, stage, job, plan, out_dir)] = job
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                running.pop(future)
-                append_row(results, future.result())
-    return len(jobs)
+    queue, stop = list(jobs), False
+    running: dict[Future[dict[str, Any]], bool] = {}
+    pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
+    with StopRequest() as guard:
+        try:
+            while (queue and not stop) or running:
+                if pool is None:
+                    job = partial(_worker, stage, queue.pop(0), plan, out_dir)
+                    stop = not _record(results, job)
+                else:
+                    while queue and len(running) < workers and not stop:
+                        running[pool.submit(_worker, stage, queue.pop(0), plan, out_dir)] = True
+                    done, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        del running[future]
+                        stop = not _record(results, future.result) or stop
+                stop = stop or guard.requested()
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+        guard.report(len(queue) if stop else 0)
+    return len(jobs) - len(queue)
+
+
+def _record(results: Path, row: Callable[[], dict[str, Any]]) -> bool:
+    """Append the row ``row()`` returns to ``results``; False (no row) when its job was
+    preempted (``PreemptedError``: it checkpointed, and the next run resumes it)."""
+    try:
+        append_row(results, row())
+    except PreemptedError as stopped:
+        logger.warning("%s", stopped)
+        return False
+    return True
 
 
 def backfill_samples(out_dir: Path, results: Path, plan: Plan) -> int:
