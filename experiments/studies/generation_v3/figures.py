@@ -7,6 +7,7 @@ arm's seeds step by step, so the page shows whether every arm trained to its pla
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -53,3 +54,13 @@ def curve_figure(
 def job_minutes(rows: Sequence[Mapping[str, Any]]) -> float:
     """The rows' training time summed, in minutes (one thread a job)."""
     return sum(float(r["train_time_s"]) for r in rows) / 60
+
+
+def projected_minutes(rows: Sequence[Mapping[str, Any]], jobs_per_arm: int) -> float:
+    """Job minutes of ``jobs_per_arm`` jobs of every arm in ``rows``, each at its arm's fastest
+    measured job (the time at the lowest load it met: a projection for idle cores that still
+    overstates them when every job of an arm ran under load)."""
+    fastest: dict[str, float] = {}
+    for r in rows:
+        fastest[r["arm"]] = min(fastest.get(r["arm"], math.inf), float(r["train_time_s"]))
+    return sum(fastest.values()) * jobs_per_arm / 60

@@ -30,7 +30,7 @@ import torch
 from experiments.data.far_twins import FarTwinsDataset, right_cell
 from experiments.reports.render import Table, render_beside
 from experiments.reports.verdicts import paired_interval
-from experiments.studies.generation_v3.figures import curve_figure, job_minutes
+from experiments.studies.generation_v3.figures import curve_figure, job_minutes, projected_minutes
 from experiments.studies.generation_v3.plan import ARMS, PILOT_ARMS, Plan
 
 DEFAULT_RESULTS = Path("docs/generation_v3/results.jsonl")
@@ -265,6 +265,29 @@ def plateau_check(rows: Sequence[Mapping[str, Any]], plan: Plan) -> str:
     )
 
 
+def failure_note(rows: Sequence[Mapping[str, Any]], plan: Plan, digest: str, what: str) -> str:
+    """One sentence per arm whose jobs (rows of ``digest``) failed an implicit layer's check on
+    most of their training steps: how many steps, and what its answers then measure. For the
+    implicit gradient that check is the forward state's residual (``backward_not_fixed_point``
+    in ``implicit_ham.reliability.failures``): a Hamburger's K-step solve is not a fixed point,
+    so the implicit function theorem's gradient is applied where it does not hold."""
+    out = []
+    for arm in plan.arms:
+        mine = [r for r in rows if r["plan"] == digest and r["arm"] == arm]
+        failed = sum(int(r.get("failures") or 0) for r in mine)
+        steps = sum(int(r.get("steps") or 0) for r in mine)
+        if steps and failed > steps / 2:
+            out.append(
+                f"{ARMS[arm][1]}, {what}: {failed} of its {steps} training steps over "
+                f'{len(mine)} jobs were counted as failures by the engine\'s policy ("warn": '
+                "training went on); for an implicit gradient that is a forward state whose "
+                "residual exceeds the adjoint's fixed-point tolerance (the K-step solve does "
+                "not converge), so its answers measure the implicit formula applied at the "
+                "solver's last iterate, not the exact gradient of a converged solve."
+            )
+    return " ".join(out)
+
+
 def pairing_table(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
     """Per arm: the pairing classifier's held-out balanced accuracy (mean ± sd over its seeds,
     and each seed's), the seeds at a plateau (val loss), its final gamma and time per step."""
@@ -427,6 +450,10 @@ def write_page(
         comparison=comparison_table(rows, plan),
         answers=answers(rows, plan),
         plateau=plateau_check(rows, plan),
+        failure_note=failure_note(rows, plan, plan.digest(), "main stage"),
+        pairing_failure_note=failure_note(
+            pairing_rows, plan, plan.pairing_digest(), "pairing check"
+        ),
         done=len(done & expected),
         expected=len(expected),
         missing=sorted(expected - done),
@@ -447,6 +474,8 @@ def write_page(
         main_minutes=job_minutes(mine),
         samples_minutes=sum(float(r.get("samples_time_s", 0.0)) for r in mine) / 60,
         pairing_minutes=job_minutes(pairing_rows),
+        main_projected=projected_minutes(mine, len(plan.seeds)),
+        pairing_projected=projected_minutes(pairing_rows, len(plan.pairing_seeds)),
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)

@@ -15,11 +15,12 @@ from scipy import stats
 
 from experiments.engine.file_sinks import read_jsonl
 from experiments.studies.generation_v3 import run as study_run
-from experiments.studies.generation_v3.figures import mean_curve
+from experiments.studies.generation_v3.figures import mean_curve, projected_minutes
 from experiments.studies.generation_v3.plan import ARMS, Job, Plan, job_overrides
 from experiments.studies.generation_v3.report import (
     answers,
     extrapolated,
+    failure_note,
     gate,
     plateau_change,
     plateau_check,
@@ -132,6 +133,23 @@ def test_a_job_off_its_plateau_is_extrapolated_and_the_answers_rechecked() -> No
     text = plateau_check([*rows[:3], steep, *rows[4:]], plan)
     assert "nmf_one_step-s0 (8.7 %)" in text
     assert "Hamburger NMF, one-step gradient (HamGAN) against Hamburger NMF, BPTT becomes" in text
+
+
+def test_an_arm_failing_its_check_on_most_steps_is_named_with_its_counts() -> None:
+    plan = Plan(seeds=(0, 1, 2), pilot_seeds=(0, 1))
+    rows = [_row(arm, s, 2.0, plan) | {"steps": 100, "failures": failures}
+            for arm, failures in (("nmf_implicit", 100), ("nmf_unroll", 0), ("vq_one_step", 40))
+            for s in (0, 1)]  # fmt: skip
+    note = failure_note(rows, plan, plan.digest(), "main stage")
+    assert note.startswith("Hamburger NMF, implicit gradient, main stage: 200 of its 200 training")
+    assert "VQ" not in note and "BPTT" not in note  # 40 % of steps, and none: not named
+    assert failure_note(rows, plan, "another plan", "main stage") == ""
+
+
+def test_the_projection_takes_each_arms_fastest_job() -> None:
+    rows = [{"arm": "a", "train_time_s": t} for t in (120.0, 60.0, 600.0)]
+    rows += [{"arm": "b", "train_time_s": 30.0}]
+    assert projected_minutes(rows, jobs_per_arm=4) == pytest.approx((60 + 30) * 4 / 60)
 
 
 def test_the_curves_are_averaged_step_by_step_over_seeds() -> None:
