@@ -57,13 +57,12 @@ study-v4: install
 # 3 seeds), the page, then (only if the gate passed: else `main` exits non-zero) 6 arms x 6 seeds
 # (the pilot's jobs reused), two jobs at a time, one thread each, then the page. Resumable:
 # finished jobs are rows of GEN_RESULTS (commit it) and are skipped; a stopped job resumes from
-# its checkpoints in GEN_DIR. Estimated 20-25 min on 2 cores with 2 workers (one-thread ms per
-# step, evaluation included, at load average 3.6 on this 2-core machine: none 9.8, self-attention
-# 15.9, NMF one-step 16.1, BPTT 20.1, implicit 69.4, VQ one-step 26.1; 36 jobs of 2560 steps;
-# about 3x slower at load average 6-8; peak RSS about 470 MiB a job). Then the pairing check:
-# every arm's real-vs-recombined classifier over 8 seeds (48 jobs of 7680 steps, rows in
-# GEN_PAIRING): a self-attention job took 85 s of CPU (200 s wall at load average 8); scaled by
-# the arms' ratios above, about 110 min of job CPU time, about an hour on 2 idle cores.
+# its checkpoints in GEN_DIR. Measured on 2 idle cores, two workers: seed 0 of the six arms took
+# 186 s wall (344 s of job time, the NMF implicit job 162 s of it), so the 36 main jobs take
+# about 19 min. Then the pairing check: every arm's real-vs-recombined classifier over 8 seeds
+# (48 jobs of 7680 steps, rows in GEN_PAIRING): 28 of them ran in 50 min wall on nearly idle
+# cores; each arm's fastest job projects the 48 to 134 job minutes, about 67 min wall. The page's
+# Compute section gives the projection from the rows.
 GEN_DIR ?= multirun/generation_v3
 GEN_RESULTS ?= docs/generation_v3/results.jsonl
 GEN_PAIRING ?= docs/generation_v3/pairing.jsonl

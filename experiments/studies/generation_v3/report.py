@@ -18,6 +18,7 @@ accuracy and its paired interval against no context, ``accuracy(a) - accuracy(no
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 from collections.abc import Mapping, Sequence
@@ -50,6 +51,37 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
             row = json.loads(line)
             rows[row["job"]] = row
     return list(rows.values())
+
+
+def rerun_check(path: Path, digest: str) -> str:
+    """One sentence on the jobs of plan ``digest`` run more than once in the results file (a
+    later row replaces the earlier one): how many re-runs reproduced the held-out loss of the
+    row before them bit for bit, and by how much the others moved (per arm, the largest)."""
+    if not path.exists():
+        return ""
+    history: dict[str, list[dict[str, Any]]] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line) if line.strip() else None
+        if row is not None and row["plan"] == digest:
+            history.setdefault(row["job"], []).append(row)
+    pairs = [(a, b) for rows in history.values() for a, b in itertools.pairwise(rows)]
+    if not pairs:
+        return ""
+    moved: dict[str, float] = {}
+    commits = set()
+    for before, after in pairs:
+        if after["val_loss"] != before["val_loss"]:
+            change = abs(after["val_loss"] - before["val_loss"])
+            moved[after["arm"]] = max(moved.get(after["arm"], 0.0), change)
+            commits.add((before.get("commit") or "not recorded", after.get("commit")))
+    same = sum(a["val_loss"] == b["val_loss"] for a, b in pairs)
+    said = "; ".join(f"{ARMS[arm][1]} by up to {change:.4f}" for arm, change in moved.items())
+    runs = ", ".join(f"{a} to {b}" for a, b in sorted(commits))
+    return (
+        f"Re-runs: {len(pairs)} rows re-ran a job that already had a row (the later row counts): "
+        f"{same} reproduced the held-out loss of the row before them bit for bit"
+        + (f"; the others moved ({said}; library commits {runs})." if moved else ".")
+    )
 
 
 def plateau_change(losses: Sequence[float], share: float) -> float | None:
@@ -469,6 +501,7 @@ def write_page(
         ),
         accuracies=classifier_accuracies(rows, plan),
         provenance=provenance_summary(mine),
+        reruns=rerun_check(results, plan.digest()),
         pairing_provenance=provenance_summary(pairing_rows),
         figures=figures.name,
         main_minutes=job_minutes(mine),

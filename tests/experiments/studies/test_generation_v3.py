@@ -26,6 +26,7 @@ from experiments.studies.generation_v3.report import (
     plateau_check,
     provenance_summary,
     read_rows,
+    rerun_check,
     write_page,
 )
 from experiments.studies.provenance import cpu_model, library_commit
@@ -150,6 +151,23 @@ def test_the_projection_takes_each_arms_fastest_job() -> None:
     rows = [{"arm": "a", "train_time_s": t} for t in (120.0, 60.0, 600.0)]
     rows += [{"arm": "b", "train_time_s": 30.0}]
     assert projected_minutes(rows, jobs_per_arm=4) == pytest.approx((60 + 30) * 4 / 60)
+
+
+def test_a_rerun_is_compared_with_the_row_it_replaces(tmp_path: Path) -> None:
+    plan = Plan()
+    path = tmp_path / "results.jsonl"
+    assert rerun_check(path, plan.digest()) == ""
+    first = [_row("none", 0, 4.5, plan), _row("nmf_implicit", 0, 2.9, plan)]
+    again = [_row("none", 0, 4.5, plan) | {"commit": "bbb"},
+             _row("nmf_implicit", 0, 2.93, plan) | {"commit": "bbb"}]  # fmt: skip
+    other = [_row("none", 0, 9.0, plan) | {"plan": "another"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in first + other))
+    assert rerun_check(path, plan.digest()) == ""  # one row per job of this plan
+    path.write_text("".join(json.dumps(r) + "\n" for r in first + other + again))
+    text = rerun_check(path, plan.digest())
+    assert text.startswith("Re-runs: 2 rows re-ran a job") and "1 reproduced" in text
+    assert "Hamburger NMF, implicit gradient by up to 0.0300" in text
+    assert "library commits not recorded to bbb" in text and "no context by" not in text
 
 
 def test_the_curves_are_averaged_step_by_step_over_seeds() -> None:
