@@ -68,6 +68,7 @@ from experiments.studies.deq_training.rows import (
     job_row,
     read_rows,
 )
+from experiments.studies.job_runner import StopRequest
 from experiments.studies.provenance import provenance
 
 logger = logging.getLogger(__name__)
@@ -472,14 +473,22 @@ def run_study(
     def record(result: dict[str, Any]) -> None:
         append_row(csv_path, job_row(result, result["provenance"]))
 
-    if workers <= 1:
-        for arm, seed in todo:
-            record(run_job(config, arm, seed, out_dir))
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(run_job, config, a, s, out_dir) for a, s in todo]
-            for future in as_completed(futures):
-                record(future.result())
+    with StopRequest() as guard:  # a signal: no new job starts, those in flight finish
+        if workers <= 1:
+            for n, (arm, seed) in enumerate(todo):
+                if guard.requested():
+                    guard.report(len(todo) - n)
+                record(run_job(config, arm, seed, out_dir))
+        else:
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                futures = [pool.submit(run_job, config, a, s, out_dir) for a, s in todo]
+                for future in as_completed(futures):
+                    if not future.cancelled():
+                        record(future.result())
+                    if guard.requested():
+                        for later in futures:
+                            later.cancel()
+            guard.report(sum(f.cancelled() for f in futures) if guard.requested() else 0)
     return done
 
 

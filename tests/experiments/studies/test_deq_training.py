@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import signal
 import statistics
 from pathlib import Path
 from typing import Any
@@ -290,3 +292,21 @@ def test_a_non_finite_step_ends_the_job_with_its_step_named(
     assert [s["step"] for s in job["steps"]] == [1, 2]
     assert [p["step"] for p in job["probes"]] == [0, 2]
     assert json.loads(job_path(tmp_path, "none", 0).read_text())["failure"] == job["failure"]
+
+
+def test_a_sigterm_lets_the_job_in_flight_finish_and_starts_no_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = study_module.run_job
+
+    def signalled(config: StudyConfig, arm: str, seed: int, out_dir: Path) -> dict:
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives while this job runs
+        return real(config, arm, seed, out_dir)
+
+    monkeypatch.setattr(study_module, "run_job", signalled)
+    with pytest.raises(SystemExit) as stopped:
+        run_study(TINY, tmp_path)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert [r["arm"] for r in rows_module.read_rows(tmp_path / "runs.csv")] == ["none"]
+    monkeypatch.setattr(study_module, "run_job", real)
+    assert run_study(TINY, tmp_path) == {"ran": ["jacobian_seed0"], "skipped": ["none_seed0"]}
