@@ -107,6 +107,7 @@ class Page:
     cost: list[TierCost]
     wall_minutes: float | None
     job_minutes: float
+    recorded_jobs: int  # jobs run by the invocations the sessions sidecar records
     job_times: Table
     provenance: str
 
@@ -311,6 +312,7 @@ def build(rows: Rows, plan: Plan, csv: str, sessions: Sequence[Mapping[str, Any]
         pending=pending, total_jobs=len(planned), done_jobs=len(ok & {j.key for j in planned}),
         failed=sorted(k for k, r in rows.items() if r["status"] != "ok"),
         tiers=_tier_table(plan, ok, projected), cost=projected, wall_minutes=wall,
+        recorded_jobs=sum(int(s["jobs_run"]) for s in mine),
         job_minutes=sum(float(rows[k]["train_s"]) for k in ok) / 60,
         job_times=Table.of(("job", "tier", "train s", "epochs run"), times),
         provenance="; ".join(machines) or "no rows yet",

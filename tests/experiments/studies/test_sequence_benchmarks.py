@@ -268,8 +268,14 @@ def test_report_renders_from_a_fixture_csv(tmp_path: Path) -> None:
         in text
     )
     assert "s0 solved at epoch 4; s1 solved at epoch 4; s2 rising" in text
-    assert "Measured wall time** of the runner's invocations of this plan: 90 minutes" in text
-    assert "(6 minutes of training summed over the finished jobs)" in text
+    assert ("Measured wall time** of the runner's invocations recorded in the sessions "
+            "sidecar: 90 minutes, in which they ran 6 jobs") in text  # fmt: skip
+    assert "not the wall time of the whole run" not in text  # it recorded all 6 finished jobs
+    assert "6 minutes of training summed over the finished jobs" in text
+    recorded = [{"started": 0.0, "finished": 600.0, "jobs_run": 2, "plan": plan.digest()}]
+    text = report.render(report.build(rows, plan, str(csv), recorded))
+    assert "ran 2 jobs (failed and preempted ones included); the other finished jobs" in text
+    assert "so this is not the wall time of the whole run" in text
     assert "| 2 | Hamburger mixers under OneStep" in text and "| 3 of 12 |" in text
     assert "nmf_one_step − attention_bidirectional, paired by seed have run" in text  # pending
     assert "The plan fits the issue's budget of 120 minutes" in text  # tiers 1-2 only
