@@ -85,7 +85,8 @@ SANITY_COMMON = (
     "optim=adam", "optim.lr=1e-2", "optim.weight_decay=0", "batch_size=100",
     "stop_at_accuracy=1.0",
 )  # fmt: skip
-DEQ_SOLVER = ("solver=fixed_point", "solver.max_steps=20", "solver.tol=1e-3")
+DEQ_MAX_STEPS = 20
+DEQ_SOLVER = ("solver=fixed_point", f"solver.max_steps={DEQ_MAX_STEPS}", "solver.tol=1e-3")
 ADJOINTS = ("one_step", "unroll", "implicit")
 DEQ_ADJOINTS = ("unroll", "one_step", "phantom", "neumann", "implicit")
 

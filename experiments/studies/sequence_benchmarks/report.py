@@ -28,6 +28,7 @@ from experiments.studies.sequence_benchmarks.plan import (
     ATTENTION_RUNS,
     ATTENTION_SOLVED_AT,
     BUDGET_MINUTES,
+    DEQ_MAX_STEPS,
     EPOCH_S,
     H3_TASKS,
     TIERS,
@@ -108,6 +109,7 @@ class Page:
     wall_minutes: float | None
     job_minutes: float
     recorded_jobs: int  # jobs run by the invocations the sessions sidecar records
+    notes: dict[str, str]  # per benchmark: what its table's numbers do not say (or "")
     job_times: Table
     provenance: str
 
@@ -174,6 +176,35 @@ def _table(plan: Plan, rows: Rows, benchmark: str) -> Table:
     header = ("arm", "epoch cap", "test acc. % (mean ± sd)", "published %", "per seed",
               "epochs run", "s / epoch", "forward steps", "ρ(J) at the end")  # fmt: skip
     return Table.of(header, body)
+
+
+def fixed_point_note(rows: Rows, benchmark: str) -> str:
+    """For a benchmark with DEQ rows (a ``spectral_radius``): how many jobs never reached a
+    fixed point (the forward solve used all ``DEQ_MAX_STEPS`` steps on average over training
+    and ρ(J) at the end is at least 1) and what that means for the modes that differentiate at
+    one; "" without DEQ rows."""
+    deq = [r for r in rows.values() if r.get("benchmark") == benchmark and r["status"] == "ok"
+           and r.get("spectral_radius") not in (None, "")]  # fmt: skip
+    if not deq:
+        return ""
+    stuck = [r for r in deq if float(r["forward_steps"]) >= DEQ_MAX_STEPS
+             and float(r["spectral_radius"]) >= 1]  # fmt: skip
+    if not stuck:
+        return (f"Fixed points: every one of the {len(deq)} DEQ jobs ended with ρ(J) below 1 or "
+                "its forward solve under its step cap.")  # fmt: skip
+    rho = [float(r["spectral_radius"]) for r in stuck]
+    counted = [int(float(r["failures"])) for r in stuck if r.get("failures") not in (None, "")]
+    failures = (f"the engine counted {min(counted)} to {max(counted)} failures per job, by its "
+                "policy" if counted else "the engine counts each such step")  # fmt: skip
+    return (
+        f"Fixed points: in {len(stuck)} of {len(deq)} DEQ jobs the forward solve used all "
+        f"{DEQ_MAX_STEPS} of its steps on average over training and ρ(J) at the end is above 1 "
+        f"({min(rho):.2f} to {max(rho):.2f}): there the cell has no attracting fixed point, so "
+        "the accuracy is that of a 20-step unrolled network, and the modes that differentiate at "
+        f"a fixed point (phantom, Neumann, implicit) apply their formula where it does not hold "
+        f"({failures}). The spectral norm bounds the convolution only, not the GroupNorm after "
+        "it."
+    )
 
 
 def learning_status(curve: Sequence[tuple[int, float]]) -> str:
@@ -313,6 +344,7 @@ def build(rows: Rows, plan: Plan, csv: str, sessions: Sequence[Mapping[str, Any]
         failed=sorted(k for k, r in rows.items() if r["status"] != "ok"),
         tiers=_tier_table(plan, ok, projected), cost=projected, wall_minutes=wall,
         recorded_jobs=sum(int(s["jobs_run"]) for s in mine),
+        notes={b: fixed_point_note(rows, b) for b in plan.benchmarks},
         job_minutes=sum(float(rows[k]["train_s"]) for k in ok) / 60,
         job_times=Table.of(("job", "tier", "train s", "epochs run"), times),
         provenance="; ".join(machines) or "no rows yet",

@@ -284,3 +284,20 @@ def test_report_renders_from_a_fixture_csv(tmp_path: Path) -> None:
     for r in ATTENTION_RUNS:  # the measured attention jobs, as the plan records them
         row = f"| {report.TITLES[r.benchmark]} | {r.mixer} | {r.epochs} | {100 * r.best:.1f} |"
         assert row in text
+
+
+def test_deq_jobs_without_an_attracting_fixed_point_are_named() -> None:
+    def deq(arm: str, steps: float, rho: float, failures: str = "800") -> dict[str, object]:
+        return {"benchmark": "mnist1d", "arm": arm, "status": "ok", "forward_steps": steps,
+                "spectral_radius": rho, "failures": failures}  # fmt: skip
+
+    mlp = {"benchmark": "mnist1d", "arm": "mlp", "status": "ok", "spectral_radius": ""}
+    rows = {"a": deq("deq_unroll_none", 20.0, 1.18), "c": deq("deq_implicit_none", 7.5, 0.62),
+            "b": deq("deq_neumann_none", 20.0, 1.81, "1600"), "d": mlp}  # fmt: skip
+    note = report.fixed_point_note(rows, "mnist1d")
+    assert note.startswith("Fixed points: in 2 of 3 DEQ jobs the forward solve used all 20")
+    assert "(1.18 to 1.81)" in note and "counted 800 to 1600 failures per job" in note
+    assert report.fixed_point_note({"c": rows["c"]}, "mnist1d").startswith(
+        "Fixed points: every one of the 1 DEQ jobs"
+    )
+    assert report.fixed_point_note(rows, "h3_induction") == ""  # no DEQ rows there
