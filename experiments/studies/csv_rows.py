@@ -15,7 +15,7 @@ import csv
 import io
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,9 +82,14 @@ def write_rows(
     _write_atomic(Path(path), columns, ordered)
 
 
-def read_row_list(path: str | Path, columns: Sequence[str] = COLUMNS) -> list[dict[str, Any]]:
+def read_row_list(
+    path: str | Path,
+    columns: Sequence[str] = COLUMNS,
+    parse: Callable[[str, str], Any] | None = None,
+) -> list[dict[str, Any]]:
     """Every row of the CSV in file order, typed (a job may have several: re-runs); [] when
-    the file does not exist. ``columns``: the study's columns."""
+    the file does not exist. ``columns``: the study's columns; ``parse(column, text)``: the
+    study's typing of a cell (default: this module's)."""
     path = Path(path)
     if not path.exists():
         return []
@@ -93,7 +98,8 @@ def read_row_list(path: str | Path, columns: Sequence[str] = COLUMNS) -> list[di
         missing = set(columns) - set(reader.fieldnames or ())
         if missing:
             raise ValueError(f"{path}: columns {sorted(missing)} missing; is it this study's CSV?")
-        return [{c: _parse(c, row[c]) for c in columns} for row in reader]
+        typed = parse or _parse
+        return [{c: typed(c, row[c]) for c in columns} for row in reader]
 
 
 def read_rows(path: str | Path, columns: Sequence[str] = COLUMNS) -> dict[str, dict[str, Any]]:

@@ -9,7 +9,6 @@ job whose row exists (also on a fresh machine), and the page is rendered from th
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import statistics
@@ -17,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.studies.csv_rows import decode_curve, encode_curve, write_row_list
+from experiments.studies.csv_rows import decode_curve, encode_curve, read_row_list, write_row_list
 
 WARNING_KINDS = ("NotFixedPointWarning", "ConvergenceWarning", "ConditioningWarning")
 CURVES = {  # column -> the probe key it plots (forward_curve: every training step)
@@ -96,15 +95,7 @@ def _parse(column: str, text: str) -> Any:
 
 def read_rows(path: str | Path) -> list[Row]:
     """The CSV's rows, typed, in file order; [] when the file does not exist."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    with path.open(encoding="utf-8", newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = set(COLUMNS) - set(reader.fieldnames or ())
-        if missing:
-            raise ValueError(f"{path}: columns {sorted(missing)} missing; not the DEQ study's CSV")
-        return [{c: _parse(c, r[c]) for c in COLUMNS} for r in reader]
+    return read_row_list(path, COLUMNS, _parse)
 
 
 def append_row(path: str | Path, row: Mapping[str, Any]) -> None:
