@@ -110,6 +110,7 @@ class Page:
     job_minutes: float
     recorded_jobs: int  # jobs run by the invocations the sessions sidecar records
     notes: dict[str, str]  # per benchmark: what its table's numbers do not say (or "")
+    measured_minutes: float  # the finished jobs at their arms' fastest measured epochs
     job_times: Table
     provenance: str
 
@@ -303,8 +304,25 @@ def _compare(plan: Plan, rows: Rows, benchmark: str, arm: str, other: str | None
             f"{len(diffs)} seeds: {verdict} the reference")  # fmt: skip
 
 
-def _tier_table(plan: Plan, ok: set[str], projected: Sequence[TierCost]) -> Table:
-    """Per tier: what it holds, jobs done of planned, the projection and the budget."""
+def fastest_minutes(rows: Rows) -> dict[str, float]:
+    """Per job key of an ``ok`` row: its epochs run at its arm's fastest measured seconds per
+    epoch (over the arm's seeds on that benchmark), in minutes: the job's time at the lowest
+    load its arm met (rows ran under different loads; an idle-core figure, still an upper bound
+    where every seed of an arm ran under load)."""
+    ok = [r for r in rows.values() if r["status"] == "ok"]
+    fastest: dict[tuple[str, str], float] = {}
+    for r in ok:
+        arm = (str(r["benchmark"]), str(r["arm"]))
+        fastest[arm] = min(fastest.get(arm, math.inf), float(r["s_per_epoch"]))
+    return {str(r["job"]): fastest[(str(r["benchmark"]), str(r["arm"]))]
+            * float(r["epochs_run"]) / 60 for r in ok}  # fmt: skip
+
+
+def _tier_table(
+    plan: Plan, ok: set[str], projected: Sequence[TierCost], measured: Mapping[str, float]
+) -> Table:
+    """Per tier: what it holds, jobs done of planned, the projection, the budget and the job
+    minutes its finished jobs take at their arms' fastest measured epochs (``measured``)."""
     planned = jobs(plan)
     body = []
     for t in projected:
@@ -313,9 +331,10 @@ def _tier_table(plan: Plan, ok: set[str], projected: Sequence[TierCost]) -> Tabl
             t.tier, TIERS[t.tier], f"{len(ok & set(mine))} of {len(mine)}",
             f"{t.expected:.0f}", f"{t.worst:.0f}", f"{t.ends_at:.0f}",
             "inside" if t.fits else "beyond",
+            f"{sum(measured.get(k, 0.0) for k in mine):.0f}",
         ))  # fmt: skip
     header = ("tier", "rows", "jobs done", "projected min", "worst case min", "ends at min",
-              f"{BUDGET_MINUTES:.0f}-min budget")  # fmt: skip
+              f"{BUDGET_MINUTES:.0f}-min budget", "measured job min")  # fmt: skip
     return Table.of(header, body)
 
 
@@ -332,6 +351,7 @@ def build(rows: Rows, plan: Plan, csv: str, sessions: Sequence[Mapping[str, Any]
     times = [(k, r["stage"], f"{float(r['train_s']):.0f}", r["epochs_run"])
              for k, r in sorted(rows.items()) if r["status"] == "ok"]  # fmt: skip
     projected = cost(plan)
+    measured = fastest_minutes(rows)
     machines = sorted({f"{r['cpu']}, {r['threads']} thread(s), commit {r['commit']}"
                        for r in rows.values() if r["status"] == "ok"})  # fmt: skip
     return Page(
@@ -342,7 +362,8 @@ def build(rows: Rows, plan: Plan, csv: str, sessions: Sequence[Mapping[str, Any]
         curves={b: _curves(plan, rows, b) for b in plan.benchmarks},
         pending=pending, total_jobs=len(planned), done_jobs=len(ok & {j.key for j in planned}),
         failed=sorted(k for k, r in rows.items() if r["status"] != "ok"),
-        tiers=_tier_table(plan, ok, projected), cost=projected, wall_minutes=wall,
+        tiers=_tier_table(plan, ok, projected, measured), cost=projected, wall_minutes=wall,
+        measured_minutes=sum(measured.get(j.key, 0.0) for j in planned),
         recorded_jobs=sum(int(s["jobs_run"]) for s in mine),
         notes={b: fixed_point_note(rows, b) for b in plan.benchmarks},
         job_minutes=sum(float(rows[k]["train_s"]) for k in ok) / 60,

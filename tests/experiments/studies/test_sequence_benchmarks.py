@@ -301,3 +301,13 @@ def test_deq_jobs_without_an_attracting_fixed_point_are_named() -> None:
         "Fixed points: every one of the 1 DEQ jobs"
     )
     assert report.fixed_point_note(rows, "h3_induction") == ""  # no DEQ rows there
+
+
+def test_measured_job_minutes_take_each_arms_fastest_epoch() -> None:
+    def row(job: str, arm: str, s_per_epoch: float, epochs: int, status: str = "ok") -> dict:
+        return {"job": job, "benchmark": "h3_induction", "arm": arm, "status": status,
+                "s_per_epoch": s_per_epoch, "epochs_run": epochs}  # fmt: skip
+
+    rows = {"a0": row("a0", "nmf", 6.0, 10), "a1": row("a1", "nmf", 3.0, 20),
+            "b0": row("b0", "none", 1.5, 40), "x": row("x", "nmf", 0.1, 10, "failed")}  # fmt: skip
+    assert report.fastest_minutes(rows) == {"a0": 0.5, "a1": 1.0, "b0": 1.0}  # failed: ignored
