@@ -15,18 +15,21 @@ from scipy import stats
 
 from experiments.engine.file_sinks import read_jsonl
 from experiments.studies.generation_v3 import run as study_run
+from experiments.studies.generation_v3.checks import (
+    extrapolated,
+    failure_note,
+    plateau_check,
+    rerun_check,
+)
 from experiments.studies.generation_v3.figures import mean_curve, projected_minutes
 from experiments.studies.generation_v3.plan import ARMS, Job, Plan, job_overrides
 from experiments.studies.generation_v3.report import (
     answers,
-    extrapolated,
-    failure_note,
     gate,
     plateau_change,
-    plateau_check,
     provenance_summary,
     read_rows,
-    rerun_check,
+    verdicts,
     write_page,
 )
 from experiments.studies.provenance import cpu_model, library_commit
@@ -123,15 +126,15 @@ def test_a_job_off_its_plateau_is_extrapolated_and_the_answers_rechecked() -> No
     curve = [[64 * (k + 1), 3.0 - 0.1 * k] for k in range(10)]  # falls 0.2 over the last fifth
     rows = [_row("nmf_unroll", s, 1.5, plan) for s in range(3)]
     rows += [_row("nmf_one_step", s, 1.6 + 0.01 * s, plan) for s in range(3)]
-    assert plateau_check(rows, plan) == "Every one of the 6 jobs reached a plateau."
+    assert plateau_check(rows, plan, verdicts) == "Every one of the 6 jobs reached a plateau."
     assert extrapolated(rows[3] | {"curve": curve}, plan)["val_loss"] == pytest.approx(0.6)
     flat = rows[3] | {"at_plateau": False, "plateau_change": 0.015, "curve": curve[:2] * 5}
-    text = plateau_check([*rows[:3], flat, *rows[4:]], plan)
+    text = plateau_check([*rows[:3], flat, *rows[4:]], plan, verdicts)
     assert text.startswith("1 of 6 jobs did not reach a plateau") and "-s0 (1.5 %)" in text
     assert "changes none of the answers above" in text  # a flat curve extrapolates to itself
     # one-step worse than BPTT by 0.10-0.12 on every seed; seed 0 extrapolated to 0.6 is not
     steep = rows[3] | {"at_plateau": False, "plateau_change": 0.2 / 2.3, "curve": curve}
-    text = plateau_check([*rows[:3], steep, *rows[4:]], plan)
+    text = plateau_check([*rows[:3], steep, *rows[4:]], plan, verdicts)
     assert "nmf_one_step-s0 (8.7 %)" in text
     assert "Hamburger NMF, one-step gradient (HamGAN) against Hamburger NMF, BPTT becomes" in text
 
