@@ -7,7 +7,6 @@ arm's seeds step by step, so the page shows whether every arm trained to its pla
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from experiments.studies.generation_v3.plan import ARMS
+from experiments.studies.job_costs import fastest
 
 
 def mean_curve(rows: Sequence[Mapping[str, Any]]) -> tuple[list[int], list[float]]:
@@ -60,7 +60,5 @@ def projected_minutes(rows: Sequence[Mapping[str, Any]], jobs_per_arm: int) -> f
     """Job minutes of ``jobs_per_arm`` jobs of every arm in ``rows``, each at its arm's fastest
     measured job (the time at the lowest load it met: a projection for idle cores that still
     overstates them when every job of an arm ran under load)."""
-    fastest: dict[str, float] = {}
-    for r in rows:
-        fastest[r["arm"]] = min(fastest.get(r["arm"], math.inf), float(r["train_time_s"]))
-    return sum(fastest.values()) * jobs_per_arm / 60
+    per_arm = fastest(rows, lambda r: str(r["arm"]), lambda r: float(r["train_time_s"]))
+    return sum(per_arm.values()) * jobs_per_arm / 60

@@ -1,5 +1,5 @@
-"""Study v4's plan-and-budget arithmetic: the power of a paired non-inferiority test, the
-replicates a wall-clock budget holds, and the minutes each stage costs.
+"""Study v4's power arithmetic: the power of a paired non-inferiority test and the replicates
+it needs (the budget's side is ``paper_v4.budget``).
 
 Power: a primary comparison is decided non-inferior when the lower end of the 95 % t-interval
 of the paired mean difference is above -δ, i.e. the two-sided p-value of ``mean = -δ`` is below
@@ -7,23 +7,15 @@ of the paired mean difference is above -δ, i.e. the two-sided p-value of ``mean
 so ``power`` at ``alpha = 0.05 / 3`` is a lower bound on the power of each comparison when the
 true difference is 0 and the paired SD is ``sd``: ``P(T > t_{1 - alpha/2, n-1})`` with T
 non-central t, n - 1 degrees of freedom and non-centrality ``δ sqrt(n) / sd``.
-
-Cost: a job's minutes scale with its epochs; the minutes of a main-length job per arm come from
-measured rows (study v4's own once they exist, else the idle-host rows of study v3's CSV, whose
-jobs train the same network on the same data for the same epochs).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
 
 from scipy import stats
-
-from experiments.studies.paper_v4.jobs import Job
 
 FAMILY = 3  # the primary comparisons (Holm)
 LEVEL = 0.05
@@ -51,83 +43,3 @@ def replicates_for(sd: float, margin: float, target: float = TARGET_POWER,
 def paired_sd(differences: Sequence[float]) -> float | None:
     """The sample SD of paired differences (None below 2)."""
     return statistics.stdev(differences) if len(differences) >= 2 else None
-
-
-def job_minutes(row: Mapping[str, Any]) -> float | None:
-    """A row's wall minutes per epoch (start to end), None without both stamps or epochs."""
-    if row.get("status") != "ok" or row.get("started") is None or row.get("finished") is None:
-        return None
-    epochs = row.get("epochs") or 0
-    if epochs <= 0:
-        return None
-    return (float(row["finished"]) - float(row["started"])) / 60 / epochs
-
-
-@dataclass(frozen=True)
-class Costs:
-    """Minutes per epoch of a job of each (context, gradient) and of a pretraining run, and
-    where they were measured."""
-
-    per_epoch: Mapping[tuple[str, str], float]
-    pretrain: float
-    source: str
-
-    def minutes(self, job: Job) -> float:
-        """The job's expected minutes (a context without a measurement: the largest known)."""
-        if job.stage == "pretrain":
-            return self.pretrain
-        fallback = max(self.per_epoch.values(), default=0.0)
-        return self.per_epoch.get((job.context, job.gradient), fallback) * job.epochs
-
-
-def measured_costs(rows: Sequence[Mapping[str, Any]], source: str,
-                   aliases: Mapping[str, str] | None = None) -> Costs | None:  # fmt: skip
-    """Median minutes per epoch per (context, gradient) and of pretraining from ``rows``; a
-    context of ``aliases`` (v4 name -> measured name) takes the other's cost. None without
-    a training row."""
-    per_arm: dict[tuple[str, str], list[float]] = {}
-    pretrain = []
-    for row in rows:
-        if row.get("stage") == "pretrain":
-            if row.get("status") == "ok" and row.get("started") is not None:
-                pretrain.append((float(row["finished"]) - float(row["started"])) / 60)
-            continue
-        minutes = job_minutes(row)
-        if minutes is not None:
-            per_arm.setdefault((str(row["context"]), str(row["gradient"])), []).append(minutes)
-    if not per_arm:
-        return None
-    per_epoch = {arm: statistics.median(v) for arm, v in per_arm.items()}
-    for mine, theirs in (aliases or {}).items():
-        for (context, gradient), value in list(per_epoch.items()):
-            if context == theirs and (mine, gradient) not in per_epoch:
-                per_epoch[(mine, gradient)] = value
-    return Costs(per_epoch, statistics.median(pretrain) if pretrain else 0.0, source)
-
-
-@dataclass(frozen=True)
-class BudgetPlan:
-    """How many test replicates a budget holds: the fixed part (tuning, its pretraining, the
-    length check), the cost of one more test replicate, and the secondary arms."""
-
-    budget_minutes: float
-    workers: int
-    fixed_job_minutes: float
-    per_replicate_job_minutes: float
-    secondary_job_minutes: float
-    planned_replicates: int
-
-    @property
-    def capacity(self) -> float:
-        """Job minutes the budget holds (wall minutes x workers)."""
-        return self.budget_minutes * self.workers
-
-    def replicates_held(self) -> int:
-        """Test replicates whose primary jobs fit beside the fixed part."""
-        room = self.capacity - self.fixed_job_minutes
-        return max(int(room // self.per_replicate_job_minutes), 0)
-
-    def wall_minutes(self, replicates: int, secondary: bool) -> float:
-        """Wall minutes of the primary design on ``replicates`` (and the secondary arms)."""
-        total = self.fixed_job_minutes + replicates * self.per_replicate_job_minutes
-        return (total + (self.secondary_job_minutes if secondary else 0.0)) / self.workers

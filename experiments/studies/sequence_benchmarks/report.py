@@ -24,6 +24,7 @@ import jinja2
 
 from experiments.reports.render import Table, environment
 from experiments.studies.csv_rows import decode_curve, read_rows, read_sessions
+from experiments.studies.job_costs import fastest
 from experiments.studies.sequence_benchmarks.plan import (
     ATTENTION_RUNS,
     ATTENTION_SOLVED_AT,
@@ -310,12 +311,12 @@ def fastest_minutes(rows: Rows) -> dict[str, float]:
     load its arm met (rows ran under different loads; an idle-core figure, still an upper bound
     where every seed of an arm ran under load)."""
     ok = [r for r in rows.values() if r["status"] == "ok"]
-    fastest: dict[tuple[str, str], float] = {}
-    for r in ok:
-        arm = (str(r["benchmark"]), str(r["arm"]))
-        fastest[arm] = min(fastest.get(arm, math.inf), float(r["s_per_epoch"]))
-    return {str(r["job"]): fastest[(str(r["benchmark"]), str(r["arm"]))]
-            * float(r["epochs_run"]) / 60 for r in ok}  # fmt: skip
+    per_arm = fastest(ok, _arm_of, lambda r: float(r["s_per_epoch"]))
+    return {str(r["job"]): per_arm[_arm_of(r)] * float(r["epochs_run"]) / 60 for r in ok}
+
+
+def _arm_of(row: Mapping[str, Any]) -> tuple[str, str]:
+    return str(row["benchmark"]), str(row["arm"])
 
 
 def _tier_table(
