@@ -179,6 +179,7 @@ class PaperV4:
     arms: Table
     context_table: Table
     length_table: Table
+    length_line: str
     secondary_table: Table
     power_table: Table
     budget_table: Table
@@ -294,20 +295,35 @@ def _arms_and_context(rows: Rows, main: Sequence[Job]) -> tuple[Table, Table]:
     )
 
 
-def _length_table(plan: Plan, rows: Rows, main: Sequence[Job], longer: Sequence[Job]) -> Table:
-    out = []
+def _length_table(plan: Plan, rows: Rows, main: Sequence[Job],
+                  longer: Sequence[Job]) -> tuple[Table, str]:  # fmt: skip
+    """The one-step − BPTT interval per ham at the main length and at ``length_factor`` times
+    it on the replicates that have all four runs, and the sentence saying whether the
+    verdicts (margin ``MARGIN``, uncorrected) move."""
+    out, moved, settled = [], [], 0
     for ham in HAMS:
         short = [_scores(rows, _arm(main, ham, g)) for g in GRADIENTS]
         long = [_scores(rows, _arm(longer, ham, g)) for g in GRADIENTS]
         both = set(short[0]) & set(short[1]) & set(long[0]) & set(long[1])
         at_main = _interval([short[0][r] - short[1][r] for r in sorted(both)])
         at_long = _interval([long[0][r] - long[1][r] for r in sorted(both)])
-        moved = "–" if at_main is None or at_main.n < 2 or at_long is None else (
-            "no" if verdict(at_main, MARGIN) == verdict(at_long, MARGIN) else "yes")  # fmt: skip
-        out.append((ham.upper(), len(both), fmt_interval(at_main), fmt_interval(at_long), moved))
-    return Table.of(["ham", "replicates", f"one-step − BPTT, {plan.main_epochs} epochs",
-                     f"one-step − BPTT, {plan.length_factor * plan.main_epochs} epochs",
-                     "verdict moves"], out)  # fmt: skip
+        moves = "–"
+        if at_main is not None and at_main.n >= 2 and at_long is not None:
+            before, after = verdict(at_main, MARGIN), verdict(at_long, MARGIN)
+            moves, settled = ("no" if before == after else "yes"), settled + 1
+            if before != after:
+                moved.append(f"{ham.upper()} ({before} → {after})")
+        out.append((ham.upper(), len(both), fmt_interval(at_main), fmt_interval(at_long), moves))
+    table = Table.of(["ham", "replicates", f"one-step − BPTT, {plan.main_epochs} epochs",
+                      f"one-step − BPTT, {plan.length_factor * plan.main_epochs} epochs",
+                      "verdict moves"], out)  # fmt: skip
+    longest = f"{plan.length_factor}× the epochs"
+    if settled < len(HAMS):
+        return table, f"At {longest}: pending ({settled} of {len(HAMS)} hams have two replicates)."
+    if not moved:
+        return table, f"At {longest} no ham's verdict moves (same replicates, uncorrected)."
+    return table, f"At {longest} (same replicates, uncorrected) the verdict moves for " + (
+        f"{', '.join(moved)}.")  # fmt: skip
 
 
 def _secondary_table(plan: Plan, rows: Rows, main: Sequence[Job], extra: Sequence[Job]) -> Table:
@@ -497,6 +513,7 @@ def paper_v4(rows: Rows, plan: Plan, csv: str, v3_rows: Rows,
     lr_table, edge = _lr_table(plan, rows, done_tuning)
     primary = _primary(plan, rows, main)
     arms, context = _arms_and_context(rows, main)
+    length_table, length_line = _length_table(plan, rows, main, jobs_of_stage(plan, rows, "length"))
     v3 = v3_differences(v3_rows)
     collapses = v3_collapses(v3_rows)
     costs = study_costs(plan, rows, v3_rows)
@@ -512,7 +529,7 @@ def paper_v4(rows: Rows, plan: Plan, csv: str, v3_rows: Rows,
         progress=progress, tuned=done_tuning, replicates_done=done,
         lr_table=lr_table, edge=edge, primary=tuple(primary),
         primary_table=_primary_table(primary), arms=arms, context_table=context,
-        length_table=_length_table(plan, rows, main, jobs_of_stage(plan, rows, "length")),
+        length_table=length_table, length_line=length_line,
         secondary_table=_secondary_table(plan, rows, main, jobs_of_stage(plan, rows, "secondary")),
         power_table=power_table, budget_table=stage_table(plan, costs, typical), budget=budget,
         costs_source=costs.source, held=held,

@@ -393,3 +393,37 @@ def test_the_opening_line_carries_study_v3s_caveats_until_v4_is_complete() -> No
     # complete v4 rows: the line is v4's verdicts alone
     complete = report.paper_v4(_full_rows(PLAN.replicates)[0], PLAN, "x.csv", v3)
     assert "study v3" not in complete.conclusions[0] and "NMF inferior" in complete.conclusions[0]
+
+
+def _t_verdict(diffs: list[float]) -> str:
+    mean, se = float(np.mean(diffs)), float(np.std(diffs, ddof=1)) / math.sqrt(len(diffs))
+    half = stats.t.ppf(0.975, len(diffs) - 1) * se
+    return ("non-inferior" if mean - half > -MARGIN
+            else "inferior" if mean + half < -MARGIN else "undecided")  # fmt: skip
+
+
+def test_the_length_check_says_which_verdicts_move_against_scipy() -> None:
+    rows, diffs = _full_rows(PLAN.replicates)
+    main = jobs_of_stage(PLAN, rows, "main")
+    longer = jobs_of_stage(PLAN, rows, "length")
+    assert {j.replicate for j in longer} == set(PLAN.length_replicates)
+    table, line = report._length_table(PLAN, rows, main, longer)
+    assert "pending (0 of 3 hams" in line
+    # at twice the length: NMF's gap closes (one-step 0.001, 0.002 above BPTT), VQ and CD
+    # keep their main-length differences
+    closed = {0: 0.001, 1: 0.002}
+    for job in longer:
+        ham, r = job.context, job.replicate
+        same = diffs[ham][r] if ham != "nmf" else closed[r]
+        rows[job.key] = _row(job, test_miou=0.8 + (same if job.gradient == ONE_STEP else 0.0))
+    table, line = report._length_table(PLAN, rows, main, longer)
+    expected = {}
+    for ham in HAMS:
+        short = [diffs[ham][r] for r in PLAN.length_replicates]
+        long = short if ham != "nmf" else list(closed.values())
+        expected[ham] = (_t_verdict(short), _t_verdict(long))
+    moves = {row[0]: row[-1] for row in table.rows}
+    assert moves == {h.upper(): "yes" if a != b else "no" for h, (a, b) in expected.items()}
+    assert moves["VQ"] == moves["CD"] == "no"
+    assert expected["nmf"] == ("undecided", "non-inferior")  # at these synthetic rows
+    assert line.endswith("the verdict moves for NMF (undecided → non-inferior).")
