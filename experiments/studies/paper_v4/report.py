@@ -28,6 +28,7 @@ import jinja2
 
 from experiments.reports.render import Table, environment, splice
 from experiments.reports.verdicts import (
+    NON_INFERIOR,
     Interval,
     holm,
     holm_verdict,
@@ -273,10 +274,14 @@ def _label(context: str, gradient: str) -> str:
     return names.get(context) or f"{context.upper()}, {gradient.replace('_', '-')}"
 
 
-def _arms_and_context(rows: Rows, main: Sequence[Job]) -> tuple[Table, Table]:
+def _arms_and_context(
+    rows: Rows, main: Sequence[Job]
+) -> tuple[Table, Table, dict[str, Interval | None]]:
+    """The arms' table, the hams against the baselines, and each ham arm's interval − GAP."""
     floor = _scores(rows, _arm(main, "none", NO_GRADIENT))
     gap = _scores(rows, _arm(main, "gap", NO_GRADIENT))
     arms, versus = [], []
+    over_gap: dict[str, Interval | None] = {}
     for context, gradient in tuned_arms():
         jobs = _arm(main, context, gradient)
         scores = _scores(rows, jobs)
@@ -287,11 +292,14 @@ def _arms_and_context(rows: Rows, main: Sequence[Job]) -> tuple[Table, Table]:
         arms.append((_label(context, gradient), f"{jobs[0].lr:g}" if jobs else "–", mean,
                      len(values), low))  # fmt: skip
         if context in HAMS:
-            versus.append((_label(context, gradient), fmt_interval(_interval(_pairs(scores, gap))),
+            label = _label(context, gradient)
+            over_gap[label] = _interval(_pairs(scores, gap))
+            versus.append((label, fmt_interval(over_gap[label]),
                            fmt_interval(_interval(_pairs(scores, floor)))))  # fmt: skip
     return (
         Table.of(["arm", "lr", "test mIoU (mean ± sd)", "n", "collapsed"], arms),
         Table.of(["ham arm", "− GAP [95 % CI]", "− no context [95 % CI]"], versus),
+        over_gap,
     )
 
 
@@ -458,19 +466,51 @@ def _v3_lines(v3: Mapping[str, Sequence[float]]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _side(interval: Interval) -> str:
+    """Where a 95 % interval of a difference lies: "above", "below" or "neither" (spans 0)."""
+    return "above" if interval.lower > 0 else "below" if interval.upper < 0 else "neither"
+
+
+def _one_step_line(plan: Plan, primary: Sequence[Primary]) -> str:
+    """The first claim's line once every primary comparison is complete."""
+    parts = []
+    for v in primary:
+        assert v.interval is not None
+        lower = v.verdict == NON_INFERIOR and _side(v.interval) == "below"
+        below = " but below BPTT" if lower else ""
+        parts.append(f"{v.ham.upper()} {v.verdict}{below}, {fmt_interval(v.interval)}")
+    excluded = [v.ham.upper() for v in primary if v.excludes_effect]
+    kept = [v.ham.upper() for v in primary if not v.excludes_effect]
+    effects = ", ".join(f"{v.ham.upper()} +{v.effect:.3f}" for v in primary)
+    effect = (f"the paper's advantage of one-step ({effects}) is excluded for "
+              + (", ".join(excluded) or "none") + (f", not for {', '.join(kept)}" if kept else ""))
+    return (f"One-step as good as BPTT at the paper's settings (δ = {MARGIN}, Holm over 3, "
+            f"n = {plan.replicates}, one-step − BPTT test mIoU): {'; '.join(parts)}; "
+            f"{effect}.")  # fmt: skip
+
+
+def _gap_line(over_gap: Mapping[str, Interval | None]) -> str:
+    """The second claim's line: the ham arms above, below and not distinguishable from GAP."""
+    sides: dict[str, list[str]] = {"above": [], "below": [], "neither": []}
+    for label, interval in over_gap.items():
+        if interval is not None and interval.n >= 2:
+            sides[_side(interval)].append(f"{label} {fmt_interval(interval)}")
+    words = {"above": "above GAP", "below": "below GAP", "neither": "not distinguishable from GAP"}
+    said = [f"{words[k]}: {'; '.join(v)}" for k, v in sides.items() if v]
+    return ("The decomposition beyond a global summary (ham − global average pooling, test mIoU, "
+            "uncorrected 95 % intervals): " + "; ".join(said) + ".")  # fmt: skip
+
+
 def _conclusions(
-    plan: Plan, done: int, primary: Sequence[Primary], context: Table,
+    plan: Plan, done: int, primary: Sequence[Primary], over_gap: Mapping[str, Interval | None],
     v3: Mapping[str, Sequence[float]],
     v3_collapsed: Mapping[tuple[str, float], tuple[int, int]],
 ) -> tuple[str, ...]:  # fmt: skip
     """One line per paper claim: the primary verdicts once complete, else study v3's interim
     intervals with their caveats; ham − GAP; where the other claims are measured."""
-    if all(v.complete for v in primary):
-        excluded = ", the paper's effect excluded"
-        one_step = "; ".join(f"{v.ham.upper()} {v.verdict}" + (
-            excluded if v.excludes_effect else "") for v in primary)  # fmt: skip
-        claim1 = (f"One-step as good as BPTT at the paper's settings (δ = {MARGIN}, Holm over 3, "
-                  f"n = {plan.replicates}): {one_step}.")  # fmt: skip
+    complete = all(v.complete for v in primary)
+    if complete:
+        claim1 = _one_step_line(plan, primary)
     else:
         earlier = "; ".join(
             f"{ham.upper()} {fmt_interval(i)} {verdict(i, MARGIN)}"
@@ -487,10 +527,8 @@ def _conclusions(
                      f"that scored below the no-context arm ({failed}), not the gradients' "
                      "quality" if failed else "")
                   + ".")  # fmt: skip
-    gap_rows = [r for r in context.rows if r[1] != "–"]
-    if all(v.complete for v in primary) and gap_rows:
-        claim2 = ("The decomposition beyond a global summary (ham − GAP): "
-                  + "; ".join(f"{r[0]} {r[1]}" for r in gap_rows) + ".")  # fmt: skip
+    if complete and any(i is not None for i in over_gap.values()):
+        claim2 = _gap_line(over_gap)
     else:
         claim2 = (f"The decomposition matters beyond global average pooling: pending ({done} of "
                   f"{plan.replicates} replicates done).")  # fmt: skip
@@ -512,7 +550,7 @@ def paper_v4(rows: Rows, plan: Plan, csv: str, v3_rows: Rows,
     done = replicates_done(plan, rows, main)
     lr_table, edge = _lr_table(plan, rows, done_tuning)
     primary = _primary(plan, rows, main)
-    arms, context = _arms_and_context(rows, main)
+    arms, context, over_gap = _arms_and_context(rows, main)
     length_table, length_line = _length_table(plan, rows, main, jobs_of_stage(plan, rows, "length"))
     v3 = v3_differences(v3_rows)
     collapses = v3_collapses(v3_rows)
@@ -537,7 +575,7 @@ def paper_v4(rows: Rows, plan: Plan, csv: str, v3_rows: Rows,
         provenance=_provenance(rows),
         drift=drift_summary(measured, rows, csv, MARGIN),
         drift_table=drift_table(measured) if measured else None, v3_lines=_v3_lines(v3),
-        conclusions=_conclusions(plan, done, primary, context, v3, collapses),
+        conclusions=_conclusions(plan, done, primary, over_gap, v3, collapses),
         v3_failed=collapse_list(collapses), v3_replicates=max(map(len, v3.values()), default=0),
         wall_minutes=sum(s["finished"] - s["started"] for s in mine) / 60 if mine else None,
         failed=failed,

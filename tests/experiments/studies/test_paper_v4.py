@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from experiments.reports.verdicts import Interval
 from experiments.studies.csv_rows import read_row_list, read_rows, write_row_list, write_rows
 from experiments.studies.paper_v4 import drift, report, rerun, run
 from experiments.studies.paper_v4.jobs import BPTT, NO_GRADIENT, ONE_STEP, Job
@@ -427,3 +428,22 @@ def test_the_length_check_says_which_verdicts_move_against_scipy() -> None:
     assert moves["VQ"] == moves["CD"] == "no"
     assert expected["nmf"] == ("undecided", "non-inferior")  # at these synthetic rows
     assert line.endswith("the verdict moves for NMF (undecided → non-inferior).")
+
+
+def test_the_conclusions_say_on_which_side_of_zero_each_interval_lies() -> None:
+    over_gap = {"NMF, bptt": Interval(0.02, 0.01, 0.03, 20),
+                "VQ, bptt": Interval(0.0, -0.01, 0.01, 20),
+                "CD, one-step": Interval(-0.02, -0.03, -0.01, 20), "CD, bptt": None}  # fmt: skip
+    line = report._gap_line(over_gap)
+    assert "above GAP: NMF, bptt +0.020" in line and "below GAP: CD, one-step -0.020" in line
+    assert "not distinguishable from GAP: VQ, bptt" in line and "CD, bptt" not in line
+    rows, _ = _full_rows(PLAN.replicates)
+    primary = report._primary(PLAN, rows, jobs_of_stage(PLAN, rows, "main"))
+    first = report._one_step_line(PLAN, primary)
+    for v in primary:
+        assert v.interval is not None
+        below = v.verdict == "non-inferior" and v.interval.upper < 0
+        assert f"{v.ham.upper()} {v.verdict}{' but below BPTT' if below else ''}, " in first
+    # NMF's synthetic difference (TRUE) lies far below its paper effect; VQ's is near 0 with 6
+    # replicates and CD's interval is widened by its collapsed replicate
+    assert "NMF inferior, " in first and first.endswith("is excluded for NMF, not for VQ, CD.")
