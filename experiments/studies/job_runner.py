@@ -12,17 +12,20 @@ A runner stops on SIGTERM or SIGINT (``StopRequest``): it starts no new job, wai
 in flight (a job that got the signal too, as ``kill -- -PGID`` sends it to the whole group,
 checkpoints at its next step and ends ``PreemptedError``; the engine's own guard handles it
 there) and logs how many jobs did not start; a job stopped that way also stops the runner. A
-second signal exits at once. The same command resumes.
+second signal exits at once and kills the pool's workers, idle or not. The workers themselves
+ignore both signals between jobs (``worker_pool``), so a signal to the process group neither
+ends an idle worker nor runs the runner's handler in it. The same command resumes.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import signal
 import time
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
@@ -34,17 +37,23 @@ logger = logging.getLogger(__name__)
 Row = dict[str, Any]
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 class StopRequest(PreemptionGuard):
     """A study runner's guard over SIGTERM and SIGINT: the first one asks the runner to start
-    no new job (``requested``); a second exits at once."""
+    no new job (``requested``); a second kills this process's child processes (the pool's
+    workers) and exits at once."""
 
     def __init__(self) -> None:
-        super().__init__([signal.SIGTERM, signal.SIGINT])
+        super().__init__(STOP_SIGNALS)
 
     def _handle(self, signum: int, frame: types.FrameType | None) -> None:
         name = signal.Signals(signum).name
         if self.signum is not None:
             logger.error("second %s: exiting now", name)
+            for child in multiprocessing.active_children():
+                child.kill()
             os._exit(128 + signum)
         self.signum = signum
         logger.warning("received %s: starting no new job, waiting for those in flight; send "
@@ -69,6 +78,33 @@ class StopRequest(PreemptionGuard):
             logger.warning("stopped: %d job(s) not started; run the same command to resume",
                            not_started)  # fmt: skip
             raise SystemExit(128 + (self.signum or signal.SIGTERM))
+
+
+def _ignore_stop_signals() -> None:
+    """A pool worker's initializer: SIGTERM and SIGINT are the runner's to act on. A job's own
+    guard (the engine's ``preemptible``) takes them while it runs and restores this after."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def worker_pool(workers: int) -> ProcessPoolExecutor | None:
+    """The runner's pool of ``workers`` processes that ignore the stop signals between jobs
+    (None for 1: jobs run in the runner's process)."""
+    return (
+        ProcessPoolExecutor(max_workers=workers, initializer=_ignore_stop_signals)
+        if workers > 1
+        else None
+    )
+
+
+def wait_first(running: Collection[Future[Any]]) -> set[Future[Any]]:
+    """Wait until one of ``running`` ends; returns those done. It wakes every second, as the
+    runner's signal handler runs only when its main thread does (a signal the kernel hands to
+    the pool's manager thread would otherwise wait for the next job to end)."""
+    done: set[Future[Any]] = set()
+    while not done:
+        done, _ = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
+    return done
 
 
 @dataclass(frozen=True)
@@ -103,7 +139,7 @@ def run_schedule(schedule: Schedule, rows: dict[str, Row], workers: int = 2) -> 
     settled_pretrain: set[int] = set()
     counts = {"ran": 0, "failed": 0, "skipped": 0}
     skipped_at_start = {k for k, r in rows.items() if r.get("status") == "ok"}
-    pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
+    pool = worker_pool(workers)
     running: dict[Future[Row], Any] = {}
 
     def record(job: Any, row: Row) -> None:
@@ -139,8 +175,7 @@ def run_schedule(schedule: Schedule, rows: dict[str, Row], workers: int = 2) -> 
                     continue
                 for job in ready[: max(workers - len(running), 0)]:
                     running[pool.submit(schedule.run, job, *schedule.args)] = job
-                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
-                for future in done:
+                for future in wait_first(list(running)):
                     job = running.pop(future)
                     record(job, future.result())
                     stopping = stopping or guard.stop(rows[job.key])
