@@ -1,12 +1,13 @@
-"""The resumable job scheduler of the studies that commit one CSV row per job (study v4, the
-sequence benchmarks): run every pending job, ``workers`` at a time, and write each job's row to
-the study's CSV as it ends.
+"""The resumable job scheduler of the studies that commit one row per job (study v4, the
+sequence benchmarks, generation v3, the DEQ study): run every pending job, ``workers`` at a
+time, and write each job's row to the study's results file as it ends.
 
-A study supplies its jobs (anything with ``key``, ``stage``, ``replicate``), a picklable
-``run(job, *args) -> row`` (a row with ``status``), which jobs are still pending given the
-rows, when a job is ready (its replicate's backbone exists) and the order in which ready jobs
-start. A job whose row says ``ok`` is never run again, so the study resumes from the committed
-CSV alone; a failed job is retried only by the next invocation.
+A study supplies its jobs (anything with a ``key``), a picklable ``run(job, *args) -> row``
+(a row with ``status``, or without one for ok), which jobs are still pending given the rows,
+how a row is stored, and optionally when a job is ready (study v4: its replicate's backbone
+exists) and the order in which ready jobs start. A job whose row says ``ok`` is never run
+again, so the study resumes from the committed file alone; a failed job is retried only by the
+next invocation.
 
 A runner stops on SIGTERM or SIGINT (``StopRequest``): it starts no new job, waits for the jobs
 in flight (a job that got the signal too, as ``kill -- -PGID`` sends it to the whole group,
@@ -112,45 +113,45 @@ class Schedule:
     """A study's side of the scheduler.
 
     Attributes:
-        pending: rows -> the jobs still to run (in any order).
-        ready: (job, replicates whose pretraining ended ok in this invocation) -> may it start.
-        order: the sort key of ready jobs (smallest first).
+        pending: rows -> the jobs still to run (anything with a ``key``), in any order.
         run: runs one job in a worker process, ``run(job, *args) -> row``; module-level
-            (picklable).
+            (picklable). A row without ``status`` counts as ok.
         args: the rest of ``run``'s arguments (picklable).
-        write: rewrites the CSV from all rows (job key -> row).
-        session: called once at the end when jobs ran, with (started, finished, jobs run).
+        write: (all rows by job key, the row that just ended) -> stores it (rewrites the CSV,
+            or appends the row).
+        ready: (job, the rows of the jobs that ended in this invocation) -> may it start
+            (default: always).
+        order: the sort key of ready jobs, smallest first (default: ``pending``'s order, as
+            the sort is stable).
+        session: called once at the end when jobs ran, with (started, finished, jobs run)
+            (default: nothing).
     """
 
     pending: Callable[[Mapping[str, Row]], list[Any]]
-    ready: Callable[[Any, set[int]], bool]
-    order: Callable[[Any], Any]
     run: Callable[..., Row]
     args: tuple[Any, ...]
-    write: Callable[[Mapping[str, Row]], None]
-    session: Callable[[float, float, int], None]
+    write: Callable[[Mapping[str, Row], Row], None]
+    ready: Callable[[Any, Mapping[str, Row]], bool] = lambda job, settled: True
+    order: Callable[[Any], Any] = lambda job: 0
+    session: Callable[[float, float, int], None] = lambda started, finished, ran: None
 
 
 def run_schedule(schedule: Schedule, rows: dict[str, Row], workers: int = 2) -> dict[str, int]:
     """Run every pending job, ``workers`` at a time (1: in this process), updating ``rows``
     and writing them as each job ends. Returns counts: ran, failed, skipped (ok at start)."""
     started = time.time()
-    settled: set[str] = set()  # this invocation's settled jobs
-    settled_pretrain: set[int] = set()
+    settled: dict[str, Row] = {}  # this invocation's ended jobs
     counts = {"ran": 0, "failed": 0, "skipped": 0}
     skipped_at_start = {k for k, r in rows.items() if r.get("status") == "ok"}
     pool = worker_pool(workers)
     running: dict[Future[Row], Any] = {}
 
     def record(job: Any, row: Row) -> None:
-        rows[job.key] = row
-        settled.add(job.key)
-        if job.stage == "pretrain" and row["status"] == "ok":
-            settled_pretrain.add(job.replicate)
+        rows[job.key] = settled[job.key] = row
         counts["ran"] += 1
-        counts["failed"] += row["status"] != "ok"
-        schedule.write(rows)
-        logger.info("%s: %s (%d ran)", job.key, row["status"], counts["ran"])
+        counts["failed"] += row.get("status", "ok") != "ok"
+        schedule.write(rows, row)
+        logger.info("%s: %s (%d ran)", job.key, row.get("status", "ok"), counts["ran"])
 
     stopping = False
     with StopRequest() as guard:
@@ -163,9 +164,7 @@ def run_schedule(schedule: Schedule, rows: dict[str, Row], workers: int = 2) -> 
                 ready = (
                     []
                     if stopping
-                    else sorted(
-                        (j for j in todo if schedule.ready(j, settled_pretrain)), key=schedule.order
-                    )
+                    else sorted((j for j in todo if schedule.ready(j, settled)), key=schedule.order)
                 )
                 if not ready and not running:
                     break

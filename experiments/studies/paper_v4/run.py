@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,11 +122,14 @@ def pending_jobs(plan: Plan, rows: Rows, out_dir: Path) -> list[Job]:
     )
 
 
-def ready(job: Job, out_dir: Path, settled_pretrain: set[int]) -> bool:
-    """A training job can start once its replicate's backbone exists."""
+def ready(job: Job, out_dir: Path, settled: Mapping[str, Mapping[str, Any]]) -> bool:
+    """A training job can start once its replicate's backbone exists (or its pretraining ended
+    ok in this invocation: ``settled``, the rows of the jobs that ended)."""
     if job.stage == "pretrain":
         return True
-    return job.replicate in settled_pretrain or backbone_path(out_dir, job.replicate).exists()
+    pretrained = {r["replicate"] for r in settled.values()
+                  if r["stage"] == "pretrain" and r["status"] == "ok"}  # fmt: skip
+    return job.replicate in pretrained or backbone_path(out_dir, job.replicate).exists()
 
 
 def check_plan(rows: Rows, plan: Plan, csv_path: Path) -> None:
@@ -159,7 +162,7 @@ def run_study(plan: Plan, out_dir: Path, csv_path: Path, workers: int = 2) -> di
         order=lambda job: start_order(plan, job),
         run=run_job,
         args=(plan, out_dir),
-        write=lambda current: write_rows(csv_path, current, COLUMNS),
+        write=lambda current, _: write_rows(csv_path, current, COLUMNS),
         session=session,
     )
     return run_schedule(schedule, rows, workers)

@@ -146,7 +146,6 @@ def run_study(
             f"{csv_path} holds rows of another plan ({other}, this one is {plan.digest()}); "
             "use another --csv or the plan that wrote it"
         )
-    order = {j.key: i for i, j in enumerate(jobs(plan))}
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     deadline = None if stop_after_minutes is None else time.time() + 60 * stop_after_minutes
 
@@ -162,11 +161,9 @@ def run_study(
 
     schedule = Schedule(
         pending=todo,
-        ready=lambda job, settled: True,
-        order=lambda job: order[job.key],
         run=run_job,
         args=(plan, out_dir),
-        write=lambda current: write_rows(csv_path, current, COLUMNS),
+        write=lambda current, _: write_rows(csv_path, current, COLUMNS),
         session=session,
     )
     return run_schedule(schedule, rows, workers)

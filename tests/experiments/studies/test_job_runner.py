@@ -62,7 +62,7 @@ def _schedule(run: Any, *args: Any) -> Schedule:
         order=lambda job: job.key,
         run=run,
         args=args,
-        write=lambda rows: None,
+        write=lambda rows, row: None,
         session=lambda started, ended, ran: None,
     )
 
@@ -148,7 +148,7 @@ def run(job):
 schedule = Schedule(
     pending=lambda rows: [Job(k) for k in ("guarded", "long") if k not in rows],
     ready=lambda job, done: True, order=lambda job: job.key, run=run, args=(),
-    write=lambda rows: None, session=lambda started, ended, ran: None,
+    write=lambda rows, row: None, session=lambda started, ended, ran: None,
 )
 run_schedule(schedule, {}, workers=2)
 """
