@@ -37,9 +37,7 @@ import argparse
 import dataclasses
 import json
 import logging
-import math
 import os
-import statistics
 import time
 import warnings
 from collections import Counter
@@ -494,12 +492,6 @@ def run_study(
     )
     run_schedule(schedule, {}, workers)  # a signal: no new job starts, those in flight finish
     return {"ran": [j.key for j in todo], "skipped": [j.key for j in jobs if j not in todo]}
-
-
-def median_step_time(result: dict[str, Any]) -> float:
-    """Median wall time of a job's training steps (s); NaN without steps."""
-    times = [s["time_s"] for s in result["steps"]]
-    return statistics.median(times) if times else math.nan
 
 
 def main(argv: Sequence[str] | None = None) -> None:
