@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from experiments.reports.render import replace_between
 from implicit_ham.diagnostics.table import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -192,11 +193,7 @@ def block() -> str:
 
 def replace_block(page_text: str, new_block: str) -> str:
     """``page_text`` with the block between the markers replaced by ``new_block``."""
-    if START not in page_text or END not in page_text:
-        raise ValueError(f"the page has no {START} ... {END} block to replace")
-    head, rest = page_text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return head + new_block + tail
+    return replace_between(page_text, new_block, START, END)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,7 +21,6 @@ fixed budget of 60 evaluations, as ``python -m experiments.convergence`` builds 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import warnings
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ import torch
 from torch import Tensor
 
 import implicit_ham as ih
-from experiments.reports.render import Table
+from experiments.reports.render import Table, replace_between
 
 BEGIN, END = "<!-- anderson-table:begin -->", "<!-- anderson-table:end -->"
 REACH = 1e-6
@@ -151,12 +150,8 @@ def table() -> str:
 
 
 def write(path: Path, text: str) -> None:
-    """Replace the text between the markers of ``path`` with ``text``."""
-    page = path.read_text()
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
-    if not pattern.search(page):
-        raise SystemExit(f"{path}: no {BEGIN} ... {END} block to write the table into")
-    path.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}\n{END}", page))
+    """Replace the block between the markers in ``path`` by ``text``."""
+    path.write_text(replace_between(path.read_text(), f"{BEGIN}\n{text}\n{END}", BEGIN, END, path))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -85,11 +85,24 @@ def interleaved_medians(
 ) -> dict[Key, float]:
     """Median milliseconds of each case over ``repeats`` rounds after ``warmup`` rounds; in a
     round every case runs once, in order. Results are keyed as ``cases``."""
-    now = clock_seconds(clock)
     if clock == "cpu" and device.type != "cpu":
         raise ValueError(
             f"clock='cpu' measures host CPU time, not work on {device}; use clock='wall' there"
         )
+    samples = interleaved_samples(cases, device, repeats, warmup, clock_seconds(clock))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def interleaved_samples(
+    cases: Mapping[Key, Callable[[], object]],
+    device: torch.device,
+    repeats: int,
+    warmup: int,
+    now: Callable[[], float],
+) -> dict[Key, list[float]]:
+    """Milliseconds (by the clock ``now``) of each case in each of ``repeats`` rounds after
+    ``warmup`` untimed rounds; in a round every case runs once, in order, the device
+    synchronised before and after it. Keyed as ``cases``, in round order."""
     samples: dict[Key, list[float]] = {name: [] for name in cases}
     for round_index in range(warmup + repeats):
         for name, case in cases.items():
@@ -99,7 +112,7 @@ def interleaved_medians(
             synchronize(device)
             if round_index >= warmup:
                 samples[name].append((now() - start) * 1e3)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return samples
 
 
 def _cpu_flash_flops(query: Size, key: Size, value: Size, *_: object, **__: object) -> int:

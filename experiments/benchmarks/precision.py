@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import statistics
 import sys
 import warnings
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import implicit_ham as ih
-from experiments.reports.render import Table
+from experiments.reports.render import Table, replace_between
 
 LOG = logging.getLogger(__name__)
 BEGIN, END = "<!-- precision-table:begin -->", "<!-- precision-table:end -->"
@@ -127,11 +126,7 @@ def markdown(table: list[list[str]], seeds: int) -> str:
 
 def write(path: Path, text: str) -> None:
     """Replace the block between the markers in ``path`` by ``text``."""
-    page = path.read_text()
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), flags=re.S)
-    if not pattern.search(page):
-        raise ValueError(f"{path} has no {BEGIN} ... {END} block")
-    path.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}\n{END}", page))
+    path.write_text(replace_between(path.read_text(), f"{BEGIN}\n{text}\n{END}", BEGIN, END, path))
 
 
 def main(argv: list[str] | None = None) -> int:

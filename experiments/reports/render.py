@@ -128,6 +128,16 @@ def render_beside(module_file: str, template: str, **data: Any) -> str:
     return environment_beside(Path(module_file).parent).get_template(template).render(**data)
 
 
+def replace_between(text: str, block: str, begin: str, end: str, where: object = "the page") -> str:
+    """``text`` with its part from ``begin`` to ``end`` (both included) replaced by ``block``:
+    a page's generated part, the hand-written rest as it is. ValueError naming ``where`` and the
+    markers when ``text`` lacks either."""
+    if begin not in text or end not in text:
+        raise ValueError(f"{where} lacks the marker lines {begin!r} and {end!r}; add them")
+    head, rest = text.split(begin, 1)
+    return head + block + rest.split(end, 1)[1]
+
+
 def splice(path: Path, content: str, begin: str, end: str, top: bool = False) -> None:
     """Put ``content`` between the markers ``begin`` / ``end`` in ``path`` (a generated block of
     a page whose other parts another command writes); a file without them gets the marked

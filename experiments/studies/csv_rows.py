@@ -108,6 +108,21 @@ def read_rows(path: str | Path, columns: Sequence[str] = COLUMNS) -> dict[str, d
     return {row["job"]: row for row in read_row_list(path, columns)}
 
 
+def read_plan_rows(
+    path: str | Path, columns: Sequence[str], digest: str
+) -> dict[str, dict[str, Any]]:
+    """``read_rows`` of a study's CSV, refused (ValueError) when it holds rows of another plan
+    than ``digest`` (their jobs would be mixed in)."""
+    rows = read_rows(path, columns)
+    other = sorted({str(r["plan"]) for r in rows.values()} - {digest})
+    if other:
+        raise ValueError(
+            f"{path} holds rows of another plan ({other}, this one is {digest}); "
+            "use another --csv or the plan that wrote it"
+        )
+    return rows
+
+
 def write_row_list(
     path: str | Path, rows: Iterable[Mapping[str, Any]], columns: Sequence[str] = COLUMNS
 ) -> None:
@@ -133,6 +148,20 @@ def append_session(csv_path: str | Path, session: Mapping[str, Any]) -> None:
     path = sessions_path(csv_path)
     rows = read_sessions(csv_path)
     _write_atomic(path, SESSION_COLUMNS, [*rows, session])
+
+
+def session_recorder(
+    csv_path: str | Path, workers: int, digest: str, main_epochs: int | None
+) -> Callable[[float, float, int], None]:
+    """A runner's ``session`` callback, ``(started, finished, jobs run)``: appends that
+    invocation to the sessions sidecar with its ``workers``, plan and ``main_epochs``."""
+
+    def record(started: float, finished: float, ran: int) -> None:
+        append_session(csv_path, {"started": started, "finished": finished, "jobs_run": ran,
+                                  "workers": workers, "plan": digest,
+                                  "main_epochs": main_epochs})  # fmt: skip
+
+    return record
 
 
 def read_sessions(csv_path: str | Path) -> list[dict[str, Any]]:

@@ -55,7 +55,7 @@ def measured_row(
 ) -> dict[str, Any]:
     """``row`` updated with ``work()``'s result (curves encoded) and ``status: ok``, or, when
     it raises, ``status: failed`` and the error (the study goes on; a resumed study retries
-    it); plus start / end time and peak memory. Runs on one thread."""
+    it); plus start / end time, peak memory and the threads it ran on. Runs on one thread."""
     torch.set_num_threads(1)
     reset = reset_peak_memory()
     started = time.time()
@@ -69,4 +69,5 @@ def measured_row(
         logger.exception("%s failed", job_key)
         row.update(status="failed", error=f"{type(error).__name__}: {error}"[:300])
     row.update(started=started, finished=time.time(), peak_mem_mb=peak_memory_mb(reset))
+    row["threads"] = torch.get_num_threads()  # as the job ran (``provenance``'s column)
     return row

@@ -18,6 +18,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor
 
+from experiments.benchmarks.measure import interleaved_samples
 from experiments.reports.render import Table as MarkdownTable
 
 COLUMNS = ("target", "case", "peer", "ours_ms", "peer_ms", "ratio", "goal", "met", "notes")
@@ -160,13 +161,6 @@ def medians(
     """Median milliseconds of each case over ``rounds`` interleaved rounds (``--clock``: the
     process CPU time by default, which on a shared host does not count the time other jobs
     hold the core); each a ``Timing`` that keeps its rounds."""
-    now = _clock[0]
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    for index in range(warmup + rounds):
-        for name, case in cases.items():
-            start = now()
-            case()
-            if index >= warmup:
-                samples[name].append((now() - start) * 1e3)
+    samples = interleaved_samples(cases, torch.device("cpu"), rounds, warmup, _clock[0])
     measurement = object()
     return {name: Timing(values, measurement) for name, values in samples.items()}

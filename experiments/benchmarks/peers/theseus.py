@@ -32,9 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 import warnings
 from collections.abc import Callable
 from functools import partial
@@ -45,6 +43,7 @@ import torch
 from torch import Tensor
 
 import implicit_ham as ih
+from experiments.benchmarks.measure import interleaved_medians
 
 COLUMNS = ("target", "case", "peer", "ours_ms", "peer_ms", "ratio", "goal", "met", "notes")
 TARGET = "25.1 batched least squares, implicit gradient"
@@ -166,19 +165,6 @@ def check(case: str, solver: str, batch: int, dtype: torch.dtype) -> str:
     )
 
 
-def interleaved(runs: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    """Median milliseconds of each callable over ``rounds`` interleaved rounds (one warm-up)."""
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for run in runs.values():
-        run()
-    for _ in range(rounds):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(1e3 * (time.perf_counter() - start))
-    return {name: statistics.median(values) for name, values in times.items()}
-
-
 def row(
     names: tuple[str, str, str],
     mine: float,
@@ -208,7 +194,8 @@ def measure(rounds: int, batches: tuple[int, ...], solvers: tuple[str, ...]) -> 
                 notes = check(case, solver, batch, dtype)
                 x, y, w = data(batch, dtype, noise=0.01)
                 runs = {"ours": ours(solver, x, w), "peer": theseus(solver, x, w)}
-                times = interleaved({k: partial(run, y) for k, run in runs.items()}, rounds)
+                cases = {k: partial(run, y) for k, run in runs.items()}
+                times = interleaved_medians(cases, torch.device("cpu"), repeats=rounds, warmup=1)
                 ours_ms[batch] = times["ours"]
                 ratio = times["peer"] / times["ours"]
                 names = (TARGET, case, PEER)

@@ -37,14 +37,11 @@ import argparse
 import dataclasses
 import json
 import logging
-import math
 import os
-import statistics
 import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,7 +65,7 @@ from experiments.studies.deq_training.rows import (
     job_row,
     read_rows,
 )
-from experiments.studies.job_runner import StopRequest
+from experiments.studies.job_runner import Schedule, run_schedule
 from experiments.studies.provenance import provenance
 
 logger = logging.getLogger(__name__)
@@ -435,12 +432,32 @@ def finished(config: StudyConfig, out_dir: Path, arm: str, seed: int) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Job:
+    """One job of the study: an arm at a seed."""
+
+    arm: str
+    seed: int
+
+    @property
+    def key(self) -> str:
+        """The job's name, ``<arm>_seed<seed>``."""
+        return f"{self.arm}_seed{self.seed}"
+
+
+def _job_row(job: Job, config: StudyConfig, out_dir: Path) -> dict[str, Any]:
+    """Run ``job`` (``run_job``, in a worker process) and return its CSV row."""
+    result = run_job(config, job.arm, job.seed, out_dir)
+    return job_row(result, result["provenance"])
+
+
 def run_study(
     config: StudyConfig, out_dir: Path, workers: int = 1, csv_path: str | Path | None = None
 ) -> dict[str, list[str]]:
     """Run every (arm, seed) job without a row in ``csv_path`` (default ``out_dir/runs.csv``),
-    ``workers`` at a time (1: in this process), appending each job's row as it ends. A job
-    whose file exists in ``out_dir`` but has no row gets its row from the file, unrun.
+    ``workers`` at a time (1: in this process; ``job_runner.run_schedule``), appending each
+    job's row as it ends. A job whose file exists in ``out_dir`` but has no row gets its row
+    from the file, unrun.
 
     Returns the job names that ran and those skipped (a row or a job file existed).
 
@@ -451,51 +468,30 @@ def run_study(
     csv_path = Path(csv_path) if csv_path is not None else out_dir / "runs.csv"
     key = config_text(config.job_key())
     rows = {(r["arm"], r["seed"]): r for r in read_rows(csv_path)}
-    jobs = [(a, s) for a in config.arms for s in config.seeds]
+    jobs = [Job(a, s) for a in config.arms for s in config.seeds]
     todo = []
-    for arm, seed in jobs:
-        row = rows.get((arm, seed))
+    for job in jobs:
+        row = rows.get((job.arm, job.seed))
         if row is not None and row["config"] != key:
             raise ValueError(
-                f"{csv_path}: the row of {arm} seed {seed} has another configuration "
+                f"{csv_path}: the row of {job.arm} seed {job.seed} has another configuration "
                 f"({row['config']}); remove it or use another CSV"
             )
-        if row is None and finished(config, out_dir, arm, seed):  # checks the file's config
-            job = json.loads(job_path(out_dir, arm, seed).read_text())
-            append_row(csv_path, job_row(job, job.get("provenance", {})))
+        if row is None and finished(config, out_dir, job.arm, job.seed):  # checks its config
+            result = json.loads(job_path(out_dir, job.arm, job.seed).read_text())
+            append_row(csv_path, job_row(result, result.get("provenance", {})))
         elif row is None:
-            todo.append((arm, seed))
+            todo.append(job)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=1))
-    done = {"ran": [f"{a}_seed{s}" for a, s in todo],
-            "skipped": [f"{a}_seed{s}" for a, s in jobs if (a, s) not in todo]}  # fmt: skip
-
-    def record(result: dict[str, Any]) -> None:
-        append_row(csv_path, job_row(result, result["provenance"]))
-
-    with StopRequest() as guard:  # a signal: no new job starts, those in flight finish
-        if workers <= 1:
-            for n, (arm, seed) in enumerate(todo):
-                if guard.requested():
-                    guard.report(len(todo) - n)
-                record(run_job(config, arm, seed, out_dir))
-        else:
-            with ProcessPoolExecutor(max_workers=workers) as pool:
-                futures = [pool.submit(run_job, config, a, s, out_dir) for a, s in todo]
-                for future in as_completed(futures):
-                    if not future.cancelled():
-                        record(future.result())
-                    if guard.requested():
-                        for later in futures:
-                            later.cancel()
-            guard.report(sum(f.cancelled() for f in futures) if guard.requested() else 0)
-    return done
-
-
-def median_step_time(result: dict[str, Any]) -> float:
-    """Median wall time of a job's training steps (s); NaN without steps."""
-    times = [s["time_s"] for s in result["steps"]]
-    return statistics.median(times) if times else math.nan
+    schedule = Schedule(
+        pending=lambda _: todo,
+        run=_job_row,
+        args=(config, out_dir),
+        write=lambda _, row: append_row(csv_path, row),
+    )
+    run_schedule(schedule, {}, workers)  # a signal: no new job starts, those in flight finish
+    return {"ran": [j.key for j in todo], "skipped": [j.key for j in jobs if j not in todo]}
 
 
 def main(argv: Sequence[str] | None = None) -> None:

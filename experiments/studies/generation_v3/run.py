@@ -37,9 +37,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from functools import partial
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +53,7 @@ from experiments.studies.generation_v3.plan import Job, Plan, job_overrides
 from experiments.studies.generation_v3.report import gate, plateau_change, read_rows
 from experiments.studies.generation_v3.samples import job_samples
 from experiments.studies.job_row import peak_memory_mb, reset_peak_memory
-from experiments.studies.job_runner import StopRequest
+from experiments.studies.job_runner import Schedule, run_schedule
 from experiments.studies.provenance import provenance
 
 logger = logging.getLogger(__name__)
@@ -189,15 +187,23 @@ def _runner(stage: str) -> Callable[[Job, Plan, Path], dict[str, Any]]:
     return run_pairing_job if stage == "pairing" else run_job
 
 
-def _worker(stage: str, job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
+def _worker(job: Job, stage: str, plan: Plan, out_dir: Path) -> dict[str, Any]:
+    """Run ``job`` of ``stage`` on one thread; its row, or, when the job was preempted
+    (``PreemptedError``: it checkpointed, and the next run resumes it), a ``preempted`` row
+    that the results file does not keep."""
     torch.set_num_threads(1)
-    return _runner(stage)(job, plan, out_dir)
+    try:
+        return _runner(stage)(job, plan, out_dir)
+    except PreemptedError as stopped:
+        logger.warning("%s", stopped)
+        return {"job": job.key, "status": "preempted", "error": f"PreemptedError: {stopped}"}
 
 
 def run_stage(
     stage: str, out_dir: Path, results: Path, plan: Plan, workers: int = 1, skip_gate: bool = False
 ) -> int:
-    """Run the stage's pending jobs (``workers`` processes); returns the number run."""
+    """Run the stage's pending jobs (``workers`` processes; ``job_runner.run_schedule``), each
+    row appended to ``results`` as its job ends; returns the number run."""
     if stage == "main" and not skip_gate:
         verdict = gate(read_rows(results), plan)
         if not verdict.passed:
@@ -209,39 +215,15 @@ def run_stage(
         jobs = pending(plan.pilot_jobs() if stage == "pilot" else plan.main_jobs(),
                        plan.digest(), results)  # fmt: skip
     logger.info("%s: %d job(s) to run", stage, len(jobs))
-    queue, stop = list(jobs), False
-    running: dict[Future[dict[str, Any]], bool] = {}
-    pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
-    with StopRequest() as guard:
-        try:
-            while (queue and not stop) or running:
-                if pool is None:
-                    job = partial(_worker, stage, queue.pop(0), plan, out_dir)
-                    stop = not _record(results, job)
-                else:
-                    while queue and len(running) < workers and not stop:
-                        running[pool.submit(_worker, stage, queue.pop(0), plan, out_dir)] = True
-                    done, _ = wait(running, return_when=FIRST_COMPLETED)
-                    for future in done:
-                        del running[future]
-                        stop = not _record(results, future.result) or stop
-                stop = stop or guard.requested()
-        finally:
-            if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
-        guard.report(len(queue) if stop else 0)
-    return len(jobs) - len(queue)
 
+    def store(_: Mapping[str, dict[str, Any]], row: dict[str, Any]) -> None:
+        if row["status"] != "preempted":
+            append_row(results, row)
 
-def _record(results: Path, row: Callable[[], dict[str, Any]]) -> bool:
-    """Append the row ``row()`` returns to ``results``; False (no row) when its job was
-    preempted (``PreemptedError``: it checkpointed, and the next run resumes it)."""
-    try:
-        append_row(results, row())
-    except PreemptedError as stopped:
-        logger.warning("%s", stopped)
-        return False
-    return True
+    schedule = Schedule(
+        pending=lambda _: jobs, run=_worker, args=(stage, plan, out_dir), write=store
+    )
+    return run_schedule(schedule, {}, workers)["ran"]
 
 
 def backfill_samples(out_dir: Path, results: Path, plan: Plan) -> int:

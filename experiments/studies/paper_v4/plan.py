@@ -292,16 +292,6 @@ def start_order(plan: Plan, job: Job) -> tuple[int, int, int]:
     return (STAGES.index(job.stage), job.replicate, 0)
 
 
-def primary_pairs(plan: Plan, rows: Rows) -> dict[str, list[tuple[Job, Job]]]:
-    """Per ham, the (one-step, BPTT) main jobs of each test replicate."""
-    main = main_jobs(plan, rows)
-    out: dict[str, list[tuple[Job, Job]]] = {}
-    for ham in HAMS:
-        arm = {(j.gradient, j.replicate): j for j in main if j.context == ham}
-        out[ham] = [(arm[(ONE_STEP, r)], arm[(BPTT, r)]) for r in range(plan.replicates)]
-    return out
-
-
 def replicates_done(plan: Plan, rows: Rows, jobs: Sequence[Job]) -> int:
     """Test replicates whose jobs in ``jobs`` all have an ``ok`` row."""
     by_replicate: dict[int, list[Job]] = {}

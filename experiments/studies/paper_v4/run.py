@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from experiments.config.groups import TrainConfig
 from experiments.studies.csv_rows import COLUMNS as ROW_COLUMNS
-from experiments.studies.csv_rows import append_session, read_rows, write_rows
+from experiments.studies.csv_rows import read_plan_rows, read_rows, session_recorder, write_rows
 from experiments.studies.job_row import compose_overrides, measured_row
 from experiments.studies.job_runner import Schedule, run_schedule
 from experiments.studies.paper_v4.jobs import REGIME, Job
@@ -94,9 +94,7 @@ def run_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
         cfg = compose_job(job, plan, out_dir)
         return train_row(cfg, out_dir / "jobs" / job.key)
 
-    row = measured_row(base_row(job, plan), job.key, work)
-    row["threads"] = provenance()["threads"]  # as the job ran (measured_row sets one thread)
-    return row
+    return measured_row(base_row(job, plan), job.key, work)
 
 
 def pending(jobs: Sequence[Job], rows: Rows, out_dir: Path, needed: set[int]) -> list[Job]:
@@ -122,21 +120,14 @@ def pending_jobs(plan: Plan, rows: Rows, out_dir: Path) -> list[Job]:
     )
 
 
-def ready(job: Job, out_dir: Path, settled_pretrain: set[int]) -> bool:
-    """A training job can start once its replicate's backbone exists."""
+def ready(job: Job, out_dir: Path, settled: Mapping[str, Mapping[str, Any]]) -> bool:
+    """A training job can start once its replicate's backbone exists (or its pretraining ended
+    ok in this invocation: ``settled``, the rows of the jobs that ended)."""
     if job.stage == "pretrain":
         return True
-    return job.replicate in settled_pretrain or backbone_path(out_dir, job.replicate).exists()
-
-
-def check_plan(rows: Rows, plan: Plan, csv_path: Path) -> None:
-    """Refuse a CSV holding rows of another plan (their jobs would be mixed in)."""
-    other = sorted({str(r["plan"]) for r in rows.values()} - {plan.digest()})
-    if other:
-        raise ValueError(
-            f"{csv_path} holds rows of another plan ({other}, this one is {plan.digest()}); "
-            "use another --csv or the plan that wrote it"
-        )
+    pretrained = {r["replicate"] for r in settled.values()
+                  if r["stage"] == "pretrain" and r["status"] == "ok"}  # fmt: skip
+    return job.replicate in pretrained or backbone_path(out_dir, job.replicate).exists()
 
 
 def run_study(plan: Plan, out_dir: Path, csv_path: Path, workers: int = 2) -> dict[str, int]:
@@ -145,22 +136,15 @@ def run_study(plan: Plan, out_dir: Path, csv_path: Path, workers: int = 2) -> di
     exists, each row written as its job ends and the invocation appended to the sessions
     sidecar. Returns counts: ran, failed, skipped."""
     out_dir, csv_path = Path(out_dir).resolve(), Path(csv_path)
-    rows = read_rows(csv_path, COLUMNS)
-    check_plan(rows, plan, csv_path)
-
-    def session(started: float, finished: float, ran: int) -> None:
-        append_session(csv_path, {"started": started, "finished": finished, "jobs_run": ran,
-                                  "workers": workers, "plan": plan.digest(),
-                                  "main_epochs": plan.main_epochs})  # fmt: skip
-
+    rows = read_plan_rows(csv_path, COLUMNS, plan.digest())
     schedule = Schedule(
         pending=lambda current: pending_jobs(plan, dict(current), out_dir),
         ready=lambda job, settled: ready(job, out_dir, settled),
         order=lambda job: start_order(plan, job),
         run=run_job,
         args=(plan, out_dir),
-        write=lambda current: write_rows(csv_path, current, COLUMNS),
-        session=session,
+        write=lambda current, _: write_rows(csv_path, current, COLUMNS),
+        session=session_recorder(csv_path, workers, plan.digest(), plan.main_epochs),
     )
     return run_schedule(schedule, rows, workers)
 

@@ -32,7 +32,13 @@ from experiments.engine.checkpoint import read_checkpoint
 from experiments.engine.file_sinks import read_jsonl
 from experiments.engine.run import run_training
 from experiments.models.deq1d import DEQClassifier1d
-from experiments.studies.csv_rows import append_session, encode_curve, read_rows, write_rows
+from experiments.studies.csv_rows import (
+    encode_curve,
+    read_plan_rows,
+    read_rows,
+    session_recorder,
+    write_rows,
+)
 from experiments.studies.job_row import compose_overrides, measured_row
 from experiments.studies.job_runner import Schedule, run_schedule
 from experiments.studies.provenance import provenance
@@ -119,7 +125,6 @@ def run_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
     row = measured_row(base, job.key, lambda: job_row(job, out_dir))
     if isinstance(row.get("curve"), list):
         row["curve"] = encode_curve(row["curve"])
-    row["threads"] = provenance()["threads"]  # as the job ran (measured_row sets one thread)
     return row
 
 
@@ -139,14 +144,7 @@ def run_study(
     refused. ``stop_after_minutes``: no job starts once that many minutes have passed since
     this call began (None: run them all)."""
     out_dir, csv_path = Path(out_dir).resolve(), Path(csv_path)
-    rows = read_rows(csv_path, COLUMNS)
-    other = sorted({str(r["plan"]) for r in rows.values()} - {plan.digest()})
-    if other:
-        raise ValueError(
-            f"{csv_path} holds rows of another plan ({other}, this one is {plan.digest()}); "
-            "use another --csv or the plan that wrote it"
-        )
-    order = {j.key: i for i, j in enumerate(jobs(plan))}
+    rows = read_plan_rows(csv_path, COLUMNS, plan.digest())
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     deadline = None if stop_after_minutes is None else time.time() + 60 * stop_after_minutes
 
@@ -155,19 +153,12 @@ def run_study(
             return []  # past the stop: start nothing more (the jobs in flight finish)
         return pending(plan, current)
 
-    def session(started: float, finished: float, ran: int) -> None:
-        append_session(csv_path, {"started": started, "finished": finished, "jobs_run": ran,
-                                  "workers": workers, "plan": plan.digest(),
-                                  "main_epochs": None})  # fmt: skip
-
     schedule = Schedule(
         pending=todo,
-        ready=lambda job, settled: True,
-        order=lambda job: order[job.key],
         run=run_job,
         args=(plan, out_dir),
-        write=lambda current: write_rows(csv_path, current, COLUMNS),
-        session=session,
+        write=lambda current, _: write_rows(csv_path, current, COLUMNS),
+        session=session_recorder(csv_path, workers, plan.digest(), None),
     )
     return run_schedule(schedule, rows, workers)
 

@@ -3,9 +3,12 @@ rows, and the same command resumes (the shared scheduler and the generation runn
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +62,7 @@ def _schedule(run: Any, *args: Any) -> Schedule:
         order=lambda job: job.key,
         run=run,
         args=args,
-        write=lambda rows: None,
+        write=lambda rows, row: None,
         session=lambda started, ended, ran: None,
     )
 
@@ -111,3 +114,79 @@ def test_the_generation_runner_stops_on_a_signal_and_on_a_preempted_job(
         generation_run.run_stage("pairing", tmp_path, results, plan)  # stops at none-s1, no row
     left = generation_run.pending(jobs, plan.pairing_digest(), results)
     assert left[0].key == "none-s1" and len(left) == len(jobs) - len(plan.arms)
+
+
+RUNNER = """
+import signal, sys, time
+from dataclasses import dataclass
+from pathlib import Path
+from experiments.engine.preemption import PreemptionGuard
+from experiments.studies.job_runner import Schedule, run_schedule
+
+marker = Path(sys.argv[1])
+
+
+@dataclass(frozen=True)
+class Job:
+    key: str
+    stage: str = "main"
+    replicate: int = 0
+
+
+def run(job):
+    if job.key == "guarded":  # under its own guard (as the engine's): ends on the first signal
+        with PreemptionGuard([signal.SIGTERM]) as guard:
+            while not guard.requested():
+                time.sleep(0.01)
+        marker.write_text("stopped")
+        return {"status": "failed", "error": "PreemptedError"}
+    (marker.parent / "long").write_text(str(signal.getsignal(signal.SIGTERM)))
+    time.sleep(60)  # a job without a guard: it would run on
+    return {"status": "ok"}
+
+
+schedule = Schedule(
+    pending=lambda rows: [Job(k) for k in ("guarded", "long") if k not in rows],
+    ready=lambda job, done: True, order=lambda job: job.key, run=run, args=(),
+    write=lambda rows, row: None, session=lambda started, ended, ran: None,
+)
+run_schedule(schedule, {}, workers=2)
+"""
+
+
+def test_a_second_signal_to_the_group_leaves_no_pool_worker_behind(tmp_path: Path) -> None:
+    """Two SIGTERMs to the process group: the runner exits at once and takes its pool workers
+    with it, the one idle since the first signal ended its job included; no worker runs the
+    runner's handler (the long job's worker ignores the signals)."""
+    script, marker = tmp_path / "runner.py", tmp_path / "stopped"
+    script.write_text(RUNNER)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    runner = subprocess.Popen(
+        [sys.executable, str(script), str(marker)], env=env, start_new_session=True
+    )
+    try:
+        for _ in range(600):
+            if (tmp_path / "long").exists():
+                break
+            time.sleep(0.05)
+        time.sleep(0.5)
+        os.killpg(runner.pid, signal.SIGTERM)
+        for _ in range(600):
+            if marker.exists():
+                break
+            time.sleep(0.05)
+        time.sleep(2.0)  # the runner notices the first signal within a second
+        os.killpg(runner.pid, signal.SIGTERM)
+        assert runner.wait(timeout=10) == 128 + signal.SIGTERM
+        for _ in range(100):
+            try:
+                os.killpg(runner.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("pool workers outlived the runner")
+        assert (tmp_path / "long").read_text() == str(signal.SIG_IGN)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(runner.pid, signal.SIGKILL)
