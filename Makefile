@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test quick lint typecheck docs-build docs demo study study-v4 bench bench-sequence benchmarks-public gpu-check generate deq-study clean
+.PHONY: install test quick lint typecheck docs-build docs demo study study-stress bench bench-sequence benchmarks-public gpu-check generate deq-study clean
 
 install: $(STAMP)
 
@@ -43,14 +43,17 @@ demo: install
 	$(PY) -m experiments.report multirun/demo --title "make demo: backward modes on legend_seg"
 	@echo "report: multirun/demo/report.md (plots beside it; per-job results.json and metrics in multirun/demo/<n>/)"
 
+# Study v4 (docs/results.md's first section, experiments/studies/paper_v4): the paper's one-step
+# claim at its own settings; resumable, rows committed as jobs end; the page states its budget.
 study: install
-	PY=$(PY) bash experiments/scripts/study.sh
-	@echo "results: docs/results.md (figures and study v4's CSV in docs/results/; runs in multirun/study/)"
-
-# Study v4 alone (docs/results.md's first section): resumable, rows committed as jobs end.
-study-v4: install
 	OMP_NUM_THREADS=1 $(PY) -m experiments.studies.paper_v4.run multirun/study/paper_v4 --csv docs/results/paper_v4.csv --workers 2
 	$(PY) -m experiments.studies.paper_v4.report --csv docs/results/paper_v4.csv --out docs
+
+# The legend_seg stress test (docs/results.md after study v4: conditioning, convergence, the hams
+# against attention), from its sweeps; the page states its measured time.
+study-stress: install
+	PY=$(PY) bash experiments/scripts/study.sh
+	@echo "results: docs/results.md (figures in docs/results/; runs in multirun/study/)"
 
 # Generation v3 (docs/generation_v3.md, experiments/studies/generation_v3): the masked-cell model
 # of far-twin canvases trained through the engine; the pilot gate (no context vs self-attention,

@@ -74,7 +74,7 @@ class SweepTime:
 @dataclass(frozen=True)
 class Scale:
     """The scale-and-compute section: settings, per-sweep times, the no-training studies'
-    count and minutes, the total, the last ``make study`` invocation's minutes (None without
+    count and minutes, the total, the last ``make study-stress`` invocation's minutes (None without
     both stamps) and the missing parts."""
 
     paper_task: str

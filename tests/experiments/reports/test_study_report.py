@@ -124,7 +124,7 @@ def test_grad_study_norm_ratio_and_conditioning_rows(study: Path, tmp_path: Path
 
 
 def test_a_missing_study_folder_says_what_to_run(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="make study"):
+    with pytest.raises(FileNotFoundError, match="make study-stress"):
         write_study_report(tmp_path / "nope", tmp_path / "docs", "")
 
 
@@ -171,14 +171,14 @@ def test_the_last_invocations_wall_clock_comes_from_study_shs_stamps(
     study: Path, tmp_path: Path
 ) -> None:
     text = write_study_report(study, tmp_path / "docs", "").read_text()
-    assert "The last `make study` ran" not in text  # no stamps: no claim
+    assert "The last `make study-stress` ran" not in text  # no stamps: no claim
     (study / ".started").write_text("1000\n")
     (study / ".finished").write_text("500\n")  # out of order: an unfinished run, no claim
     text = write_study_report(study, tmp_path / "docs", "").read_text()
-    assert "The last `make study` ran" not in text
+    assert "The last `make study-stress` ran" not in text
     (study / ".finished").write_text("4123\n")
     text = write_study_report(study, tmp_path / "docs", "").read_text()
-    assert "- The last `make study` ran 52.0 min end to end" in text
+    assert "- The last `make study-stress` ran 52.0 min end to end" in text
 
 
 # Settings unlike the presets' (conf/adjoint, conf/experiment): the document must quote these.
