@@ -116,8 +116,8 @@ def load_study(root: str | Path) -> StudyRuns:
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(
-            f"study folder {root} does not exist; run experiments/scripts/study.sh (make study-stress) "
-            "first, or pass the folder it wrote (default multirun/study)"
+            f"study folder {root} does not exist; run experiments/scripts/study.sh (make "
+            "study-stress) first, or pass the folder it wrote (default multirun/study)"
         )
     runs = StudyRuns(root)
     for name in SWEEPS:
