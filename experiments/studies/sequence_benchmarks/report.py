@@ -13,7 +13,6 @@ plan's tiers and projected cost, and the measured wall time. It renders with no 
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from typing import Any
 import jinja2
 
 from experiments.reports.render import Table, environment
+from experiments.reports.verdicts import paired_interval
 from experiments.studies.csv_rows import decode_curve, read_rows, read_sessions
 from experiments.studies.job_costs import fastest
 from experiments.studies.sequence_benchmarks.plan import (
@@ -88,7 +88,6 @@ MISMATCH = {
     "mnist1d": "our model is not the package's architecture: see the configuration",
 }
 PLATEAU_POINTS = 1.0  # a curve gaining less than this over its last quarter has plateaued
-T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
 @dataclass(frozen=True)
@@ -137,16 +136,6 @@ def mean_sd(values: Sequence[float]) -> str:
     if len(values) == 1:
         return f"{values[0]:.1f}"
     return f"{statistics.fmean(values):.1f} ± {statistics.stdev(values):.1f}"
-
-
-def interval(values: Sequence[float]) -> tuple[float, float, float] | None:
-    """(mean, low, high) of the 95 % t interval of ``values`` (None under two values)."""
-    if len(values) < 2:
-        return None
-    mean, half = statistics.fmean(values), 0.0
-    sd = statistics.stdev(values)
-    half = T95.get(len(values) - 1, 1.96) * sd / math.sqrt(len(values))
-    return mean, mean - half, mean + half
 
 
 def _table(plan: Plan, rows: Rows, benchmark: str) -> Table:
@@ -296,10 +285,10 @@ def _compare(plan: Plan, rows: Rows, benchmark: str, arm: str, other: str | None
         what = f"{arm} − {other}, paired by seed"
     if len(diffs) < len(plan.seeds):
         return f"pending ({len(diffs)} of {len(plan.seeds)} seeds of {what} have run)"
-    got = interval(diffs)
-    if got is None:
+    if len(diffs) < 2:
         return f"{what}: {diffs[0]:+.1f} points from one seed (no interval)"
-    mean, low, high = got
+    got = paired_interval(diffs)
+    mean, low, high = got.mean, got.lower, got.upper
     verdict = "below" if high < 0 else "above" if low > 0 else "not distinguishable from"
     return (f"{what}: {mean:+.1f} points, 95 % t interval [{low:+.1f}, {high:+.1f}] over "
             f"{len(diffs)} seeds: {verdict} the reference")  # fmt: skip
