@@ -132,7 +132,10 @@ def drift_summary(measured: Sequence[Pair], rows: Mapping[str, Mapping[str, Any]
                    f"machines is not measured. {how}")  # fmt: skip
     if same:
         identical = sum(p.identical for p in same)
-        out.append(f"Re-runs on the same processor model and thread count: {identical} of "
+        jobs = len({p.job for p in same})
+        many = "s" if len(same) != 1 else ""
+        out.append(f"Re-runs on the same processor model and thread count ({len(same)} "
+                   f"comparison{many} of {jobs} job{'s' if jobs != 1 else ''}): {identical} of "
                    f"{len(same)} bit-identical in every metric"
                    + ("." if identical == len(same) else
                       f" (largest |difference| {max(p.largest for p in same):.2e}).")

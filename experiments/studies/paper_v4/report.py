@@ -73,18 +73,23 @@ PENDING = "pending"
 Rows = Mapping[str, Mapping[str, Any]]
 
 
-def _fmt(value: float | None, sign: bool = False) -> str:
+def _fmt(value: float | None, sign: bool = False, digits: int = 3) -> str:
     if value is None or not math.isfinite(value):
         return "–"
-    return f"{value:+.3f}" if sign else f"{value:.3f}"
+    return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
 
 
-def fmt_interval(interval: Interval | None) -> str:
-    """ "+0.004 [−0.006, +0.014] (n=5)"; "–" for None."""
+def fmt_interval(interval: Interval | None, digits: int = 3) -> str:
+    """ "+0.004 [−0.006, +0.014] (n=5)" (``digits`` decimals); "–" for None."""
     if interval is None:
         return "–"
-    bounds = f"[{_fmt(interval.lower, True)}, {_fmt(interval.upper, True)}]"
-    return f"{_fmt(interval.mean, True)} {bounds} (n={interval.n})"
+    lower, upper = (_fmt(b, True, digits) for b in (interval.lower, interval.upper))
+    return f"{_fmt(interval.mean, True, digits)} [{lower}, {upper}] (n={interval.n})"
+
+
+def _side(interval: Interval) -> str:
+    """Where a 95 % interval of a difference lies: "above", "below" or "neither" (spans 0)."""
+    return "above" if interval.lower > 0 else "below" if interval.upper < 0 else "neither"
 
 
 def _ok(rows: Rows, job: Job) -> Mapping[str, Any] | None:
@@ -144,8 +149,17 @@ class Primary:
     complete: bool
     sd: float | None  # the paired differences' SD (None below 2)
 
+    def direction(self) -> str:
+        """Where one-step lies against BPTT: "below", "above", "not distinguishable" (the
+        interval spans 0), "–" (fewer than 2 replicates)."""
+        if self.interval is None or self.interval.n < 2:
+            return "–"
+        side = _side(self.interval)
+        return "not distinguishable" if side == "neither" else side
+
     def sentence(self) -> str:
-        """The verdict in one line, with the paper's effect and the collapses."""
+        """The verdict in one line, with its direction, the paper's effect and the
+        collapses."""
         where = f"{self.ham.upper()} one-step − BPTT (inv_t 1, K 6)"
         if self.interval is None:
             return f"{where}: no replicate yet; verdict pending"
@@ -159,7 +173,11 @@ class Primary:
         note = (f"; {self.collapsed_one_step} one-step and {self.collapsed_bptt} BPTT runs "
                 "collapsed below no context (without them: "
                 f"{fmt_interval(self.without_collapses)})" if collapses else "")  # fmt: skip
-        return f"{where}: {fmt_interval(self.interval)}, {state}; the interval {excluded}{note}."
+        side = self.direction()
+        toward = (f"; one-step lies {side} BPTT (the interval excludes 0)"
+                  if side in ("below", "above") else "")  # fmt: skip
+        return (f"{where}: {fmt_interval(self.interval)}, {state}{toward}; the interval "
+                f"{excluded}{note}.")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -175,6 +193,7 @@ class PaperV4:
     replicates_done: int
     lr_table: Table
     edge: tuple[str, ...]
+    own_edge: tuple[str, ...]  # ham arms whose own best rate is an end of the grid
     primary: tuple[Primary, ...]
     primary_table: Table
     arms: Table
@@ -198,6 +217,7 @@ class PaperV4:
     conclusions: tuple[str, ...]
     wall_minutes: float | None
     failed: tuple[str, ...]
+    outside: tuple[str, ...]  # rows of the plan among none of its jobs (``_outside``)
 
 
 def _progress(plan: Plan, rows: Rows) -> tuple[Table, tuple[str, ...]]:
@@ -212,7 +232,32 @@ def _progress(plan: Plan, rows: Rows) -> tuple[Table, tuple[str, ...]]:
     return Table.of(["stage", "jobs", "ok", "failed"], out), tuple(failed)
 
 
-def _lr_table(plan: Plan, rows: Rows, done: bool) -> tuple[Table, tuple[str, ...]]:
+def _outside(plan: Plan, rows: Rows) -> tuple[str, ...]:
+    """The rows of this plan that are among none of its stages' jobs (a job at a rate the
+    tuning no longer selects), each with its test mIoU and whether it started before the
+    plan's last tuning row ended; they enter no table."""
+    planned = {j.key for stage in STAGES for j in jobs_of_stage(plan, rows, stage)}
+    ends = [_number(rows.get(j.key, {}).get("finished")) for j in tune_jobs(plan)]
+    tuning_end = max((e for e in ends if e is not None), default=math.inf)
+    out = []
+    for key in sorted(set(rows) - planned):
+        row = rows[key]
+        started = _number(row.get("started"))
+        early = ", started before the tuning's last row ended" if (
+            started is not None and started < tuning_end) else ""  # fmt: skip
+        out.append(f"`{key}` (test mIoU {_fmt(_number(row.get('test_miou')))}{early})")
+    return tuple(out)
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None or value == "" else float(value)
+
+
+def _lr_table(
+    plan: Plan, rows: Rows, done: bool
+) -> tuple[Table, tuple[str, ...], tuple[str, ...]]:
+    """The tuning table, the contexts whose shared rate is an end of the grid, and the ham arms
+    whose own best rate (one gradient alone) is an end of the grid."""
     jobs = tune_jobs(plan)
     out = []
     for context, gradient in tuned_arms():
@@ -223,8 +268,17 @@ def _lr_table(plan: Plan, rows: Rows, done: bool) -> tuple[Table, tuple[str, ...
         cells.append(f"{select_lr(plan, rows, context):g}" if done else "–")
         out.append(cells)
     edge = tuple(c for c in (*BASELINES, *HAMS) if done and edge_selected(plan, rows, c))
+    grid = sorted(plan.lrs)
+    own = []
+    for context, gradient in tuned_arms():
+        means = {lr: list(_scores(rows, _arm(jobs, context, gradient, lr=lr), "val_miou").values())
+                 for lr in grid}  # fmt: skip
+        if done and len(grid) > 1 and all(means.values()):
+            best = max(grid, key=lambda lr: statistics.fmean(means[lr]))
+            if best in (grid[0], grid[-1]) and context in HAMS:
+                own.append(f"{_label(context, gradient)} ({best:g})")
     header = ["context", "gradient", *[f"val mIoU @ lr {lr:g}" for lr in plan.lrs], "selected lr"]
-    return Table.of(header, out), edge
+    return Table.of(header, out), edge, tuple(own)
 
 
 def _primary(plan: Plan, rows: Rows, main: Sequence[Job]) -> list[Primary]:
@@ -258,11 +312,11 @@ def _primary(plan: Plan, rows: Rows, main: Sequence[Job]) -> list[Primary]:
 def _primary_table(primary: Sequence[Primary]) -> Table:
     return Table.of(
         ["ham", "one-step − BPTT, test mIoU [95 % CI]", "verdict (unadjusted)", "p", "Holm p",
-         "verdict after Holm", "paper's effect", "excluded", "collapsed (one-step / BPTT)",
-         "without collapsed replicates"],
+         "verdict after Holm", "one-step vs BPTT (interval vs 0)", "paper's effect", "excluded",
+         "collapsed (one-step / BPTT)", "without collapsed replicates"],
         [(v.ham.upper(), fmt_interval(v.interval), v.unadjusted,
           f"{v.p:.3g}" if v.interval else "–", f"{v.holm_p:.3g}" if v.interval else "–",
-          v.verdict, f"+{v.effect:.3f}",
+          v.verdict, v.direction(), f"+{v.effect:.3f}",
           "–" if v.excludes_effect is None else ("yes" if v.excludes_effect else "no"),
           f"{v.collapsed_one_step} / {v.collapsed_bptt}", fmt_interval(v.without_collapses))
          for v in primary],
@@ -308,7 +362,7 @@ def _length_table(plan: Plan, rows: Rows, main: Sequence[Job],
     """The one-step − BPTT interval per ham at the main length and at ``length_factor`` times
     it on the replicates that have all four runs, and the sentence saying whether the
     verdicts (margin ``MARGIN``, uncorrected) move."""
-    out, moved, settled = [], [], 0
+    out, moved, settled, below = [], [], 0, []
     for ham in HAMS:
         short = [_scores(rows, _arm(main, ham, g)) for g in GRADIENTS]
         long = [_scores(rows, _arm(longer, ham, g)) for g in GRADIENTS]
@@ -319,19 +373,22 @@ def _length_table(plan: Plan, rows: Rows, main: Sequence[Job],
         if at_main is not None and at_main.n >= 2 and at_long is not None:
             before, after = verdict(at_main, MARGIN), verdict(at_long, MARGIN)
             moves, settled = ("no" if before == after else "yes"), settled + 1
+            below += [ham.upper()] if _side(at_long) == "below" else []
             if before != after:
                 moved.append(f"{ham.upper()} ({before} → {after})")
-        out.append((ham.upper(), len(both), fmt_interval(at_main), fmt_interval(at_long), moves))
+        out.append((ham.upper(), len(both), fmt_interval(at_main, 4), fmt_interval(at_long, 4),
+                    moves))  # fmt: skip
     table = Table.of(["ham", "replicates", f"one-step − BPTT, {plan.main_epochs} epochs",
                       f"one-step − BPTT, {plan.length_factor * plan.main_epochs} epochs",
                       "verdict moves"], out)  # fmt: skip
     longest = f"{plan.length_factor}× the epochs"
     if settled < len(HAMS):
         return table, f"At {longest}: pending ({settled} of {len(HAMS)} hams have two replicates)."
-    if not moved:
-        return table, f"At {longest} no ham's verdict moves (same replicates, uncorrected)."
-    return table, f"At {longest} (same replicates, uncorrected) the verdict moves for " + (
-        f"{', '.join(moved)}.")  # fmt: skip
+    line = (f"At {longest} no ham's verdict moves (same replicates, uncorrected)" if not moved
+            else f"At {longest} (same replicates, uncorrected) the verdict moves for "
+            f"{', '.join(moved)}")  # fmt: skip
+    return table, line + (f"; one-step lies below BPTT there for {', '.join(below)}."
+                          if below else ".")  # fmt: skip
 
 
 def _secondary_table(plan: Plan, rows: Rows, main: Sequence[Job], extra: Sequence[Job]) -> Table:
@@ -341,8 +398,8 @@ def _secondary_table(plan: Plan, rows: Rows, main: Sequence[Job], extra: Sequenc
     def add(label: str, arm: Mapping[int, float], ref: Mapping[int, float]) -> None:
         low = collapsed(arm, floor) | collapsed(ref, floor)
         diffs = _pairs(arm, ref)
-        out.append((label, fmt_interval(_interval(diffs)),
-                    len([r for r in arm if r in ref and r in low])))  # fmt: skip
+        pairs = len([r for r in arm if r in ref and r in low])
+        out.append((label, fmt_interval(_interval(diffs)), pairs if diffs else "–"))
 
     for ham in HAMS:
         bptt_main = _scores(rows, _arm(main, ham, BPTT))
@@ -438,7 +495,7 @@ def _power(plan: Plan, primary: Sequence[Primary], v3: Mapping[str, Sequence[flo
     return (
         Table.of(["ham", "paired SD", "SD from", f"power, n={plan.replicates} (Holm's first step)",
                   f"power, n={plan.replicates} (Holm's last step)",
-                  f"n for {TARGET_POWER:.0%} power"], rows),
+                  f"n for {TARGET_POWER:.0%} power (Holm's first step)"], rows),
         Table.of(["ham", "replicates the budget holds", "power (Holm's first step)"], held_rows),
     )  # fmt: skip
 
@@ -466,13 +523,12 @@ def _v3_lines(v3: Mapping[str, Sequence[float]]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _side(interval: Interval) -> str:
-    """Where a 95 % interval of a difference lies: "above", "below" or "neither" (spans 0)."""
-    return "above" if interval.lower > 0 else "below" if interval.upper < 0 else "neither"
-
-
-def _one_step_line(plan: Plan, primary: Sequence[Primary]) -> str:
-    """The first claim's line once every primary comparison is complete."""
+def _one_step_line(
+    plan: Plan, primary: Sequence[Primary], over_gap: Mapping[str, Interval | None]
+) -> str:
+    """The first claim's line once every primary comparison is complete; it names the hams
+    neither of whose arms lies above GAP (there the decomposition adds nothing measurable
+    beyond a global summary to compare the gradients on)."""
     parts = []
     for v in primary:
         assert v.interval is not None
@@ -484,9 +540,15 @@ def _one_step_line(plan: Plan, primary: Sequence[Primary]) -> str:
     effects = ", ".join(f"{v.ham.upper()} +{v.effect:.3f}" for v in primary)
     effect = (f"the paper's advantage of one-step ({effects}) is excluded for "
               + (", ".join(excluded) or "none") + (f", not for {', '.join(kept)}" if kept else ""))
+    flat = [v.ham.upper() for v in primary if not any(
+        i is not None and i.n >= 2 and _side(i) == "above"
+        for label, i in over_gap.items() if label.startswith(f"{v.ham.upper()},"))]  # fmt: skip
+    caveat = (f"; neither arm of {', '.join(flat)} lies above global average pooling, so there "
+              "the gradients are compared where the decomposition adds nothing measurable "
+              "beyond a global summary" if flat else "")  # fmt: skip
     return (f"One-step as good as BPTT at the paper's settings (δ = {MARGIN}, Holm over 3, "
             f"n = {plan.replicates}, one-step − BPTT test mIoU): {'; '.join(parts)}; "
-            f"{effect}.")  # fmt: skip
+            f"{effect}{caveat}.")  # fmt: skip
 
 
 def _gap_line(over_gap: Mapping[str, Interval | None]) -> str:
@@ -510,7 +572,7 @@ def _conclusions(
     intervals with their caveats; ham − GAP; where the other claims are measured."""
     complete = all(v.complete for v in primary)
     if complete:
-        claim1 = _one_step_line(plan, primary)
+        claim1 = _one_step_line(plan, primary, over_gap)
     else:
         earlier = "; ".join(
             f"{ham.upper()} {fmt_interval(i)} {verdict(i, MARGIN)}"
@@ -547,8 +609,9 @@ def paper_v4(rows: Rows, plan: Plan, csv: str, v3_rows: Rows,
     done_tuning = tuned(plan, rows)
     main = jobs_of_stage(plan, rows, "main")
     progress, failed = _progress(plan, rows)
+    outside = _outside(plan, rows)
     done = replicates_done(plan, rows, main)
-    lr_table, edge = _lr_table(plan, rows, done_tuning)
+    lr_table, edge, own_edge = _lr_table(plan, rows, done_tuning)
     primary = _primary(plan, rows, main)
     arms, context, over_gap = _arms_and_context(rows, main)
     length_table, length_line = _length_table(plan, rows, main, jobs_of_stage(plan, rows, "length"))
@@ -565,7 +628,7 @@ def paper_v4(rows: Rows, plan: Plan, csv: str, v3_rows: Rows,
         plan=plan, csv=csv, margin=MARGIN,
         effects=", ".join(f"{h.upper()} +{e:.3f}" for h, e in PAPER_EFFECT.items()),
         progress=progress, tuned=done_tuning, replicates_done=done,
-        lr_table=lr_table, edge=edge, primary=tuple(primary),
+        lr_table=lr_table, edge=edge, own_edge=own_edge, primary=tuple(primary),
         primary_table=_primary_table(primary), arms=arms, context_table=context,
         length_table=length_table, length_line=length_line,
         secondary_table=_secondary_table(plan, rows, main, jobs_of_stage(plan, rows, "secondary")),
@@ -578,7 +641,7 @@ def paper_v4(rows: Rows, plan: Plan, csv: str, v3_rows: Rows,
         conclusions=_conclusions(plan, done, primary, over_gap, v3, collapses),
         v3_failed=collapse_list(collapses), v3_replicates=max(map(len, v3.values()), default=0),
         wall_minutes=sum(s["finished"] - s["started"] for s in mine) / 60 if mine else None,
-        failed=failed,
+        failed=failed, outside=outside,
     )  # fmt: skip
 
 

@@ -351,7 +351,8 @@ def test_the_drift_across_machines_is_computed_from_reruns_and_unmeasured_withou
     assert (f"Drift across machines (Test CPU → Other CPU), 2 re-runs: |Δ test mIoU| mean "
             f"{mean:.2e}, largest {largest:.2e} over 2 jobs") in page  # fmt: skip
     assert "0 of 2 bit-identical" in page
-    assert "same processor model and thread count: 1 of 1 bit-identical in every metric." in page
+    assert ("same processor model and thread count (1 comparison of 1 job): 1 of 1 "
+            "bit-identical in every metric.") in page
     table = page[page.index("| job | study row: processor") :].split("\n\n")[0].splitlines()
     assert len(table) == 2 + 3  # header, rule, the three measured re-runs
     assert f"{deltas[0]:+.2e}" in table[2] and "Other CPU" in table[2]
@@ -439,11 +440,39 @@ def test_the_conclusions_say_on_which_side_of_zero_each_interval_lies() -> None:
     assert "not distinguishable from GAP: VQ, bptt" in line and "CD, bptt" not in line
     rows, _ = _full_rows(PLAN.replicates)
     primary = report._primary(PLAN, rows, jobs_of_stage(PLAN, rows, "main"))
-    first = report._one_step_line(PLAN, primary)
+    gap = {"NMF, bptt": Interval(0.02, 0.01, 0.03, 6), "VQ, bptt": Interval(0.0, -0.01, 0.01, 6)}
+    first = report._one_step_line(PLAN, primary, gap)
     for v in primary:
         assert v.interval is not None
         below = v.verdict == "non-inferior" and v.interval.upper < 0
         assert f"{v.ham.upper()} {v.verdict}{' but below BPTT' if below else ''}, " in first
     # NMF's synthetic difference (TRUE) lies far below its paper effect; VQ's is near 0 with 6
     # replicates and CD's interval is widened by its collapsed replicate
-    assert "NMF inferior, " in first and first.endswith("is excluded for NMF, not for VQ, CD.")
+    assert "NMF inferior, " in first and "is excluded for NMF, not for VQ, CD;" in first
+    # no arm of VQ or CD above GAP: the line says that the decomposition adds nothing there
+    assert first.endswith("neither arm of VQ, CD lies above global average pooling, so there the "
+                          "gradients are compared where the decomposition adds nothing "
+                          "measurable beyond a global summary.")
+
+
+def test_a_row_at_a_rate_the_tuning_does_not_select_is_listed_and_used_nowhere(
+    tmp_path: Path,
+) -> None:
+    rows, diffs = _full_rows(PLAN.replicates)
+    main = jobs_of_stage(PLAN, rows, "main")
+    job = next(j for j in main if j.context == "nmf" and j.gradient == BPTT and j.replicate == 0)
+    stray = Job(job.stage, job.context, job.gradient, job.K, job.inv_t, 0.025, 0, job.epochs)
+    assert stray.key not in {j.key for j in main}
+    rows[stray.key] = _row(stray, test_miou=0.123456, val_miou=0.1, started=1e9, finished=1e9)
+    assert report._outside(PLAN, rows) == (f"`{stray.key}` (test mIoU 0.123)",)
+    rows[stray.key]["started"] = 0.0  # before the last tuning row ended (synthetic: at 60 s)
+    assert report._outside(PLAN, rows) == (
+        f"`{stray.key}` (test mIoU 0.123, started before the tuning's last row ended)",)
+    primary = report._primary(PLAN, rows, main)
+    nmf = next(v for v in primary if v.ham == "nmf")
+    assert nmf.interval is not None and nmf.interval.mean == pytest.approx(np.mean(diffs["nmf"]))
+    page, _ = _write_page(rows, tmp_path)
+    assert "Rows of this plan that are among none of its jobs" in page and stray.key in page
+    # the exploratory comparisons have no rows here: no pair, no count
+    table = page[page.index("### Exploratory") : page.index("### Reproducibility")]
+    assert "| – | – |" in table and "| – | 0 |" not in table
