@@ -16,7 +16,7 @@ from scipy import stats
 
 from experiments.reports.verdicts import Interval
 from experiments.studies.csv_rows import read_row_list, read_rows, write_row_list, write_rows
-from experiments.studies.paper_v4 import drift, report, rerun, run
+from experiments.studies.paper_v4 import conclusions, drift, report, rerun, run
 from experiments.studies.paper_v4.jobs import BPTT, NO_GRADIENT, ONE_STEP, Job
 from experiments.studies.paper_v4.plan import (
     HAMS,
@@ -33,6 +33,7 @@ from experiments.studies.paper_v4.plan import (
     tuned,
 )
 from experiments.studies.paper_v4.power import power, replicates_for
+from experiments.studies.paper_v4.primary import primary_comparisons
 
 PLAN = Plan(replicates=6, tune_replicates=(50, 51), lrs=(0.025, 0.05, 0.1),
             length_replicates=(0, 1), secondary_replicates=(0,), ks=(1,))  # fmt: skip
@@ -435,13 +436,13 @@ def test_the_conclusions_say_on_which_side_of_zero_each_interval_lies() -> None:
     over_gap = {"NMF, bptt": Interval(0.02, 0.01, 0.03, 20),
                 "VQ, bptt": Interval(0.0, -0.01, 0.01, 20),
                 "CD, one-step": Interval(-0.02, -0.03, -0.01, 20), "CD, bptt": None}  # fmt: skip
-    line = report._gap_line(over_gap)
+    line = conclusions.gap_line(over_gap)
     assert "above GAP: NMF, bptt +0.020" in line and "below GAP: CD, one-step -0.020" in line
     assert "not distinguishable from GAP: VQ, bptt" in line and "CD, bptt" not in line
     rows, _ = _full_rows(PLAN.replicates)
-    primary = report._primary(PLAN, rows, jobs_of_stage(PLAN, rows, "main"))
+    primary = primary_comparisons(PLAN, rows, jobs_of_stage(PLAN, rows, "main"))
     gap = {"NMF, bptt": Interval(0.02, 0.01, 0.03, 6), "VQ, bptt": Interval(0.0, -0.01, 0.01, 6)}
-    first = report._one_step_line(PLAN, primary, gap)
+    first = conclusions.one_step_line(PLAN, primary, gap)
     for v in primary:
         assert v.interval is not None
         below = v.verdict == "non-inferior" and v.interval.upper < 0
@@ -468,8 +469,7 @@ def test_a_row_at_a_rate_the_tuning_does_not_select_is_listed_and_used_nowhere(
     rows[stray.key]["started"] = 0.0  # before the last tuning row ended (synthetic: at 60 s)
     assert report._outside(PLAN, rows) == (
         f"`{stray.key}` (test mIoU 0.123, started before the tuning's last row ended)",)
-    primary = report._primary(PLAN, rows, main)
-    nmf = next(v for v in primary if v.ham == "nmf")
+    nmf = next(v for v in primary_comparisons(PLAN, rows, main) if v.ham == "nmf")
     assert nmf.interval is not None and nmf.interval.mean == pytest.approx(np.mean(diffs["nmf"]))
     page, _ = _write_page(rows, tmp_path)
     assert "Rows of this plan that are among none of its jobs" in page and stray.key in page
