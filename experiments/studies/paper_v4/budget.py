@@ -1,12 +1,13 @@
 """Study v4's budget: the minutes each stage costs and how many test replicates the wall-clock
 budget of ``make study`` holds.
 
-A job's minutes scale with its epochs. The minutes per epoch of each (context, gradient) come
-from measured rows: study v4's own once every tuned arm has one, else the idle-host rows of
-study v3's CSV (same network, same data, same epochs). This host is shared, so a row's time
-depends on the load it met; the projection for idle cores takes each arm's **fastest** row
-(``job_costs.fastest``: still an overstatement where every row of an arm ran under load), and
-the page also gives the projection at each arm's median row, the loads the rows actually met.
+A job's minutes scale with its epochs. The minutes per epoch of each (context, gradient, K)
+come from measured rows (an epoch at K = 1 costs less than one at K = 12): study v4's own once
+every tuned arm has one, else the idle-host rows of study v3's CSV (same network, same data,
+same epochs). This host is shared, so a row's time depends on the load it met; the projection
+for idle cores takes each arm's **fastest** row (still an overstatement where every row of an
+arm ran under load), and the page also gives the projection at each arm's median row, the
+loads the rows actually met.
 """
 
 from __future__ import annotations
@@ -38,27 +39,35 @@ def job_minutes(row: Mapping[str, Any]) -> float | None:
 
 @dataclass(frozen=True)
 class Costs:
-    """Minutes per epoch of a job of each (context, gradient) and of a pretraining run, and
+    """Minutes per epoch of a job of each (context, gradient, K) and of a pretraining run, and
     where they were measured."""
 
-    per_epoch: Mapping[tuple[str, str], float]
+    per_epoch: Mapping[tuple[str, str, int], float]
     pretrain: float
     source: str
 
     def minutes(self, job: Job) -> float:
-        """The job's expected minutes (a context without a measurement: the largest known)."""
+        """The job's expected minutes: its (context, gradient, K)'s cost per epoch; without a
+        measurement at its K, the largest of its (context, gradient) at any K; without one of
+        those, the largest known."""
         if job.stage == "pretrain":
             return self.pretrain
-        fallback = max(self.per_epoch.values(), default=0.0)
-        return self.per_epoch.get((job.context, job.gradient), fallback) * job.epochs
+        arm = (job.context, job.gradient)
+        same_arm = [v for (c, g, _), v in self.per_epoch.items() if (c, g) == arm]
+        fallback = max(same_arm or list(self.per_epoch.values()) or [0.0])
+        return self.per_epoch.get((job.context, job.gradient, job.K), fallback) * job.epochs
+
+    def measures(self, context: str, gradient: str) -> bool:
+        """Whether some row measured the arm (at any K)."""
+        return any((c, g) == (context, gradient) for c, g, _ in self.per_epoch)
 
 
 def measured_costs(rows: Sequence[Mapping[str, Any]], source: str,
                    statistic: Statistic = min) -> Costs | None:  # fmt: skip
     """``statistic`` (``min``: each arm's fastest row; ``statistics.median``) of the minutes
-    per epoch per (context, gradient) and of the pretraining minutes over ``rows``; a context
-    of ``ALIASES`` without rows takes the other's cost. None without a training row."""
-    per_arm: dict[tuple[str, str], list[float]] = {}
+    per epoch per (context, gradient, K) and of the pretraining minutes over ``rows``; a
+    context of ``ALIASES`` without rows takes the other's cost. None without a training row."""
+    per_arm: dict[tuple[str, str, int], list[float]] = {}
     pretrain = []
     for row in rows:
         if row.get("stage") == "pretrain":
@@ -67,14 +76,15 @@ def measured_costs(rows: Sequence[Mapping[str, Any]], source: str,
             continue
         minutes = job_minutes(row)
         if minutes is not None:
-            per_arm.setdefault((str(row["context"]), str(row["gradient"])), []).append(minutes)
+            arm = (str(row["context"]), str(row["gradient"]), int(float(row.get("K") or 0)))
+            per_arm.setdefault(arm, []).append(minutes)
     if not per_arm:
         return None
     per_epoch = {arm: statistic(v) for arm, v in per_arm.items()}
     for mine, theirs in ALIASES.items():
-        for (context, gradient), value in list(per_epoch.items()):
-            if context == theirs and (mine, gradient) not in per_epoch:
-                per_epoch[(mine, gradient)] = value
+        for (context, gradient, k), value in list(per_epoch.items()):
+            if context == theirs and (mine, gradient, k) not in per_epoch:
+                per_epoch[(mine, gradient, k)] = value
     return Costs(per_epoch, statistic(pretrain) if pretrain else 0.0, source)
 
 
@@ -83,7 +93,7 @@ def study_costs(plan: Plan, rows: Rows, v3_rows: Rows, statistic: Statistic = mi
     study v3's rows. Raises ValueError when neither has a training row."""
     own = [r for r in rows.values() if r.get("plan") == plan.digest()]
     mine = measured_costs(own, f"this study's {len(own)} rows", statistic)
-    if mine is not None and all((c, g) in mine.per_epoch for c, g in tuned_arms()):
+    if mine is not None and all(mine.measures(c, g) for c, g in tuned_arms()):
         return mine
     theirs = measured_costs(
         list(v3_rows.values()),

@@ -122,6 +122,8 @@ class PaperV4:
     v3_replicates: int
     conclusions: tuple[str, ...]
     wall_minutes: float | None
+    recorded_jobs: int  # jobs run by the invocations the sessions sidecar records
+    row_count: int  # the CSV's rows of this plan
     failed: tuple[str, ...]
     outside: tuple[str, ...]  # rows of the plan among none of its jobs (``_outside``)
 
@@ -367,6 +369,7 @@ def paper_v4(rows: Rows, plan: Plan, csv: str, v3_rows: Rows,
         conclusions=conclusions(plan, done, primary, over_gap, v3, collapses),
         v3_failed=collapse_list(collapses), v3_replicates=max(map(len, v3.values()), default=0),
         wall_minutes=sum(s["finished"] - s["started"] for s in mine) / 60 if mine else None,
+        recorded_jobs=sum(int(s.get("jobs_run") or 0) for s in mine), row_count=len(rows),
         failed=failed, outside=outside,
     )  # fmt: skip
 

@@ -27,7 +27,8 @@ Row = dict[str, Any]
 
 
 def _row(context: str, gradient: str, minutes: float, epochs: int = 10, **more: Any) -> Row:
-    return {"stage": "main", "context": context, "gradient": gradient, "status": "ok",
+    k = 0 if gradient == "-" else 6
+    return {"stage": "main", "context": context, "gradient": gradient, "K": k, "status": "ok",
             "started": 100.0, "finished": 100.0 + 60 * minutes, "epochs": epochs,
             **more}  # fmt: skip
 
@@ -40,19 +41,23 @@ def test_fastest_takes_each_arms_smallest_measured_cost() -> None:
 
 def test_costs_at_fastest_and_median_rows_per_epoch() -> None:
     rows = [_row("nmf", "bptt", 2.0), _row("nmf", "bptt", 6.0), _row("nmf", "bptt", 3.0),
+            _row("nmf", "bptt", 0.5, K=1),  # K = 1: cheaper, not the K = 6 arm's cost
             _row("none", "-", 1.0, epochs=5), _row("vq", "bptt", 9.0, status="failed"),
             {"stage": "pretrain", "status": "ok", "started": 0.0, "finished": 120.0},
             {"stage": "pretrain", "status": "ok", "started": 0.0, "finished": 60.0}]  # fmt: skip
     low = measured_costs(rows, "test")
     mid = measured_costs(rows, "test", statistics.median)
     assert low is not None and mid is not None
-    assert low.per_epoch == {("nmf", "bptt"): 0.2, ("none", "-"): 0.2, ("gap", "-"): 0.2}
-    assert mid.per_epoch[("nmf", "bptt")] == pytest.approx(0.3)
+    assert low.per_epoch == {("nmf", "bptt", 6): 0.2, ("nmf", "bptt", 1): 0.05,
+                             ("none", "-", 0): 0.2, ("gap", "-", 0): 0.2}  # fmt: skip
+    assert mid.per_epoch[("nmf", "bptt", 6)] == pytest.approx(0.3)
     assert (low.pretrain, mid.pretrain) == (1.0, 1.5)
-    assert ("vq", "bptt") not in low.per_epoch  # the failed row is not a measurement
+    assert not low.measures("vq", "bptt")  # the failed row is not a measurement
     job = Job("main", "nmf", "bptt", 6, 1.0, 0.05, 0, 32)
     assert low.minutes(job) == pytest.approx(6.4)
-    # a context never measured takes the largest known minutes per epoch
+    assert low.minutes(Job("main", "nmf", "bptt", 1, 1.0, 0.05, 0, 32)) == pytest.approx(1.6)
+    # a K never measured takes its arm's largest; a context never measured the largest known
+    assert low.minutes(Job("main", "nmf", "bptt", 12, 1.0, 0.05, 0, 32)) == pytest.approx(6.4)
     assert low.minutes(Job("main", "cd", "bptt", 6, 1.0, 0.05, 0, 32)) == pytest.approx(6.4)
 
 
