@@ -47,6 +47,7 @@ from experiments.reports.sweep_record import (
     read_config,
     relabelled_jobs,
 )
+from experiments.reports.sweep_time import wall_clock
 from implicit_ham.nn import decomposition_of
 from implicit_ham.reliability import ACTION_MEANINGS, FAILURE_MEANINGS
 
@@ -499,47 +500,3 @@ def _last_logged(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
 
 def _job_sort_key(path: Path) -> tuple[int, str]:
     return (int(path.name), str(path)) if path.name.isdigit() else (1 << 30, str(path))
-
-
-def wall_clock(sweep_dir: Path) -> str | None:
-    """ "<m> min <s> s" from the sweep's start to its last ``results.json`` (``sweep_span_s``),
-    with the launcher's parallel jobs when recorded; None without them. What the docs quote as
-    the demo's duration: measured by the run, not typed."""
-    span = sweep_span_s(sweep_dir)
-    if span is None:
-        return None
-    minutes, seconds = divmod(round(span), 60)
-    parallel = parallel_jobs(sweep_dir)
-    at_a_time = f", {parallel} jobs at a time" if parallel else ""
-    return f"{minutes} min {seconds} s{at_a_time}"
-
-
-def planned_jobs(sweep_dir: Path) -> int | None:
-    """Jobs the sweep in ``sweep_dir`` launches: the product of the sizes of its sweeper's
-    comma-separated value lists in Hydra's ``multirun.yaml``; None when the file is absent."""
-    path = sweep_dir / "multirun.yaml"
-    if not path.exists():
-        return None
-    hydra = (yaml.safe_load(path.read_text()) or {}).get("hydra") or {}
-    params = (hydra.get("sweeper") or {}).get("params") or {}
-    return math.prod(len(str(v).split(",")) for v in params.values())
-
-
-def sweep_span_s(sweep_dir: Path) -> float | None:
-    """Wall-clock seconds from the sweep's start (its ``multirun.yaml``) to its last
-    ``results.json``; None without them. A sweep resumed later counts the pause too."""
-    start = sweep_dir / "multirun.yaml"
-    ends = [p.stat().st_mtime for p in sweep_dir.glob("*/results.json")]
-    if not start.exists() or not ends:
-        return None
-    return max(ends) - start.stat().st_mtime
-
-
-def parallel_jobs(sweep_dir: Path) -> int | None:
-    """``hydra.launcher.n_jobs`` of the sweep in ``sweep_dir`` (its ``multirun.yaml``), or None
-    when the file or the key is absent."""
-    path = sweep_dir / "multirun.yaml"
-    if not path.exists():
-        return None
-    launcher = ((yaml.safe_load(path.read_text()) or {}).get("hydra") or {}).get("launcher")
-    return (launcher or {}).get("n_jobs")

@@ -34,9 +34,8 @@ from experiments.reports.sweep import (
     Row,
     collect_jobs,
     group_jobs,
-    parallel_jobs,
-    planned_jobs,
 )
+from experiments.reports.sweep_time import parallel_jobs, planned_jobs
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.reports.render import render_beside
-from experiments.reports.sweep import sweep_span_s
+from experiments.reports.sweep_time import sweep_span_s
 from experiments.studies.legend_seg.baselines import Baselines, baselines
 from experiments.studies.legend_seg.convergence import Convergence, convergence
 from experiments.studies.legend_seg.data import (

@@ -1,0 +1,92 @@
+"""A sweep's size and time, read from its folder: the jobs it plans and runs at a time (Hydra's
+``multirun.yaml``) and its wall-clock span (its jobs' ``results.json``).
+
+The span is the time during which at least one of the sweep's jobs was training: the union of
+the jobs' intervals, each ending at its ``results.json``'s modification time and lasting its
+``train_time_s``. It holds for a sweep stopped and resumed: jobs finished by an earlier
+invocation keep their intervals, and the pause between invocations is not counted. (Hydra
+rewrites ``multirun.yaml`` on every invocation, so the span from that file to the last result
+was negative for a resumed sweep whose jobs had all finished before.) Process start-up outside
+a job's training is not counted either; a job resumed from its checkpoint counts its earlier
+segments as if they ran just before its last one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+
+import yaml
+
+from experiments.engine.results import RESULTS_FILE, ResultsError, read_results
+
+SWEEP_FILE = "multirun.yaml"
+
+
+def planned_jobs(sweep_dir: Path) -> int | None:
+    """Jobs the sweep in ``sweep_dir`` launches: the product of the sizes of its sweeper's
+    comma-separated value lists in Hydra's ``multirun.yaml``; None when the file is absent."""
+    path = sweep_dir / SWEEP_FILE
+    if not path.exists():
+        return None
+    hydra = (yaml.safe_load(path.read_text()) or {}).get("hydra") or {}
+    params = (hydra.get("sweeper") or {}).get("params") or {}
+    return math.prod(len(str(v).split(",")) for v in params.values())
+
+
+def parallel_jobs(sweep_dir: Path) -> int | None:
+    """``hydra.launcher.n_jobs`` of the sweep in ``sweep_dir`` (its ``multirun.yaml``), or None
+    when the file or the key is absent."""
+    path = sweep_dir / SWEEP_FILE
+    if not path.exists():
+        return None
+    launcher = ((yaml.safe_load(path.read_text()) or {}).get("hydra") or {}).get("launcher")
+    return (launcher or {}).get("n_jobs")
+
+
+def job_intervals(sweep_dir: Path) -> list[tuple[float, float]]:
+    """(start, end) in epoch seconds of each job of ``sweep_dir`` with a readable
+    ``results.json`` recording its ``train_time_s``: end is the file's modification time, start
+    is end minus that time. Jobs without one (unreadable, or a failure before training) are
+    left out."""
+    intervals = []
+    for path in sweep_dir.glob(f"*/{RESULTS_FILE}"):
+        try:
+            seconds = read_results(path).get("train_time_s")
+        except ResultsError:
+            continue
+        if isinstance(seconds, (int, float)) and seconds >= 0:
+            end = path.stat().st_mtime
+            intervals.append((end - float(seconds), end))
+    return intervals
+
+
+def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
+    """Length of the union of the (start, end) ``intervals``: overlapping ones count once."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def sweep_span_s(sweep_dir: Path) -> float | None:
+    """Wall-clock seconds during which at least one job of ``sweep_dir`` trained (the union of
+    ``job_intervals``); None when no job recorded its training time."""
+    intervals = job_intervals(sweep_dir)
+    return union_seconds(intervals) if intervals else None
+
+
+def wall_clock(sweep_dir: Path) -> str | None:
+    """ "<m> min <s> s" of ``sweep_span_s``, with the launcher's parallel jobs when recorded;
+    None without a job's time. What the docs quote as the demo's duration: measured by the
+    run, not typed."""
+    span = sweep_span_s(sweep_dir)
+    if span is None:
+        return None
+    minutes, seconds = divmod(round(span), 60)
+    parallel = parallel_jobs(sweep_dir)
+    at_a_time = f", {parallel} jobs at a time" if parallel else ""
+    return f"{minutes} min {seconds} s{at_a_time}"
