@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from experiments.reports.sweep import find_job
+from experiments.reports.sweep_jobs import find_job
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from experiments.reports.sweep import Row, label
+from experiments.reports.sweep import label
+from experiments.reports.sweep_jobs import Row
 
 INCH_PER_CHAR = 0.075  # a tick / legend label's width per character at the default font size
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from experiments.reports.sweep import Job
+    from experiments.reports.sweep_jobs import Job
 
 
 class UnknownMetricError(ValueError):

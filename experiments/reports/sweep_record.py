@@ -25,7 +25,7 @@ from experiments.engine.resume import comparable_config, config_differences
 from experiments.reports.render import Table
 
 if TYPE_CHECKING:
-    from experiments.reports.sweep import Job
+    from experiments.reports.sweep_jobs import Job
 
 
 def flat_config(

@@ -28,7 +28,8 @@ from typing import Any
 
 import implicit_ham as ih
 from experiments.reports.render import Table
-from experiments.reports.sweep import Job, Row, label, metric_cell
+from experiments.reports.sweep import label, metric_cell
+from experiments.reports.sweep_jobs import Job, Row
 from implicit_ham.adjoints.modes import Adjoint, AtFixedPoint, Unroll
 from implicit_ham.decompositions import DECOMPOSITIONS
 

@@ -29,12 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.engine.results import RESULTS_FILE, ResultsError, read_results
-from experiments.reports.sweep import (
-    Job,
-    Row,
-    collect_jobs,
-    group_jobs,
-)
+from experiments.reports.sweep_jobs import Job, Row, collect_jobs, group_jobs
 from experiments.reports.sweep_time import parallel_jobs, planned_jobs
 
 logger = logging.getLogger(__name__)
@@ -111,7 +106,7 @@ def load_study(root: str | Path) -> StudyRuns:
     """Read a study folder (see the module docstring); missing parts stay empty. An unreadable
     file (a garbled ``results.json``, ``bench.json``) is named in a warning and in
     ``runs.damaged``, and its part counts as missing: the rest of the study is still read (a
-    sweep's damaged job is a job of status "unreadable", see ``experiments.reports.sweep``)."""
+    sweep's damaged job is a job of status "unreadable", see ``experiments.reports.sweep_jobs``)."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(

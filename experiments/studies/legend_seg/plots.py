@@ -9,7 +9,7 @@ from typing import Any
 import matplotlib.ticker
 from matplotlib.figure import Figure
 
-from experiments.reports.sweep import Row
+from experiments.reports.sweep_jobs import Row
 from experiments.studies.legend_seg.data import k_steps, mean_std, select
 
 POINT_STYLE = {"init": "--", "trained": "-"}

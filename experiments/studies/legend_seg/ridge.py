@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.reports.render import Table, render_beside
-from experiments.reports.sweep import Row, collect_jobs, group_jobs
+from experiments.reports.sweep_jobs import Row, collect_jobs, group_jobs
 from experiments.studies.legend_seg.data import (
     REFERENCE_K,
     config_value,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from experiments.reports.render import Table
-from experiments.reports.sweep import Row
+from experiments.reports.sweep_jobs import Row
 from experiments.studies.legend_seg.data import (
     ADJOINTS,
     CONTEXTS,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.reports.sweep import find_job
+from experiments.reports.sweep_jobs import find_job
 from experiments.studies.legend_seg.report import write_study_report
 
 CONFIG = {

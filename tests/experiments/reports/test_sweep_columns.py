@@ -14,15 +14,8 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from experiments.reports.plots import bar_figure
-from experiments.reports.sweep import (
-    arm_keys,
-    collect_jobs,
-    common_overrides,
-    group_jobs,
-    label,
-    metrics_table,
-    write_report,
-)
+from experiments.reports.sweep import arm_keys, common_overrides, label, metrics_table, write_report
+from experiments.reports.sweep_jobs import collect_jobs, group_jobs
 from experiments.reports.sweep_metrics import UnknownMetricError
 
 ROOT = Path(__file__).resolve().parents[3]

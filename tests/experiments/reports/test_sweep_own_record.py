@@ -15,7 +15,8 @@ import yaml
 from helpers.train_jobs import run_train, start_train, train_rows, wait_for
 
 from experiments.engine.log_record import log_record, logs_mismatch
-from experiments.reports.sweep import collect_jobs, group_jobs, metrics_table, write_report
+from experiments.reports.sweep import metrics_table, write_report
+from experiments.reports.sweep_jobs import collect_jobs, group_jobs
 
 
 def _job(root: Path, num: int, rank: int, adjoint: str = "implicit") -> Path:

@@ -9,13 +9,8 @@ from pathlib import Path
 import pytest
 
 import implicit_ham as ih
-from experiments.reports.sweep import (
-    arms_table,
-    collect_jobs,
-    group_jobs,
-    metrics_table,
-    write_report,
-)
+from experiments.reports.sweep import arms_table, metrics_table, write_report
+from experiments.reports.sweep_jobs import collect_jobs, group_jobs
 from implicit_ham.reliability import ACTION_MEANINGS, FAILURE_MEANINGS
 
 

@@ -12,7 +12,8 @@ import pytest
 from helpers.train_jobs import run_train
 
 from experiments.engine.file_sinks import read_jsonl
-from experiments.reports.sweep import arm_keys, collect_jobs, group_jobs, write_report
+from experiments.reports.sweep import arm_keys, write_report
+from experiments.reports.sweep_jobs import collect_jobs, group_jobs
 from experiments.reports.sweep_trust import evidence, reading, trust_table
 
 
