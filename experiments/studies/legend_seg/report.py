@@ -35,6 +35,7 @@ from experiments.studies.legend_seg.data import (
     train_steps,
 )
 from experiments.studies.legend_seg.gradients import Gradients, gradients
+from experiments.studies.legend_seg.job_rows import ROWS_FILE, write_rows
 from experiments.studies.legend_seg.ridge import Ridge, ridge
 from experiments.studies.legend_seg.stress import StressTest, stress_test
 
@@ -108,7 +109,8 @@ def write_study_report(
     commands: str,
     figures: str = "results",
 ) -> Path:
-    """Write ``out_dir/results.md``, its PNGs and ``findings.md`` (in ``out_dir/figures``)
+    """Write ``out_dir/results.md``, its PNGs, ``findings.md`` and the per-job rows
+    (``experiments.studies.legend_seg.job_rows``; both in ``out_dir/figures``)
     from the study folder ``root``; ``commands`` is the shell script that produced the runs,
     quoted at the top."""
     runs = load_study(root)
@@ -117,6 +119,7 @@ def write_study_report(
     doc = study_document(runs, Figures(out_dir, figures), commands)
     findings = render_beside(__file__, "study/findings.md.j2", doc=doc)
     (out_dir / figures / FINDINGS).write_text(findings)
+    write_rows(runs, out_dir / figures / ROWS_FILE)
     path = out_dir / "results.md"
     path.write_text(render_beside(__file__, "study/results.md.j2", doc=doc))
     return path

@@ -1,0 +1,130 @@
+"""The stress test's per-job rows: one CSV row per sweep job (its arm, seed, status, final
+metrics, training time and the SHA-256 of its trained parameters), written beside the page
+(``docs/results/legend_seg_jobs.csv``) each time the report runs, so that the runs themselves
+need not be committed and a later run, on this machine or another, can be compared with them.
+
+``python -m experiments.studies.legend_seg.job_rows RUNS [--rows CSV]`` compares the study
+folder ``RUNS`` with committed rows: per job, whether its parameters are bit-identical and how
+far its metrics moved. The rows' ``cpu`` and ``commit`` are those of the process that wrote
+them (``experiments/scripts/study.sh`` writes them at the end of its run, on the run's host).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from experiments.reports.sweep_jobs import IGNORED_OVERRIDES, Job
+from experiments.studies.legend_seg.data import LEGEND_SWEEPS, StudyRuns, load_study
+from experiments.studies.provenance import cpu_model, library_commit
+
+logger = logging.getLogger(__name__)
+
+ROWS_FILE = "legend_seg_jobs.csv"
+METRICS = ("val/miou", "val/blob_acc")
+FIELDS = ("sweep", "arm", "seed", "status", *METRICS, "train_time_s", "state_digest", "cpu",
+          "commit")  # fmt: skip
+
+
+def job_rows(runs: StudyRuns) -> list[dict[str, str]]:
+    """One row per job of the stress test's sweeps, in sweep then job order."""
+    cpu, commit = cpu_model(), library_commit()
+    return [_row(name, job, cpu, commit) for name in LEGEND_SWEEPS
+            for job in runs.sweeps.get(name, [])]  # fmt: skip
+
+
+def _row(sweep: str, job: Job, cpu: str, commit: str) -> dict[str, str]:
+    digests = job.record.get("state_digests") or [""]
+    values = {m: job.value(m) for m in (*METRICS, "train_time_s")}
+    return {
+        "sweep": sweep,
+        "arm": _arm(job),
+        "seed": job.overrides.get("seed", ""),
+        "status": job.status,
+        **{m: "" if v is None else repr(v) for m, v in values.items()},
+        "state_digest": str(digests[0]),
+        "cpu": cpu,
+        "commit": commit,
+    }
+
+
+def _arm(job: Job) -> str:
+    """The job's overrides but the seed and the experiment preset, sorted: its arm."""
+    items = sorted((k, v) for k, v in job.overrides.items()
+                   if k not in IGNORED_OVERRIDES and k != "experiment")  # fmt: skip
+    return " ".join(f"{k}={v}" for k, v in items)
+
+
+def write_rows(runs: StudyRuns, path: Path) -> Path:
+    """Write ``job_rows(runs)`` to ``path`` (CSV, header ``FIELDS``)."""
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, FIELDS)
+        writer.writeheader()
+        writer.writerows(job_rows(runs))
+    return path
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """The rows of a ``write_rows`` CSV."""
+    with path.open(newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A run against committed rows: jobs in both (ok in both), those with bit-identical
+    parameters, the largest absolute change of each metric, and the jobs only on one side."""
+
+    both: int
+    identical: int
+    largest: dict[str, float]
+    only_run: int
+    only_rows: int
+
+
+def compare(run: Iterable[Mapping[str, str]], rows: Iterable[Mapping[str, str]]) -> Comparison:
+    """Match jobs by (sweep, arm, seed); ok jobs only."""
+    def keyed(items: Iterable[Mapping[str, str]]) -> dict[tuple[str, str, str], Mapping[str, str]]:
+        return {(r["sweep"], r["arm"], r["seed"]): r for r in items if r["status"] == "ok"}
+
+    mine, theirs = keyed(run), keyed(rows)
+    common = sorted(mine.keys() & theirs.keys())
+    largest = {m: max((abs(float(mine[k][m]) - float(theirs[k][m])) for k in common
+                       if mine[k][m] and theirs[k][m]), default=0.0) for m in METRICS}  # fmt: skip
+    return Comparison(
+        both=len(common),
+        identical=sum(mine[k]["state_digest"] == theirs[k]["state_digest"] != "" for k in common),
+        largest=largest,
+        only_run=len(mine.keys() - theirs.keys()),
+        only_rows=len(theirs.keys() - mine.keys()),
+    )
+
+
+def describe(result: Comparison, rows: Sequence[Mapping[str, str]]) -> str:
+    """One paragraph: the comparison's numbers and where the committed rows ran."""
+    hosts = sorted({f"{r['cpu']} at {r['commit']}" for r in rows})
+    moved = ", ".join(f"{m} {v:.3g}" for m, v in result.largest.items())
+    return (
+        f"{result.identical} of {result.both} jobs ok in both have bit-identical parameters; "
+        f"largest absolute metric change: {moved}; {result.only_run} job(s) only in the run, "
+        f"{result.only_rows} only in the rows (rows written on {'; '.join(hosts)})."
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", help="the study folder (make study-stress's multirun/study)")
+    parser.add_argument("--rows", default=f"docs/results/{ROWS_FILE}", help="committed rows")
+    args = parser.parse_args(argv)
+    rows = read_rows(Path(args.rows))
+    result = compare(job_rows(load_study(args.runs)), rows)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logger.info("%s", describe(result, rows))
+
+
+if __name__ == "__main__":
+    main()
