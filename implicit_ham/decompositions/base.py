@@ -1,12 +1,10 @@
 """``Decomposition``: a matrix decomposition as an implicit (fixed-point) layer.
 
 A feature map x (B, C, H, W) or a sequence x (B, C, N) is reshaped to X (B*S, d, n) with S
-groups. The one flatten rule: every dimension after the channels is a position, n = H*W for a
-map and n = N for a sequence (so a sequence is the map (B, C, N, 1), with identical output).
-``spatial=True``: d = C/S channels, n positions; ``spatial=False`` (the channel ham): the
-roles are swapped, d = n positions and n = C/S. The iteration state is the tuple (bases D
-(B*S, d, r), coefficients C (B*S, n, r)); X goes in the problem's ``args`` so every backward
-mode's gradient reaches the input through them. A subclass supplies the algorithm:
+groups by the one flatten rule of ``layout`` (n = H*W or N positions, d = C/S channels; the
+roles swapped for the channel ham). The iteration state is the tuple (bases D (B*S, d, r),
+coefficients C (B*S, n, r)); X goes in the problem's ``args`` so every backward mode's
+gradient reaches the input through them. A subclass supplies the algorithm:
 
 * ``init(x, bases) -> (D0, C0)`` (default ``C0 = softmax_r(inv_t * X^T D0)``), optionally
   ``init_shared(x, bases) -> ((D0, C0), product)`` handing a product of the initialisation to
@@ -35,7 +33,6 @@ Gradient semantics of ``forward`` (the solve always runs ``steps`` iterations in
 from __future__ import annotations
 
 import dataclasses
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -45,12 +42,11 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from implicit_ham._core.errors import NonFiniteError
 from implicit_ham._core.registry import check_options
 from implicit_ham._core.state import detached
-from implicit_ham._core.transforms import host_checks
 from implicit_ham._core.validation import check_positive_int
 from implicit_ham.adjoints.modes import ADJOINTS, Adjoint, OneStep
+from implicit_ham.decompositions import input_checks, layout
 from implicit_ham.decompositions.initial_bases import InitialBases
 from implicit_ham.decompositions.iteration import IterationMap
 from implicit_ham.decompositions.options import DecompositionOptions
@@ -59,30 +55,6 @@ from implicit_ham.solvers.base import SOLVERS, FixedPointSolver
 from implicit_ham.solvers.iteration import FixedPointIteration
 
 State = tuple[Tensor, Tensor]
-
-
-def _like(y: Tensor, x: Tensor) -> Tensor:
-    """``y`` in ``x``'s memory format (channels_last in, channels_last out; a sequence has
-    only the default format)."""
-    if x.ndim != 4 or x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last):
-        return y
-    return y.contiguous(memory_format=torch.channels_last)
-
-
-def is_finite(x: Tensor) -> bool:
-    """Whether x holds no NaN or infinity: one pass (``aminmax`` propagates NaN) and one host
-    synchronisation, several times cheaper than ``isfinite(x).all()`` on a large map."""
-    if x.numel() == 0 or not host_checks():  # vmap / compile: values cannot be read
-        return True
-    low, high = torch.aminmax(x.detach())
-    return bool(torch.isfinite(torch.stack([low, high])).all())
-
-
-def value_range(x: Tensor, *others: Tensor) -> list[float]:
-    """``[min(x), max(x), min(others[0]), ...]`` in one pass over x (``aminmax`` propagates
-    NaN, so a NaN anywhere in x makes both non-finite) and one host synchronisation."""
-    low, high = torch.aminmax(x.detach())
-    return torch.stack([low, high, *(t.detach().amin() for t in others)]).tolist()
 
 
 class Decomposition(InitialBases, ABC):
@@ -200,7 +172,7 @@ class Decomposition(InitialBases, ABC):
         self._shared: tuple[Tensor, Tensor, Tensor] | None = None
         self.last_solution: Solution | None = None
         if opts.channels is not None:
-            self._check_groups(opts.channels)
+            input_checks.check_groups(owner, opts.channels, self.groups)
         self._register_bases()
 
     @property
@@ -294,28 +266,15 @@ class Decomposition(InitialBases, ABC):
     def check_values(self, x: Tensor, bases: Tensor) -> None:
         """NonFiniteError if X (B*S, d, n) holds NaN / inf; ValueError if the rank is not below
         min(d, n); for a ``nonnegative`` layer, ValueError if X or the initial bases hold a
-        negative value. One pass over X
-        (``aminmax``, which propagates NaN) and one host synchronisation for both checks (none
-        under vmap / compile, where values cannot be read). Also the rank check, between the two
-        (the order of precedence: non-finite, rank, sign)."""
-        low, high, *base_low = (
-            value_range(x, *([bases] if self.nonnegative else []))
-            if x.numel() and host_checks()
-            else (0.0, 0.0)
+        negative value (that order; one pass over X: ``input_checks.check_values``)."""
+        input_checks.check_values(
+            type(self).__name__,
+            x,
+            bases,
+            rank=self.rank,
+            spatial=self.spatial,
+            nonnegative=self.nonnegative,
         )
-        if not (math.isfinite(low) and math.isfinite(high)):
-            raise NonFiniteError(
-                f"{type(self).__name__}: the input contains NaN or infinity; check the layer "
-                "that produces it (or the data) before the decomposition."
-            )
-        self._check_rank(x)
-        for what, value in zip(("input", "initial bases"), (low, *base_low), strict=False):
-            if self.nonnegative and value < 0:
-                raise ValueError(
-                    f"{type(self).__name__} needs a non-negative {what}, got a minimum of "
-                    f"{value:.3g}; put a ReLU in front of it (Hamburger's lower bread does) or "
-                    "use VQ / CD."
-                )
 
     # ------------------------------------------------------------------------ the layer
     def bind_channels(self, channels: int) -> None:
@@ -324,39 +283,22 @@ class Decomposition(InitialBases, ABC):
         ``groups`` and, with "fixed" bases and ``spatial=True``, registers the ``fixed_bases``
         buffer (S, C/S, r) once, instead of drawing the seeded bases at every forward (the
         same values; exportable). A layer built with other channels raises ValueError."""
-        owner = type(self).__name__
-        check_positive_int(owner, "channels", channels)
-        if self.channels is not None and self.channels != channels:
-            raise ValueError(
-                f"{owner} was built for channels={self.channels} but receives {channels} "
-                "channels; make them equal (or leave the layer's channels unset)."
-            )
-        self._check_groups(channels)
+        layout.check_bound_channels(
+            type(self).__name__, channels, built_for=self.channels, groups=self.groups
+        )
         self.channels = channels
         self._register_fixed_bases()
 
     def flatten(self, x: Tensor) -> Tensor:
-        """(B, C, H, W) or (B, C, N) -> X (B*S, d, n) in this layer's layout, n = H*W or N."""
-        if x.ndim not in (3, 4):
-            raise ValueError(
-                f"{type(self).__name__} expects a feature map (B, C, H, W) or a sequence "
-                f"(B, C, N), got shape {tuple(x.shape)}; reshape the input to one of them "
-                "(tokens (B, N, C) are x.transpose(1, 2))."
-            )
-        batch, channels = x.shape[:2]
-        positions = math.prod(x.shape[2:])
-        self._check_groups(channels)
-        if self.channels is not None and channels != self.channels:
-            raise ValueError(
-                f"{type(self).__name__} was built for channels={self.channels}, got an input "
-                f"with {channels}; pass matching channels (or channels=None with init='random')."
-            )
-        grouped = x.reshape(batch * self.groups, channels // self.groups, positions)
-        return grouped if self.spatial else grouped.transpose(1, 2)
+        """(B, C, H, W) or (B, C, N) -> X (B*S, d, n) in this layer's layout, n = H*W or N
+        (``layout.flatten``)."""
+        return layout.flatten(
+            type(self).__name__, x, groups=self.groups, spatial=self.spatial, channels=self.channels
+        )
 
     def unflatten(self, y: Tensor, shape: torch.Size | tuple[int, ...]) -> Tensor:
         """Inverse of ``flatten``: (B*S, d, n) -> ``shape`` (B, C, H, W) or (B, C, N)."""
-        return (y if self.spatial else y.transpose(1, 2)).reshape(shape)
+        return layout.unflatten(y, shape, spatial=self.spatial)
 
     def active_solver(self) -> FixedPointSolver:
         """The forward solver with ``max_steps`` = ``steps`` (training) or ``eval_steps``."""
@@ -400,11 +342,7 @@ class Decomposition(InitialBases, ABC):
         Raises:
             TypeError: ``x`` is not a floating-point tensor (the solve needs real arithmetic).
         """
-        if not x.is_floating_point():
-            raise TypeError(
-                f"{type(self).__name__}: x must be a floating-point tensor, got {x.dtype}; "
-                "convert it first, e.g. x.float()"
-            )
+        input_checks.check_floating(type(self).__name__, x)
         self.last_solution = None  # the previous forward's state is released before this solve
         adjoint = self.active_adjoint()
         if adjoint.readout_step_only and not self.grad_through_bases:
@@ -424,7 +362,7 @@ class Decomposition(InitialBases, ABC):
         if self._updates_online_bases():
             self._update_online_bases(solution.value[0])
         readout = self.kernel("readout")(flat, solution.value)
-        return _like(self.unflatten(readout, x.shape), x)
+        return layout.match_memory_format(self.unflatten(readout, x.shape), x)
 
     def extra_repr(self) -> str:
         parts = [
@@ -468,22 +406,3 @@ class Decomposition(InitialBases, ABC):
         state["_compiled"] = {}
         state["_shared"] = None
         return state
-
-    # ------------------------------------------------------------------------- internals
-    def _check_groups(self, channels: int) -> None:
-        if channels % self.groups:
-            raise ValueError(
-                f"{type(self).__name__}: channels={channels} is not divisible by "
-                f"groups={self.groups}; choose groups that divide the channel count."
-            )
-
-    def _check_rank(self, x: Tensor) -> None:
-        _, d, n = x.shape
-        if self.rank >= min(d, n):
-            raise ValueError(
-                f"{type(self).__name__}: rank={self.rank} must be smaller than min(d, n) = "
-                f"min({d}, {n}) (layout {'spatial' if self.spatial else 'channel'}: d x n = "
-                f"{d} x {n}, X of shape {tuple(x.shape)}); a rank-{self.rank} factorisation is "
-                "then not low-rank. Lower the rank or the groups, or feed a larger feature map "
-                "or a longer sequence (n = H*W of a map, N of a sequence)."
-            )

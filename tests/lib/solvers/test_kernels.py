@@ -8,8 +8,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import implicit_ham as ih
-from implicit_ham.decompositions.base import is_finite
 from implicit_ham.decompositions.fused import multiplicative_update, normalize_over_n
+from implicit_ham.decompositions.input_checks import is_finite
 
 SYNCING = {"__bool__", "__float__", "__int__", "__index__", "item", "tolist", "numpy"}
 
