@@ -1,14 +1,17 @@
 """A sweep's size and time, read from its folder: the jobs it plans and runs at a time (Hydra's
 ``multirun.yaml``) and its wall-clock span (its jobs' ``results.json``).
 
-The span is the time during which at least one of the sweep's jobs was training: the union of
-the jobs' intervals, each ending at its ``results.json``'s modification time and lasting its
-``train_time_s``. It holds for a sweep stopped and resumed: jobs finished by an earlier
-invocation keep their intervals, and the pause between invocations is not counted. (Hydra
-rewrites ``multirun.yaml`` on every invocation, so the span from that file to the last result
-was negative for a resumed sweep whose jobs had all finished before.) Process start-up outside
-a job's training is not counted either; a job resumed from its checkpoint counts its earlier
-segments as if they ran just before its last one.
+The span is the time during which at least one of the sweep's finished jobs was training: the
+union of the jobs' intervals, each ending at its ``results.json``'s modification time and
+lasting its ``train_time_s``. It holds for a sweep stopped and resumed: jobs finished by an
+earlier invocation keep their intervals, and a pause between invocations during which no job
+was in flight is not counted. (Hydra rewrites ``multirun.yaml`` on every invocation, so the
+span from that file to the last result was negative for a resumed sweep whose jobs had all
+finished before.) It is an approximation in three ways: process start-up, imports and data
+building outside a job's training are not counted; failed, preempted and killed jobs record
+no training time and are not counted; and a job resumed from its checkpoint counts its
+earlier segments as if they ran just before its last one, so the span can exceed the true one
+by at most those earlier segments (which may fall inside the pause).
 """
 
 from __future__ import annotations
@@ -46,17 +49,18 @@ def parallel_jobs(sweep_dir: Path) -> int | None:
 
 
 def job_intervals(sweep_dir: Path) -> list[tuple[float, float]]:
-    """(start, end) in epoch seconds of each job of ``sweep_dir`` with a readable
-    ``results.json`` recording its ``train_time_s``: end is the file's modification time, start
-    is end minus that time. Jobs without one (unreadable, or a failure before training) are
-    left out."""
+    """(start, end) in epoch seconds of each job of ``sweep_dir`` whose readable
+    ``results.json`` records a finite, non-negative ``train_time_s`` (finished jobs): end is the
+    file's modification time, start is end minus that time. Other jobs (failed, preempted,
+    unreadable) are left out."""
     intervals = []
     for path in sweep_dir.glob(f"*/{RESULTS_FILE}"):
         try:
             seconds = read_results(path).get("train_time_s")
         except ResultsError:
             continue
-        if isinstance(seconds, (int, float)) and seconds >= 0:
+        if (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+                and math.isfinite(seconds) and seconds >= 0):  # fmt: skip
             end = path.stat().st_mtime
             intervals.append((end - float(seconds), end))
     return intervals
@@ -80,9 +84,9 @@ def sweep_span_s(sweep_dir: Path) -> float | None:
 
 
 def wall_clock(sweep_dir: Path) -> str | None:
-    """ "<m> min <s> s" of ``sweep_span_s``, with the launcher's parallel jobs when recorded;
-    None without a job's time. What the docs quote as the demo's duration: measured by the
-    run, not typed."""
+    """ "<m> min <s> s" of ``sweep_span_s`` (the time while the sweep's jobs trained, not the
+    command's duration), with the launcher's parallel jobs when recorded; None without a job's
+    time. Measured by the run, not typed: the sweep report quotes it."""
     span = sweep_span_s(sweep_dir)
     if span is None:
         return None

@@ -42,7 +42,7 @@ REFERENCE_K = 6  # the paper's K, where the document compares modes
 STRESS_TASK = "legend_seg"  # the stress test's task (the study_scale presets), by name
 PAPER_TASK = "digit_seg"  # the paper regime's task (study v4, the paper_v4 preset), by name
 LEGEND_SWEEPS = ("adjoints", "context", "remedy", "legend_probe")
-SWEEPS = LEGEND_SWEEPS  # what study.sh runs as Hydra sweeps (the paper regime: study v4's CSV)
+SWEEPS = (*LEGEND_SWEEPS, "ridge")  # study.sh's Hydra sweeps (the paper regime: study v4's CSV)
 STUDIES = ("grad", "convergence")
 EXPECTED_STUDIES = {  # what experiments/scripts/study.sh runs
     "grad": (*(f"init_{c}" for c in ("nmf", "vq", "cd", "nmf_normalized")),

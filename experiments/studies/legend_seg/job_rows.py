@@ -18,8 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.engine.resume import RUN_SETTINGS
 from experiments.reports.sweep_jobs import IGNORED_OVERRIDES, Job
-from experiments.studies.legend_seg.data import LEGEND_SWEEPS, StudyRuns, load_study
+from experiments.studies.legend_seg.data import SWEEPS, StudyRuns, load_study
 from experiments.studies.provenance import cpu_model, library_commit
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ FIELDS = ("sweep", "arm", "seed", "status", *METRICS, "train_time_s", "state_dig
 def job_rows(runs: StudyRuns) -> list[dict[str, str]]:
     """One row per job of the stress test's sweeps, in sweep then job order."""
     cpu, commit = cpu_model(), library_commit()
-    return [_row(name, job, cpu, commit) for name in LEGEND_SWEEPS
+    return [_row(name, job, cpu, commit) for name in SWEEPS
             for job in runs.sweeps.get(name, [])]  # fmt: skip
 
 
@@ -53,9 +54,10 @@ def _row(sweep: str, job: Job, cpu: str, commit: str) -> dict[str, str]:
 
 
 def _arm(job: Job) -> str:
-    """The job's overrides but the seed and the experiment preset, sorted: its arm."""
-    items = sorted((k, v) for k, v in job.overrides.items()
-                   if k not in IGNORED_OVERRIDES and k != "experiment")  # fmt: skip
+    """The job's overrides but the seed, the experiment preset and the run settings (threads,
+    progress, logging: they change no number), sorted: its arm."""
+    skipped = (*IGNORED_OVERRIDES, *RUN_SETTINGS, "experiment")
+    items = sorted((k, v) for k, v in job.overrides.items() if k not in skipped)
     return " ".join(f"{k}={v}" for k, v in items)
 
 
@@ -76,46 +78,73 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 
 @dataclass(frozen=True)
 class Comparison:
-    """A run against committed rows: jobs in both (ok in both), those with bit-identical
-    parameters, the largest absolute change of each metric, and the jobs only on one side."""
+    """A run against committed rows. ``both``: jobs ok on both sides; ``identical``: those of
+    them with bit-identical parameters; ``largest``: each metric's largest absolute change over
+    them (None without a job on both sides); ``unmatched``: those of them with a metric present
+    on one side only; ``not_ok``: jobs on both sides that are not ok on one of them;
+    ``only_run`` / ``only_rows``: jobs on one side only."""
 
     both: int
     identical: int
-    largest: dict[str, float]
+    largest: dict[str, float | None]
+    unmatched: int
+    not_ok: int
     only_run: int
     only_rows: int
 
 
-def compare(run: Iterable[Mapping[str, str]], rows: Iterable[Mapping[str, str]]) -> Comparison:
-    """Match jobs by (sweep, arm, seed); ok jobs only."""
-    def keyed(items: Iterable[Mapping[str, str]]) -> dict[tuple[str, str, str], Mapping[str, str]]:
-        return {(r["sweep"], r["arm"], r["seed"]): r for r in items if r["status"] == "ok"}
+Key = tuple[str, str, str]
 
-    mine, theirs = keyed(run), keyed(rows)
+
+def _keyed(items: Iterable[Mapping[str, str]], side: str) -> dict[Key, Mapping[str, str]]:
+    out: dict[Key, Mapping[str, str]] = {}
+    for row in items:
+        key = (row["sweep"], row["arm"], row["seed"])
+        if key in out:
+            raise ValueError(f"two jobs of the {side} are {key} (sweep, arm, seed): the rows "
+                             "must name each job once; re-write them from one study folder")
+        out[key] = row
+    return out
+
+
+def compare(run: Iterable[Mapping[str, str]], rows: Iterable[Mapping[str, str]]) -> Comparison:
+    """Match the jobs of ``run`` and ``rows`` by (sweep, arm, seed). Raises ValueError when a
+    side names a job twice."""
+    mine, theirs = _keyed(run, "run"), _keyed(rows, "rows")
     common = sorted(mine.keys() & theirs.keys())
-    largest = {m: max((abs(float(mine[k][m]) - float(theirs[k][m])) for k in common
-                       if mine[k][m] and theirs[k][m]), default=0.0) for m in METRICS}  # fmt: skip
+    ok = [k for k in common if mine[k]["status"] == theirs[k]["status"] == "ok"]
+    largest: dict[str, float | None] = {}
+    for metric in METRICS:
+        pairs = [(mine[k][metric], theirs[k][metric]) for k in ok]
+        changes = [abs(float(a) - float(b)) for a, b in pairs if a and b]
+        largest[metric] = max(changes) if changes else None
     return Comparison(
-        both=len(common),
-        identical=sum(mine[k]["state_digest"] == theirs[k]["state_digest"] != "" for k in common),
+        both=len(ok),
+        identical=sum(mine[k]["state_digest"] == theirs[k]["state_digest"] != "" for k in ok),
         largest=largest,
+        unmatched=sum(any(bool(mine[k][m]) != bool(theirs[k][m]) for m in METRICS) for k in ok),
+        not_ok=len(common) - len(ok),
         only_run=len(mine.keys() - theirs.keys()),
         only_rows=len(theirs.keys() - mine.keys()),
     )
 
 
 def describe(result: Comparison, rows: Sequence[Mapping[str, str]]) -> str:
-    """One paragraph: the comparison's numbers and where the committed rows ran."""
+    """One paragraph: the comparison's numbers and where the committed rows were written."""
     hosts = sorted({f"{r['cpu']} at {r['commit']}" for r in rows})
-    moved = ", ".join(f"{m} {v:.3g}" for m, v in result.largest.items())
+    moved = ", ".join(f"{m} {'n/a' if v is None else f'{v:.3g}'}"
+                      for m, v in result.largest.items())  # fmt: skip
     return (
         f"{result.identical} of {result.both} jobs ok in both have bit-identical parameters; "
-        f"largest absolute metric change: {moved}; {result.only_run} job(s) only in the run, "
+        f"largest absolute metric change: {moved}; {result.unmatched} with a metric on one side "
+        f"only; {result.not_ok} not ok on one side; {result.only_run} job(s) only in the run, "
         f"{result.only_rows} only in the rows (rows written on {'; '.join(hosts)})."
     )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """The command: log ``describe`` of the study folder against the rows; exit 1 when no job
+    is ok on both sides (nothing was compared)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", help="the study folder (make study-stress's multirun/study)")
     parser.add_argument("--rows", default=f"docs/results/{ROWS_FILE}", help="committed rows")
@@ -124,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     result = compare(job_rows(load_study(args.runs)), rows)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logger.info("%s", describe(result, rows))
+    if result.both == 0:
+        raise SystemExit(f"no job is ok in both {args.runs} and {args.rows}: nothing compared")
 
 
 if __name__ == "__main__":

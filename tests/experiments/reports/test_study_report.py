@@ -98,7 +98,7 @@ def test_missing_parts_are_named(study: Path, tmp_path: Path) -> None:
     text = write_study_report(study, tmp_path / "docs", "").read_text()
     missing = text.split("**Missing** (not run or failed): ")[1].split("\n")[0]
     assert missing.startswith(
-        "sweep `context`, sweep `remedy`, sweep `legend_probe`, `grad/init_nmf`, "
+        "sweep `context`, sweep `remedy`, sweep `legend_probe`, sweep `ridge`, `grad/init_nmf`, "
     )
     assert "paper" not in missing  # the paper regime is study v4's CSV, reported by its own page
     assert "`grad/trained_cd`" in missing and "`convergence/trained_vq`" in missing

@@ -31,8 +31,9 @@ def test_union_counts_overlaps_once_and_gaps_not_at_all() -> None:
 
 def test_a_resumed_sweep_counts_its_jobs_not_the_pause(tmp_path: Path) -> None:
     """Two jobs at a time ran 0..100 s and 50..160 s; the study was stopped, and an hour later
-    resumed: Hydra rewrote multirun.yaml (after every result) and a third job ran 30 s. The
-    span from multirun.yaml to the last result was negative before the fix."""
+    resumed: Hydra rewrote multirun.yaml (after the first two results) and a third job ran
+    30 s. The span from multirun.yaml to the last result gave 30 s before the fix: the first
+    invocation's work was lost."""
     sweep = tmp_path / "adjoints"
     _finished(sweep, 0, T0 + 100, 100.0)
     _finished(sweep, 1, T0 + 160, 110.0)
@@ -58,3 +59,17 @@ def test_no_recorded_training_time_gives_no_span(tmp_path: Path) -> None:
     (sweep / "1").mkdir()
     (sweep / "1" / "results.json").write_text("{not json")
     assert sweep_span_s(sweep) is None and wall_clock(sweep) is None
+
+
+def test_failed_and_non_finite_times_are_left_out(tmp_path: Path) -> None:
+    """A failed or preempted job records no training time; a hand-written Infinity, a boolean
+    or a negative time is not a time: none of them may stretch or break the span."""
+    sweep = tmp_path / "sweep"
+    _finished(sweep, 0, T0 + 50, 50.0)
+    for num, body in enumerate(['{"status": "failed", "error": "diverged"}',
+                                '{"status": "preempted"}', '{"train_time_s": Infinity}',
+                                '{"train_time_s": true}', '{"train_time_s": -5}'], start=1):
+        (sweep / str(num)).mkdir()
+        (sweep / str(num) / "results.json").write_text(body)
+    assert sweep_span_s(sweep) == pytest.approx(50.0)
+    assert wall_clock(sweep) == "0 min 50 s"

@@ -66,3 +66,24 @@ def test_the_command_logs_the_comparison(
     with caplog.at_level("INFO"):
         main([str(study), "--rows", str(path)])
     assert "3 of 3 jobs ok in both have bit-identical parameters" in caplog.text
+
+
+def test_failed_jobs_blank_metrics_and_duplicates_are_not_hidden(
+    study: Path, tmp_path: Path
+) -> None:
+    rows = read_rows(write_rows(load_study(study), tmp_path / "rows.csv"))
+    rows[0] = {**rows[0], "status": "failed"}  # ok in the run, failed in the rows
+    rows[1] = {**rows[1], "val/miou": ""}  # a metric on one side only
+    result = compare(job_rows(load_study(study)), rows)
+    assert (result.both, result.not_ok, result.unmatched) == (2, 1, 1)
+    with pytest.raises(ValueError, match="two jobs of the rows"):
+        compare(job_rows(load_study(study)), [*rows, rows[2]])
+
+
+def test_nothing_to_compare_exits_non_zero(study: Path, tmp_path: Path) -> None:
+    rows = read_rows(write_rows(load_study(study), tmp_path / "rows.csv"))
+    assert compare([], rows).largest == {"val/miou": None, "val/blob_acc": None}
+    empty = tmp_path / "empty.csv"
+    empty.write_text(",".join(rows[0]) + "\n")
+    with pytest.raises(SystemExit, match="nothing compared"):
+        main([str(study), "--rows", str(empty)])
