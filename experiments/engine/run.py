@@ -81,6 +81,7 @@ from experiments.engine.preemption import (
     preempted_results,
     preemptible,
 )
+from experiments.engine.provenance import host
 from experiments.engine.results import write_results
 from experiments.engine.resume import CheckpointExtras, JobCheckpoints, finished_results
 from experiments.engine.run_checks import check_run_settings
@@ -141,8 +142,10 @@ def run_training(
         ``failures`` (counts), ``parameters``, ``train_time_s`` (of the whole run, resumed
         segments included), ``world_size``, ``state_digests`` (SHA-256 of the model state on
         each rank: all equal when the replicas are in sync), the last forward solve statistics
-        of each implicit layer (``solver``), ``threads`` (``torch.get_num_threads()``) and
-        ``events``: the library's warning events of the run
+        of each implicit layer (``solver``), ``threads`` (``torch.get_num_threads()``), ``host``
+        (processor, library commit and torch version at the job's end:
+        ``experiments.engine.provenance.host``) and ``events``: the library's warning events of
+        the run
         (``experiments.engine.run_events.events_summary``); rank 0's also ``logs``, the metric
         files it belongs to (``experiments.engine.log_record``).
     """
@@ -395,6 +398,7 @@ def _results(job: _Job, metrics: dict[str, float], state: TrainState) -> dict[st
         "state_digests": dist.gather(state_digest(model)),
         "solver": _solver_summaries(model) or job.checkpoints.restored_totals.get("solver", {}),
         "threads": torch.get_num_threads(),
+        "host": host(),
         "events": events_summary(dist.gather(job.run_events.counts())),
     }
     logger.info("failures: %s", results["failures"])

@@ -54,6 +54,7 @@ from torch.nn.utils import parametrize
 import implicit_ham as ih
 from experiments.data.digits import NUM_CLASSES, DigitsDataset
 from experiments.engine.callbacks import Callback
+from experiments.engine.provenance import provenance
 from experiments.engine.state import TrainState
 from experiments.engine.task import Task
 from experiments.engine.tensor_batches import PermutationBatches
@@ -66,7 +67,6 @@ from experiments.studies.deq_training.rows import (
     read_rows,
 )
 from experiments.studies.job_runner import Schedule, run_schedule
-from experiments.studies.provenance import provenance
 
 logger = logging.getLogger(__name__)
 

@@ -48,13 +48,13 @@ from experiments.config.groups import TrainConfig, register_configs
 from experiments.config.typed import typed_config
 from experiments.engine.file_sinks import read_jsonl
 from experiments.engine.preemption import PreemptedError
+from experiments.engine.provenance import provenance
 from experiments.engine.run import run_training
 from experiments.studies.generation_v3.plan import Job, Plan, job_overrides
 from experiments.studies.generation_v3.report import gate, plateau_change, read_rows
 from experiments.studies.generation_v3.samples import job_samples
 from experiments.studies.job_row import peak_memory_mb, reset_peak_memory
 from experiments.studies.job_runner import Schedule, run_schedule
-from experiments.studies.provenance import provenance
 
 logger = logging.getLogger(__name__)
 

@@ -5,8 +5,9 @@ need not be committed and a later run, on this machine or another, can be compar
 
 ``python -m experiments.studies.legend_seg.job_rows RUNS [--rows CSV]`` compares the study
 folder ``RUNS`` with committed rows: per job, whether its parameters are bit-identical and how
-far its metrics moved. The rows' ``cpu`` and ``commit`` are those of the process that wrote
-them (``experiments/scripts/study.sh`` writes them at the end of its run, on the run's host).
+far its metrics moved. A row's ``cpu`` and ``commit`` are those its job recorded at its end
+(``results.json``'s ``host``); a job run before jobs recorded them takes those of the process
+that writes the rows.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.engine.provenance import cpu_model, library_commit
 from experiments.engine.resume import RUN_SETTINGS
 from experiments.reports.sweep_jobs import IGNORED_OVERRIDES, Job
 from experiments.studies.legend_seg.data import SWEEPS, StudyRuns, load_study
-from experiments.studies.provenance import cpu_model, library_commit
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ def job_rows(runs: StudyRuns) -> list[dict[str, str]]:
 
 def _row(sweep: str, job: Job, cpu: str, commit: str) -> dict[str, str]:
     digests = job.record.get("state_digests") or [""]
+    recorded = job.record.get("host") or {}
     values = {m: job.value(m) for m in (*METRICS, "train_time_s")}
     return {
         "sweep": sweep,
@@ -48,8 +50,8 @@ def _row(sweep: str, job: Job, cpu: str, commit: str) -> dict[str, str]:
         "status": job.status,
         **{m: "" if v is None else repr(v) for m, v in values.items()},
         "state_digest": str(digests[0]),
-        "cpu": cpu,
-        "commit": commit,
+        "cpu": str(recorded.get("cpu", cpu)),
+        "commit": str(recorded.get("commit", commit)),
     }
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.config.groups import TrainConfig
+from experiments.engine.provenance import provenance
 from experiments.studies.csv_rows import COLUMNS as ROW_COLUMNS
 from experiments.studies.csv_rows import read_plan_rows, read_rows, session_recorder, write_rows
 from experiments.studies.job_row import compose_overrides, measured_row
@@ -32,7 +33,6 @@ from experiments.studies.job_runner import Schedule, run_schedule
 from experiments.studies.paper_v4.jobs import REGIME, Job
 from experiments.studies.paper_v4.plan import STUDY, Plan, all_jobs, arm_name, start_order, tuned
 from experiments.studies.paper_v4.training import backbone_path, pretrain_row, train_row
-from experiments.studies.provenance import provenance
 
 logger = logging.getLogger(__name__)
 

@@ -30,6 +30,7 @@ from experiments.config.groups import TrainConfig
 from experiments.engine.build import build_context, build_datasets, build_model, context_channels
 from experiments.engine.checkpoint import read_checkpoint
 from experiments.engine.file_sinks import read_jsonl
+from experiments.engine.provenance import provenance
 from experiments.engine.run import run_training
 from experiments.models.deq1d import DEQClassifier1d
 from experiments.studies.csv_rows import (
@@ -41,7 +42,6 @@ from experiments.studies.csv_rows import (
 )
 from experiments.studies.job_row import compose_overrides, measured_row
 from experiments.studies.job_runner import Schedule, run_schedule
-from experiments.studies.provenance import provenance
 from experiments.studies.sequence_benchmarks.plan import (
     BUDGET_MINUTES,
     STUDY,

@@ -16,6 +16,7 @@ import experiments.engine.run as engine_run
 from experiments.config.groups import TrainConfig, register_configs
 from experiments.config.typed import typed_config
 from experiments.engine.checkpoint import CheckpointStore
+from experiments.engine.provenance import cpu_model, library_commit
 from experiments.engine.results import read_results
 from experiments.engine.resume import CHECKPOINT_DIR, ResumeConflictError, reshard_batch
 from experiments.engine.run import run_training
@@ -70,6 +71,9 @@ def test_a_finished_job_is_skipped_before_data_and_model_are_built(
 def test_results_carry_threads_and_the_runs_warning_events(finished: Path) -> None:
     results = read_results(finished)
     assert results["threads"] == 1
+    # where it ran: this process's processor and torch, the checkout's commit (12 hex digits)
+    assert results["host"]["cpu"] == cpu_model() and results["host"]["torch"] == torch.__version__
+    assert results["host"]["commit"] == library_commit()
     events = results["events"]
     # a one-iteration implicit backward at tol 1e-12 misses its tolerance at every step: the
     # library's ledger counted those events, and the run's summary has them by kind and source

@@ -14,6 +14,7 @@ import torch
 from scipy import stats
 
 from experiments.engine.file_sinks import read_jsonl
+from experiments.engine.provenance import cpu_model, library_commit
 from experiments.studies.generation_v3 import run as study_run
 from experiments.studies.generation_v3.checks import (
     extrapolated,
@@ -32,7 +33,6 @@ from experiments.studies.generation_v3.report import (
     verdicts,
     write_page,
 )
-from experiments.studies.provenance import cpu_model, library_commit
 
 
 def test_the_plan_pairs_every_arm_on_each_seed() -> None:

@@ -87,3 +87,15 @@ def test_nothing_to_compare_exits_non_zero(study: Path, tmp_path: Path) -> None:
     empty.write_text(",".join(rows[0]) + "\n")
     with pytest.raises(SystemExit, match="nothing compared"):
         main([str(study), "--rows", str(empty)])
+
+
+def test_a_row_takes_the_host_its_job_recorded(study: Path, tmp_path: Path) -> None:
+    """A job's own ``host`` (written at its end) names the row's cpu and commit, not the
+    process that writes the rows."""
+    path = study / "adjoints" / "1" / "results.json"
+    results = json.loads(path.read_text())
+    path.write_text(json.dumps({**results, "host": {"cpu": "Other CPU", "commit": "abc123",
+                                                    "torch": "2.13.0"}}))  # fmt: skip
+    rows = read_rows(write_rows(load_study(study), tmp_path / "rows.csv"))
+    assert (rows[1]["cpu"], rows[1]["commit"]) == ("Other CPU", "abc123")
+    assert rows[0]["commit"] != "abc123"

@@ -1,6 +1,7 @@
-"""Where a study row was computed: the processor model, torch's thread count, the library
-commit and the torch version (columns of study v4's CSV, so rows from different machines can
-be told apart and a drift between them measured)."""
+"""Where a job or a study row was computed: the processor model, torch's thread count, the
+library commit and the torch version (in every training job's ``results.json`` as ``host``, and
+columns of the studies' CSVs), so results from different machines or versions can be told apart
+and a drift between them measured."""
 
 from __future__ import annotations
 
@@ -51,3 +52,9 @@ def provenance() -> dict[str, str | int]:
         "commit": library_commit(),
         "torch": torch.__version__,
     }
+
+
+def host() -> dict[str, str]:
+    """``cpu``, ``commit`` and ``torch`` (the job's ``results.json`` records its threads
+    apart)."""
+    return {"cpu": cpu_model(), "commit": library_commit(), "torch": torch.__version__}
