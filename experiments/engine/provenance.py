@@ -44,17 +44,12 @@ def library_commit(repo: Path = REPO) -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def provenance() -> dict[str, str | int]:
-    """``cpu``, ``threads`` (``torch.get_num_threads()`` now), ``commit``, ``torch``."""
-    return {
-        "cpu": cpu_model(),
-        "threads": torch.get_num_threads(),
-        "commit": library_commit(),
-        "torch": torch.__version__,
-    }
-
-
 def host() -> dict[str, str]:
-    """``cpu``, ``commit`` and ``torch`` (the job's ``results.json`` records its threads
+    """``cpu``, ``commit`` and ``torch`` (a training job's ``results.json`` records its threads
     apart)."""
     return {"cpu": cpu_model(), "commit": library_commit(), "torch": torch.__version__}
+
+
+def provenance() -> dict[str, str | int]:
+    """``host()`` and ``threads`` (``torch.get_num_threads()`` now): a study row's columns."""
+    return {**host(), "threads": torch.get_num_threads()}

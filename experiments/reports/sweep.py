@@ -249,7 +249,7 @@ def write_report(
     report = SweepReport(
         title or "Sweep report", sweep_dir, len(jobs), table,
         failures(jobs, keys), tuple(plots), arms_table(rows), failure_counts(jobs, keys),
-        unreadable_files(jobs), wall_clock(sweep_dir), tuple(event_meanings(jobs)),
+        unreadable_files(jobs), wall_clock(jobs, sweep_dir), tuple(event_meanings(jobs)),
         common, trust_table(rows, keys, headline), relabelled_jobs(jobs),
     )  # fmt: skip
     path = out_dir / "report.md"

@@ -171,7 +171,7 @@ def _read_job(directory: Path) -> Job:
         k: v for k, v in (results.get("metrics") or {}).items() if isinstance(v, (int, float))
     }
     for key in RESULT_NUMBERS:
-        if isinstance(results.get(key), (int, float)):
+        if isinstance(results.get(key), (int, float)) and not isinstance(results[key], bool):
             metrics[key] = results[key]
     failures = (results.get("failures") or {}).get("by_kind") or {}
     actions = (results.get("failures") or {}).get("by_action") or {}

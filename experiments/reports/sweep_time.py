@@ -22,7 +22,8 @@ from pathlib import Path
 
 import yaml
 
-from experiments.engine.results import RESULTS_FILE, ResultsError, read_results
+from experiments.engine.results import RESULTS_FILE
+from experiments.reports.sweep_jobs import Job
 
 SWEEP_FILE = "multirun.yaml"
 
@@ -48,21 +49,16 @@ def parallel_jobs(sweep_dir: Path) -> int | None:
     return (launcher or {}).get("n_jobs")
 
 
-def job_intervals(sweep_dir: Path) -> list[tuple[float, float]]:
-    """(start, end) in epoch seconds of each job of ``sweep_dir`` whose readable
-    ``results.json`` records a finite, non-negative ``train_time_s`` (finished jobs): end is the
-    file's modification time, start is end minus that time. Other jobs (failed, preempted,
-    unreadable) are left out."""
+def job_intervals(jobs: Iterable[Job]) -> list[tuple[float, float]]:
+    """(start, end) in epoch seconds of each ok job of ``jobs`` with a finite, non-negative
+    ``train_time_s`` (``Job.value``): end is its ``results.json``'s modification time, start is
+    end minus that time. Other jobs (failed, preempted, unreadable) are left out."""
     intervals = []
-    for path in sweep_dir.glob(f"*/{RESULTS_FILE}"):
-        try:
-            seconds = read_results(path).get("train_time_s")
-        except ResultsError:
-            continue
-        if (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
-                and math.isfinite(seconds) and seconds >= 0):  # fmt: skip
-            end = path.stat().st_mtime
-            intervals.append((end - float(seconds), end))
+    for job in jobs:
+        seconds = job.value("train_time_s") if job.status == "ok" else None
+        if seconds is not None and seconds >= 0:
+            end = (job.directory / RESULTS_FILE).stat().st_mtime
+            intervals.append((end - seconds, end))
     return intervals
 
 
@@ -76,18 +72,19 @@ def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
-def sweep_span_s(sweep_dir: Path) -> float | None:
-    """Wall-clock seconds during which at least one job of ``sweep_dir`` trained (the union of
-    ``job_intervals``); None when no job recorded its training time."""
-    intervals = job_intervals(sweep_dir)
+def sweep_span_s(jobs: Iterable[Job]) -> float | None:
+    """Wall-clock seconds during which at least one of a sweep's ``jobs`` trained (the union
+    of ``job_intervals``); None when no job recorded its training time."""
+    intervals = job_intervals(jobs)
     return union_seconds(intervals) if intervals else None
 
 
-def wall_clock(sweep_dir: Path) -> str | None:
-    """ "<m> min <s> s" of ``sweep_span_s`` (the time while the sweep's jobs trained, not the
-    command's duration), with the launcher's parallel jobs when recorded; None without a job's
-    time. Measured by the run, not typed: the sweep report quotes it."""
-    span = sweep_span_s(sweep_dir)
+def wall_clock(jobs: Iterable[Job], sweep_dir: Path) -> str | None:
+    """ "<m> min <s> s" of ``sweep_span_s(jobs)`` (the time while the sweep's jobs trained, not
+    the command's duration), with the launcher's parallel jobs (``sweep_dir``'s
+    ``multirun.yaml``) when recorded; None without a job's time. Measured by the run, not typed:
+    the sweep report quotes it."""
+    span = sweep_span_s(jobs)
     if span is None:
         return None
     minutes, seconds = divmod(round(span), 60)

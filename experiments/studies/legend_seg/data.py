@@ -82,7 +82,7 @@ class StudyRuns:
         """Parts of the study that produced nothing (for the document's status line): empty
         sweeps, each expected no-training study without results, the benchmark."""
         out = [f"sweep `{name}`" for name in SWEEPS if not self.sweeps.get(name)]
-        for name in LEGEND_SWEEPS:  # the sweeps' unfinished jobs
+        for name in SWEEPS:  # the sweeps' unfinished jobs
             jobs = self.sweeps.get(name) or []
             ok = sum(job.status == "ok" for job in jobs)
             expected = max(planned_jobs(self.root / name) or len(jobs), len(jobs))

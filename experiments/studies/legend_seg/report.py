@@ -159,7 +159,7 @@ def scale(runs: StudyRuns) -> Scale:
             threads=config.get("threads"),
             parallel_jobs=runs.parallel_jobs("adjoints"),
         )
-    spans = {name: sweep_span_s(runs.root / name) for name, js in runs.sweeps.items() if js}
+    spans = {name: sweep_span_s(js) for name, js in runs.sweeps.items() if js}
     sweeps = tuple(
         SweepTime(name, sum(job.status == "ok" for job in runs.sweeps[name]),
                   len(runs.sweeps[name]), job_seconds(runs.sweeps[name]) / 60,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments.reports.sweep_jobs import collect_jobs
 from experiments.reports.sweep_time import sweep_span_s, union_seconds, wall_clock
 
 T0 = 1_700_000_000.0
@@ -41,8 +42,8 @@ def test_a_resumed_sweep_counts_its_jobs_not_the_pause(tmp_path: Path) -> None:
     resumed = T0 + 3760
     os.utime(sweep / "multirun.yaml", (resumed, resumed))
     _finished(sweep, 2, resumed + 30, 30.0)
-    assert sweep_span_s(sweep) == pytest.approx(160.0 + 30.0)
-    assert wall_clock(sweep) == "3 min 10 s, 2 jobs at a time"
+    assert sweep_span_s(collect_jobs(sweep)) == pytest.approx(160.0 + 30.0)
+    assert wall_clock(collect_jobs(sweep), sweep) == "3 min 10 s, 2 jobs at a time"
 
 
 def test_a_sweep_whose_jobs_all_finished_before_the_resume_is_positive(tmp_path: Path) -> None:
@@ -50,7 +51,7 @@ def test_a_sweep_whose_jobs_all_finished_before_the_resume_is_positive(tmp_path:
     _finished(sweep, 0, T0 + 40, 40.0)
     (sweep / "multirun.yaml").write_text("{}")
     os.utime(sweep / "multirun.yaml", (T0 + 900, T0 + 900))
-    assert sweep_span_s(sweep) == pytest.approx(40.0)
+    assert sweep_span_s(collect_jobs(sweep)) == pytest.approx(40.0)
 
 
 def test_no_recorded_training_time_gives_no_span(tmp_path: Path) -> None:
@@ -58,7 +59,8 @@ def test_no_recorded_training_time_gives_no_span(tmp_path: Path) -> None:
     _finished(sweep, 0, T0, None)
     (sweep / "1").mkdir()
     (sweep / "1" / "results.json").write_text("{not json")
-    assert sweep_span_s(sweep) is None and wall_clock(sweep) is None
+    jobs = collect_jobs(sweep)
+    assert sweep_span_s(jobs) is None and wall_clock(jobs, sweep) is None
 
 
 def test_failed_and_non_finite_times_are_left_out(tmp_path: Path) -> None:
@@ -71,5 +73,5 @@ def test_failed_and_non_finite_times_are_left_out(tmp_path: Path) -> None:
                                 '{"train_time_s": true}', '{"train_time_s": -5}'], start=1):
         (sweep / str(num)).mkdir()
         (sweep / str(num) / "results.json").write_text(body)
-    assert sweep_span_s(sweep) == pytest.approx(50.0)
-    assert wall_clock(sweep) == "0 min 50 s"
+    assert sweep_span_s(collect_jobs(sweep)) == pytest.approx(50.0)
+    assert wall_clock(collect_jobs(sweep), sweep) == "0 min 50 s"
