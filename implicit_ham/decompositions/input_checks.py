@@ -1,6 +1,6 @@
 """The input and value checks of a decomposition layer, as plain functions of what they read:
-a floating-point input (``check_floating``), finiteness in one pass over X (``is_finite``,
-``value_range``), the channels' divisibility by the groups (``check_groups``), a rank below
+a floating-point input (``check_floating``), the range of X in one pass (``value_range``: NaN
+and infinity show in it), the channels' divisibility by the groups (``check_groups``), a rank below
 min(d, n) (``check_rank``) and ``check_values``, the checks ``Decomposition.implicit_problem``
 runs on X (B*S, d, n) before each solve (non-finite first, then the rank, then the sign). Each
 error names the layer (``owner``, its class name) and says how to fix the input.
@@ -15,15 +15,6 @@ from torch import Tensor
 
 from implicit_ham._core.errors import NonFiniteError
 from implicit_ham._core.transforms import host_checks
-
-
-def is_finite(x: Tensor) -> bool:
-    """Whether x holds no NaN or infinity: one pass (``aminmax`` propagates NaN) and one host
-    synchronisation, several times cheaper than ``isfinite(x).all()`` on a large map."""
-    if x.numel() == 0 or not host_checks():  # vmap / compile: values cannot be read
-        return True
-    low, high = torch.aminmax(x.detach())
-    return bool(torch.isfinite(torch.stack([low, high])).all())
 
 
 def value_range(x: Tensor, *others: Tensor) -> list[float]:

@@ -9,7 +9,6 @@ from torch.overrides import TorchFunctionMode
 
 import implicit_ham as ih
 from implicit_ham.decompositions.fused import multiplicative_update, normalize_over_n
-from implicit_ham.decompositions.input_checks import is_finite
 
 SYNCING = {"__bool__", "__float__", "__int__", "__index__", "item", "tolist", "numpy"}
 
@@ -43,15 +42,6 @@ def test_normalize_over_n_in_and_out_of_place():
         got = normalize_over_n(coef.clone(), 1e-6)
     assert torch.equal(got, normalize_over_n(coef.requires_grad_(), 1e-6).detach())
     torch.testing.assert_close(got, expected, rtol=1e-15, atol=0)
-
-
-@pytest.mark.parametrize("position", [0, 5, -1])
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
-def test_is_finite_finds_any_non_finite_entry(position, bad):
-    x = torch.rand(3, 4, 5, dtype=torch.float64)
-    assert is_finite(x)
-    x.view(-1)[position] = bad
-    assert not is_finite(x)
 
 
 class CountingCD(ih.CD):
