@@ -44,8 +44,8 @@ from torch import Tensor
 
 import implicit_ham as ih
 from experiments.benchmarks.measure import interleaved_medians
+from experiments.benchmarks.peers.rows import Table, write_json
 
-COLUMNS = ("target", "case", "peer", "ours_ms", "peer_ms", "ratio", "goal", "met", "notes")
 TARGET = "25.1 batched least squares, implicit gradient"
 SCALING = "25.1 least squares: time(B=64) / time(B=1)"
 PEER = "Theseus 0.2.3"
@@ -165,26 +165,9 @@ def check(case: str, solver: str, batch: int, dtype: torch.dtype) -> str:
     )
 
 
-def row(
-    names: tuple[str, str, str],
-    mine: float,
-    theirs: float,
-    ratio: float,
-    goal: str,
-    met: bool,
-    notes: str,
-) -> dict[str, object]:
-    """One row of the peer JSON format; names = (target, case, peer)."""
-    target, case, peer = names
-    return {
-        "target": target, "case": case, "peer": peer, "ours_ms": mine, "peer_ms": theirs,
-        "ratio": ratio, "goal": goal, "met": "yes" if met else "no", "notes": notes,
-    }  # fmt: skip
-
-
-def measure(rounds: int, batches: tuple[int, ...], solvers: tuple[str, ...]) -> list[dict]:
+def measure(rounds: int, batches: tuple[int, ...], solvers: tuple[str, ...]) -> Table:
     """Every case's row (module docstring)."""
-    rows: list[dict[str, object]] = []
+    table = Table()
     for dtype in (torch.float64, torch.float32):
         for solver in solvers:
             ours_ms: dict[int, float] = {}
@@ -197,19 +180,13 @@ def measure(rounds: int, batches: tuple[int, ...], solvers: tuple[str, ...]) -> 
                 cases = {k: partial(run, y) for k, run in runs.items()}
                 times = interleaved_medians(cases, torch.device("cpu"), repeats=rounds, warmup=1)
                 ours_ms[batch] = times["ours"]
-                ratio = times["peer"] / times["ours"]
-                names = (TARGET, case, PEER)
-                rows.append(
-                    row(names, times["ours"], times["peer"], ratio, ">= 1.1", ratio >= 1.1, notes)
-                )
-                print(json.dumps(rows[-1]), file=sys.stderr)
+                table.add(TARGET, case, PEER, times["ours"], times["peer"], 1.1, notes)
+                print(json.dumps(table.rows[-1]), file=sys.stderr)
             if 1 in ours_ms and 64 in ours_ms:
-                growth = ours_ms[64] / ours_ms[1]
                 case = f"{str(dtype).removeprefix('torch.')}, {solver}"
-                names = (SCALING, case, "ours at B=1")
                 note = "ours_ms: B=64, peer_ms: ours at B=1, same run"
-                rows.append(row(names, ours_ms[64], ours_ms[1], growth, "<= 4", growth <= 4, note))
-    return rows
+                table.add_at_most(SCALING, case, "ours at B=1", ours_ms[64], ours_ms[1], 4, note)
+    return table
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -222,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore", DeprecationWarning)
-    rows = measure(args.rounds, tuple(args.batches), tuple(args.solvers))
+    table = measure(args.rounds, tuple(args.batches), tuple(args.solvers))
     meta = {
         "command": " ".join(sys.argv),
         "torch": torch.__version__,
@@ -232,12 +209,9 @@ def main(argv: list[str] | None = None) -> None:
         "load": f"load average: {', '.join(f'{v:.2f}' for v in os.getloadavg())}",
         "python": sys.executable,
     }
-    payload = {"section": "theseus", "meta": meta, "rows": rows}
-    text = json.dumps(payload, indent=1, default=float)
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
-    for r in rows:
+        write_json(args.json, "theseus", table, meta)
+    for r in table.rows:
         print(f"{r['case']:<48} ours {r['ours_ms']:8.2f} ms  peer {r['peer_ms']:8.2f} ms  "
               f"ratio {r['ratio']:.2f} ({r['goal']}: {r['met']})")  # fmt: skip
 

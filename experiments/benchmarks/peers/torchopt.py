@@ -45,9 +45,8 @@ from torch import Tensor, nn
 
 import implicit_ham as ih
 from experiments.benchmarks.measure import interleaved_medians
-from experiments.benchmarks.peers.rows import run_meta
+from experiments.benchmarks.peers.rows import Table, run_meta
 
-COLUMNS = ("target", "case", "peer", "ours_ms", "peer_ms", "ratio", "goal", "met", "notes")
 GOAL = 1.1
 TARGET = "issue 25: minimize vs TorchOpt"
 LOG = logging.getLogger(__name__)
@@ -180,7 +179,7 @@ def agree(case: Case, dtype: torch.dtype) -> str:
 
 def measure(repeats: int, warmup: int) -> list[dict[str, object]]:
     """The rows: both problems in float32 and float64."""
-    rows: list[dict[str, object]] = []
+    table = Table()
     for dtype in (torch.float32, torch.float64):
         for build in (ridge, imaml_logistic):
             case = build(dtype)
@@ -188,16 +187,12 @@ def measure(repeats: int, warmup: int) -> list[dict[str, object]]:
             times = interleaved_medians(
                 {"ours": case.ours, "theirs": case.theirs}, torch.device("cpu"), repeats, warmup
             )
-            ratio = times["theirs"] / times["ours"]
-            rows.append({
-                "target": TARGET, "case": f"{case.name} {str(dtype).removeprefix('torch.')}",
-                "peer": "TorchOpt 0.7.3", "ours_ms": times["ours"], "peer_ms": times["theirs"],
-                "ratio": ratio, "goal": f">= {GOAL:g}", "met": "yes" if ratio >= GOAL else "no",
-                "notes": f"defaults; {note}",
-            })  # fmt: skip
-            LOG.info("%s: ours %.3f ms, TorchOpt %.3f ms, ratio %.2f", rows[-1]["case"],
-                     times["ours"], times["theirs"], ratio)  # fmt: skip
-    return rows
+            name = f"{case.name} {str(dtype).removeprefix('torch.')}"
+            table.add(TARGET, name, "TorchOpt 0.7.3", times["ours"], times["theirs"], GOAL,
+                      f"defaults; {note}")  # fmt: skip
+            LOG.info("%s: ours %.3f ms, TorchOpt %.3f ms, ratio %.2f", name, times["ours"],
+                     times["theirs"], table.rows[-1]["ratio"])  # fmt: skip
+    return table.rows
 
 
 def main(argv: list[str] | None = None) -> int:
