@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 import implicit_ham as ih
 from experiments.benchmarks.measure import MIB, interleaved_medians
+from experiments.benchmarks.precision import cosine
 from implicit_ham.diagnostics.table import markdown_table
 from implicit_ham.nn import segnext_nmf
 
@@ -139,11 +139,6 @@ def host_syncs(device: torch.device, ks: Sequence[int] = (1, 6, 32)) -> tuple[li
 
 
 # ------------------------------------------------------------------ (b) mixed precision
-
-
-def cosine(a: Tensor, b: Tensor) -> float:
-    """Cosine of two tensors flattened, in float64."""
-    return float(F.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0))
 
 
 def gradient(t: Tensor) -> Tensor:
@@ -433,15 +428,6 @@ def ddp_step(device: torch.device, backend: str = "nccl") -> tuple[list[Row], li
 # ---------------------------------------------------------------------------------- page
 
 
-def fmt(value: Any) -> str:
-    """A table cell: floats to 4 significant digits, None as a dash."""
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
 def render(sections: Sequence[Section], header: Sequence[str]) -> str:
     """The markdown page: a header, then each section's table and notes (or its error)."""
     lines = ["# GPU check", "", *header, ""]
@@ -452,8 +438,8 @@ def render(sections: Sequence[Section], header: Sequence[str]) -> str:
             continue
         if section.rows:
             columns = list(dict.fromkeys(k for row in section.rows for k in row))
-            body = [[fmt(row.get(c)) for c in columns] for row in section.rows]
-            lines += [markdown_table(columns, body).rstrip("\n"), ""]
+            body = [[row.get(c) for c in columns] for row in section.rows]
+            lines += [markdown_table(columns, body, missing="–"), ""]
         lines += [*section.notes, ""] if section.notes else []
     return "\n".join(lines).rstrip() + "\n"
 
@@ -480,18 +466,14 @@ def not_measured_page() -> str:
 
 def measure_all(device: torch.device) -> list[Section]:
     """Parts (a) to (e) on ``device`` at the sizes of the page."""
-    return [
-        run_section(
-            "(a) Host synchronisations of a fixed-budget forward", lambda: host_syncs(device)
-        ),
-        run_section("(b) Mixed-precision gradients against float64", lambda: precision(device)),
-        run_section(
-            "(c) Hamburger against materialised self-attention",
-            lambda: ham_versus_attention(device),
-        ),
-        run_section("(d) LightHamHead at SegNeXt-T sizes", lambda: light_ham_head_timing(device)),
-        run_section("(e) One DDP step (nccl)", lambda: ddp_step(device)),
-    ]
+    parts: dict[str, Callable[[torch.device], tuple[list[Row], list[str]]]] = {
+        "(a) Host synchronisations of a fixed-budget forward": host_syncs,
+        "(b) Mixed-precision gradients against float64": precision,
+        "(c) Hamburger against materialised self-attention": ham_versus_attention,
+        "(d) LightHamHead at SegNeXt-T sizes": light_ham_head_timing,
+        "(e) One DDP step (nccl)": ddp_step,
+    }
+    return [run_section(title, partial(measure, device)) for title, measure in parts.items()]
 
 
 def header(device: torch.device, seconds: float) -> list[str]:
