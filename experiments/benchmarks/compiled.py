@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import warnings
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import cast
 
 import torch
@@ -78,11 +79,12 @@ def block(ham: str, adjoint: ih.plugins.Adjoint, channels: int, rank: int) -> nn
     return ih.Hamburger(channels, HAMS[ham](rank=rank, adjoint=adjoint), "v2")
 
 
-def train_step(module: nn.Module, x: Tensor) -> Callable[[], Tensor]:
-    """One training step: forward, a loss, backward to x and the parameters."""
-    x = x.clone().requires_grad_()
+def step(module: nn.Module, x: Tensor, training: bool) -> Callable[[], Tensor]:
+    """One training step (forward, a loss, backward to x and the parameters) or, without
+    ``training``, one forward pass without gradient."""
+    x = x.clone().requires_grad_() if training else x
 
-    def step() -> Tensor:
+    def train() -> Tensor:
         module.zero_grad(set_to_none=True)
         x.grad = None
         torch.manual_seed(1)
@@ -90,66 +92,45 @@ def train_step(module: nn.Module, x: Tensor) -> Callable[[], Tensor]:
         y.square().mean().backward()
         return y.detach()
 
-    return step
-
-
-def eval_step(module: nn.Module, x: Tensor) -> Callable[[], Tensor]:
-    """One forward pass without gradient."""
-
-    def step() -> Tensor:
+    def evaluate() -> Tensor:
         torch.manual_seed(1)
         with torch.no_grad():
             return module(x)
 
-    return step
+    return train if training else evaluate
 
 
 def cases(args: argparse.Namespace) -> dict[str, tuple[Callable[[], nn.Module], Tensor, bool]]:
-    """name -> (module factory, input, training?)."""
+    """name -> (module factory, input, training?): every ham's block and the tanh layer, in
+    training under each of ``TRAIN_MODES`` and in evaluation."""
     gen = torch.Generator().manual_seed(0)
     image = torch.rand(args.batch, args.channels, args.size, args.size, generator=gen)
     vectors = torch.randn(args.batch * 8, args.width, generator=gen)
+    variants = [(f"train, {mode}", adjoint, True) for mode, adjoint in TRAIN_MODES.items()]
+    variants.append(("eval", ih.OneStep(), False))
     out: dict[str, tuple[Callable[[], nn.Module], Tensor, bool]] = {}
     for ham in args.hams:
-        for mode, adjoint in TRAIN_MODES.items():
-            factory = _block_factory(ham, adjoint, args.channels, args.rank, True)
-            out[f"{ham} block, train, {mode}"] = (factory, image, True)
-        factory = _block_factory(ham, ih.OneStep(), args.channels, args.rank, False)
-        out[f"{ham} block, eval"] = (factory, image, False)
-    for mode, adjoint in TRAIN_MODES.items():
-        out[f"fixed_point tanh, train, {mode}"] = (_tanh_factory(args, adjoint), vectors, True)
-    out["fixed_point tanh, eval"] = (_tanh_factory(args, ih.OneStep(), False), vectors, False)
+        for label, adjoint, training in variants:
+            ham_block = partial(block, ham, adjoint, args.channels, args.rank)
+            out[f"{ham} block, {label}"] = (ham_block, image, training)
+    for label, adjoint, training in variants:
+        layer = partial(TanhLayer, args.width, args.steps, adjoint)
+        out[f"fixed_point tanh, {label}"] = (layer, vectors, training)
     return out
 
 
-def _block_factory(
-    ham: str, adjoint: ih.plugins.Adjoint, channels: int, rank: int, training: bool
-) -> Callable[[], nn.Module]:
-    return lambda: block(ham, adjoint, channels, rank).train(training)
-
-
-def _tanh_factory(
-    args: argparse.Namespace, adjoint: ih.plugins.Adjoint, training: bool = True
-) -> Callable[[], nn.Module]:
-    def make() -> nn.Module:
-        torch.manual_seed(0)
-        return TanhLayer(args.width, args.steps, adjoint).train(training)
-
-    return make
-
-
-def run(args: argparse.Namespace, progress: bool = False) -> Rows:
+def run(args: argparse.Namespace) -> Rows:
     """Time every case eager and compiled; the rows of the table (each printed as it is
-    measured when ``progress``)."""
+    measured)."""
     inductor_config.fallback_random = True
     now = clock_seconds(args.clock)
     rows = Rows()
     for name, (factory, x, training) in cases(args).items():
         dynamo.reset()
-        eager_module, compiled_module = factory(), factory()
+        eager_module, compiled_module = _build(factory, training), _build(factory, training)
         compiled = torch.compile(compiled_module, backend=args.backend, fullgraph=True)
-        make = train_step if training else eval_step
-        eager, fast = make(eager_module, x), make(compiled, x)  # type: ignore[arg-type]
+        eager = step(eager_module, x, training)
+        fast = step(compiled, x, training)  # type: ignore[arg-type]
         start = now()
         reference = eager()
         eager_s = now() - start
@@ -173,9 +154,15 @@ def run(args: argparse.Namespace, progress: bool = False) -> Rows:
                 "max_abs_diff": float((first - reference).abs().max()),
             }
         )
-        if progress:
-            print(Rows(rows[-1:]), flush=True)
+        print(Rows(rows[-1:]), flush=True)
     return rows
+
+
+def _build(factory: Callable[[], nn.Module], training: bool) -> nn.Module:
+    """``factory()`` from seed 0 (both builds of a case get the same weights), in training or
+    evaluation mode."""
+    torch.manual_seed(0)
+    return factory().train(training)
 
 
 def graph_breaks(args: argparse.Namespace) -> Rows:
@@ -235,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> tuple[Rows, Rows]:
         warnings.simplefilter("ignore", ih.NotFixedPointWarning)
         breaks = graph_breaks(args)
         print(breaks, flush=True)
-        rows = Rows() if args.breaks_only else run(args, progress=True)
+        rows = Rows() if args.breaks_only else run(args)
     if args.breaks_only:
         return rows, breaks
     print(
