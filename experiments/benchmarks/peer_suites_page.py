@@ -46,34 +46,29 @@ beyond their order of magnitude: SciPy's calls cross into torch for every evalua
 """
 
 
+COUNTS = ("ported", "passing", "failing", "not applicable", "worst gradient error")
+
+
+def _counts(cases: list[dict[str, Any]]) -> tuple[object, ...]:
+    """The ``COUNTS`` cells of some cases: how many are ported (all but the not applicable
+    ones), passing, failing and not applicable, and their worst gradient error."""
+    grads = [c["measured"]["grad_error"] for c in cases if "grad_error" in c["measured"]]
+    return (
+        sum(c["status"] != "not applicable" for c in cases),
+        sum(c["status"] == "passed" for c in cases),
+        sum(c["status"] == "failed" for c in cases),
+        sum(c["status"] == "not applicable" for c in cases),
+        format_value(max(grads)) if grads else "–",
+    )
+
+
 def _peer_tables(rows: list[dict[str, Any]]) -> list[str]:
     out = ["## The peers' cases", ""]
     summary = []
     for peer in PEERS:
         mine = [r for r in rows if r["peer"] == peer]
-        grads = [r["measured"]["grad_error"] for r in mine if "grad_error" in r["measured"]]
-        summary.append(
-            (
-                peer,
-                REPOSITORIES[peer],
-                len(mine),
-                sum(r["status"] != "not applicable" for r in mine),
-                sum(r["status"] == "passed" for r in mine),
-                sum(r["status"] == "failed" for r in mine),
-                sum(r["status"] == "not applicable" for r in mine),
-                format_value(max(grads)) if grads else "–",
-            )
-        )
-    header: tuple[str, ...] = (
-        "peer",
-        "repository",
-        "cases",
-        "ported",
-        "passing",
-        "failing",
-        "not applicable",
-        "worst gradient error",
-    )
+        summary.append((peer, REPOSITORIES[peer], len(mine), *_counts(mine)))
+    header = ("peer", "repository", "cases", *COUNTS)
     out += [Table.of(header, summary).markdown(), ""]
     for peer in PEERS:
         out += [f"### {peer} ({REPOSITORIES[peer]})", ""]
@@ -81,28 +76,11 @@ def _peer_tables(rows: list[dict[str, Any]]) -> list[str]:
         for r in rows:
             if r["peer"] == peer:
                 by_file[r["source"].split("::")[0]].append(r)
-        table = []
-        for source, cases in by_file.items():
-            grads = [c["measured"]["grad_error"] for c in cases if "grad_error" in c["measured"]]
-            table.append(
-                (
-                    f"`{REPOSITORIES[peer]}/{source}`",
-                    sum(c["status"] != "not applicable" for c in cases),
-                    sum(c["status"] == "passed" for c in cases),
-                    sum(c["status"] == "failed" for c in cases),
-                    sum(c["status"] == "not applicable" for c in cases),
-                    format_value(max(grads)) if grads else "–",
-                )
-            )
-        header = (
-            "source file",
-            "ported",
-            "passing",
-            "failing",
-            "not applicable",
-            "worst gradient error",
-        )
-        out += [Table.of(header, table).markdown(), ""]
+        table = [
+            (f"`{REPOSITORIES[peer]}/{source}`", *_counts(cases))
+            for source, cases in by_file.items()
+        ]
+        out += [Table.of(("source file", *COUNTS), table).markdown(), ""]
         listed = [r for r in rows if r["peer"] == peer and r["status"] != "passed"]
         if listed:
             out.append("Not passing here, with the reason:")
@@ -200,16 +178,9 @@ def _union_line(rows: list[dict[str, Any]]) -> list[str]:
     lines = []
     for dtype in ("float64", "float32"):
         problems = {r["problem"] for r in rows if r["dtype"] == dtype}
-        ours = {
-            r["problem"]
-            for r in rows
-            if r["dtype"] == dtype and r["solved"] and r["method"].startswith("ours")
-        }
-        scipy = {
-            r["problem"]
-            for r in rows
-            if r["dtype"] == dtype and r["solved"] and r["method"].startswith("scipy")
-        }
+        solved = [r for r in rows if r["dtype"] == dtype and r["solved"]]
+        ours = {r["problem"] for r in solved if r["method"].startswith("ours")}
+        scipy = {r["problem"] for r in solved if r["method"].startswith("scipy")}
         if not problems:
             continue
         text = f"- {dtype}: solved by at least one of ours: {len(ours)} of {len(problems)}"
