@@ -147,17 +147,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> Rows:
     args = parse_args(argv)
     threads = configure_threads(args.threads)
-    rows = run(
-        args.channels,
-        args.size,
-        args.rank,
-        args.steps,
-        args.adjoints,
-        args.repeats,
-        args.warmup,
-        args.device,
-        args.clock,
-    )
+    rows = run(**{option: value for option, value in vars(args).items() if option != "threads"})
     print(
         f"NMF implicit problem d={args.channels} n={args.size**2} r={args.rank}, "
         f"device={args.device}, threads={threads}, clock={args.clock}, "

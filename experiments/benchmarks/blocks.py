@@ -235,8 +235,11 @@ def target_rows(tables: dict[int, Rows], sweep: Rows, steps: int) -> Rows:
     is met (rows whose modules were not measured are left out)."""
     rows = Rows()
 
-    def add(target: str, value: float, goal: str, met: bool) -> None:
-        rows.append({"target": target, "value": value, "goal": goal, "met": met})
+    def add(target: str, value: float, goal: float, at_most: bool = False, note: str = "") -> None:
+        """A target met when ``value >= goal`` (``<= goal`` when ``at_most``)."""
+        met = value <= goal if at_most else value >= goal
+        bound = f"{'<=' if at_most else '>='} {goal:g}{note}"
+        rows.append({"target": target, "value": value, "goal": bound, "met": met})
 
     def cell(size: int, module: str, column: str) -> float | None:
         rows_at = tables.get(size, Rows())
@@ -246,43 +249,33 @@ def target_rows(tables: dict[int, Rows], sweep: Rows, steps: int) -> Rows:
     for column, goal in (("SA/x", 15.0), ("SDPA/x", 8.0), ("SA/x_mem", 26.0)):
         value = cell(top, "nmf", column)
         if value is not None:
-            add(f"{column} of nmf at {top}x{top}", value, f">= {goal:g}", value >= goal)
+            add(f"{column} of nmf at {top}x{top}", value, goal)
     for size in sorted(tables):
         value = cell(size, "ham:nmf", "%mm")
         if size >= 64 and value is not None:
-            add(f"ham:nmf forward % of matmul rate at {size}x{size}", value, ">= 50", value >= 50)
+            add(f"ham:nmf forward % of matmul rate at {size}x{size}", value, 50)
     for prefix in ("ham:", ""):
         fast, plain = (
             cell(64, f"{prefix}nmf", "train_ms"),
             cell(64, f"{prefix}nmf_reference", "train_ms"),
         )
         if 64 in tables and fast and plain:
-            speedup = plain / fast
-            add(
-                f"{prefix}nmf_reference / {prefix}nmf train time at 64x64",
-                speedup,
-                ">= 1.5",
-                speedup >= 1.5,
-            )
+            add(f"{prefix}nmf_reference / {prefix}nmf train time at 64x64", plain / fast, 1.5)
     by_key = {(r["mode"], r["K"]): r for r in sweep}
     if ("one_step", steps) in by_key:
         ratio = by_key[("one_step", steps)]["train/fwd"]
-        add(f"one_step train / no-grad forward at K={steps}", ratio, "<= 1.3", ratio <= 1.3)
+        add(f"one_step train / no-grad forward at K={steps}", ratio, 1.3, at_most=True)
     for mode in ("one_step", "implicit(gmres,20)"):
         saved = [r["saved_MiB"] for r in sweep if r["mode"] == mode]
         if len(saved) > 1:
             spread = max(saved) / min(saved)
-            add(f"{mode} saved bytes max/min over K", spread, "<= 1.1 (flat)", spread <= 1.1)
+            add(f"{mode} saved bytes max/min over K", spread, 1.1, at_most=True, note=" (flat)")
     unroll = sorted((r["K"], r["saved_MiB"]) for r in sweep if r["mode"] == "unroll")
     if len(unroll) > 2:
         slopes = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in itertools.pairwise(unroll)]
         deviation = (max(slopes) - min(slopes)) / max(slopes)
-        add(
-            "unroll saved MiB per step: relative spread of slopes",
-            deviation,
-            "<= 0.1 (linear)",
-            deviation <= 0.1,
-        )
+        target = "unroll saved MiB per step: relative spread of slopes"
+        add(target, deviation, 0.1, at_most=True, note=" (linear)")
     return rows
 
 

@@ -65,14 +65,10 @@ def captured(main: Callable[[list[str]], Any], argv: list[str]) -> str:
     return out.getvalue().strip("\n")
 
 
-def tables_section(runs: Sequence[tuple[str, str]]) -> str:
-    """Markdown for (command line, its output) pairs: the command, then the output verbatim
-    (``templates/benchmarks/tables.md.j2`` under ``experiments/reports``)."""
-    return render("benchmarks/tables.md.j2", runs=runs)
-
-
 def write_page(path: str | Path, runs: Sequence[tuple[str, str]]) -> Path:
-    """Replace everything below ``MARKER`` in the page at ``path`` by the tables of ``runs``."""
+    """Replace everything below ``MARKER`` in the page at ``path`` by the tables of ``runs``:
+    each (command line, its output) pair as the command, then the output verbatim
+    (``templates/benchmarks/tables.md.j2`` under ``experiments/reports``)."""
     path = Path(path)
     text = path.read_text()
     if MARKER not in text:
@@ -80,7 +76,7 @@ def write_page(path: str | Path, runs: Sequence[tuple[str, str]]) -> Path:
             f"{path} has no marker line {MARKER!r}; add it below the page's hand-written part"
         )
     head = text.split(MARKER, 1)[0]
-    path.write_text(f"{head}{MARKER}\n\n{tables_section(runs)}")
+    path.write_text(f"{head}{MARKER}\n\n{render('benchmarks/tables.md.j2', runs=runs)}")
     return path
 
 
