@@ -33,6 +33,10 @@ class DEQProblem:
         self.calls[0] += 1
         return torch.tanh(self.layer(z) + (self.x if x is None else x))
 
+    def flat(self, z: Tensor) -> Tensor:
+        """``f`` of a flattened state, flattened back (the form torchdeq's solvers take)."""
+        return self.f(z.view_as(self.x)).reshape(z.shape)
+
     def residual(self, z: Tensor) -> float:
         with torch.no_grad():
             fz = torch.tanh(self.layer(z) + self.x)
@@ -63,9 +67,6 @@ def solver_cases(
     solvers spend max_steps - 1 without gradient."""
     z0 = torch.zeros_like(problem.x)
 
-    def flat(z: Tensor) -> Tensor:
-        return problem.f(z.view_as(z0)).reshape(z.shape)
-
     def ours(solver: ih.plugins.FixedPointSolver) -> Callable[[], Tensor]:
         def run() -> Tensor:
             with torch.no_grad():
@@ -77,7 +78,7 @@ def solver_cases(
     def peer(fn: Callable[..., tuple[Tensor, ...]], **kw: object) -> Callable[[], Tensor]:
         def run() -> Tensor:
             with torch.no_grad():
-                return fn(flat, z0, tol=tol, stop_mode="rel", **kw)[0].view_as(z0)
+                return fn(problem.flat, z0, tol=tol, stop_mode="rel", **kw)[0].view_as(z0)
 
         return run
 
@@ -155,27 +156,22 @@ def accuracy_points(budget: int) -> dict[str, Tensor]:
     problem = conv_problem()
     z0 = torch.zeros_like(problem.x)
     points: dict[str, Tensor] = {}
-    for label, polish in (("ours", False), ("ours polish", True)):
-        solver = ih.Anderson(max_steps=budget + 1, tol=None, polish=polish)
+    solvers: dict[str, ih.plugins.FixedPointSolver] = {
+        "ours": ih.Anderson(max_steps=budget + 1, tol=None, polish=False),
+        "ours polish": ih.Anderson(max_steps=budget + 1, tol=None, polish=True),
+        # context: plain iteration at the same budget (returns f of its last evaluated iterate,
+        # as torchdeq's Anderson does); on a strongly contractive map mixing gains little
+        "fixed point": ih.FixedPointIteration(max_steps=budget),
+    }
+    for label, solver in solvers.items():
         problem.calls[0] = 0
         with torch.no_grad():
             points[label] = cast(Tensor, ih.fixed_point(problem.f, z0, solver=solver).value)
         assert problem.calls[0] == budget, (label, problem.calls[0])
-    # context: plain iteration at the same budget (returns f of its last evaluated iterate,
-    # as torchdeq's Anderson does); on a strongly contractive map mixing gains little
-    problem.calls[0] = 0
-    with torch.no_grad():
-        plain = ih.FixedPointIteration(max_steps=budget)
-        points["fixed point"] = cast(Tensor, ih.fixed_point(problem.f, z0, solver=plain).value)
-    assert problem.calls[0] == budget, ("fixed point", problem.calls[0])
-
-    def flat(z: Tensor) -> Tensor:
-        return problem.f(z.view_as(z0)).reshape(z.shape)
-
     problem.calls[0] = 0
     with torch.no_grad():
         points["torchdeq"] = anderson_solver(
-            flat, z0, max_iter=budget, tol=-1.0, m=5, lam=1e-4, stop_mode="rel"
+            problem.flat, z0, max_iter=budget, tol=-1.0, m=5, lam=1e-4, stop_mode="rel"
         )[0].view_as(z0)
     assert problem.calls[0] == budget, ("torchdeq", problem.calls[0])
     return points
