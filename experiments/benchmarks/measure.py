@@ -128,15 +128,12 @@ def _cpu_flash_backward_flops(
 def _extra_flop_formulas() -> dict[object, Callable[..., int]]:
     """FLOP formulas (shapes in, FLOPs out) for the CPU flash-attention kernels, which
     ``FlopCounterMode`` does not count (the CUDA ones it does)."""
+    formulas: dict[str, Callable[..., int]] = {
+        "_scaled_dot_product_flash_attention_for_cpu": _cpu_flash_flops,
+        "_scaled_dot_product_flash_attention_for_cpu_backward": _cpu_flash_backward_flops,
+    }
     aten = torch.ops.aten
-    formulas: dict[object, Callable[..., int]] = {}
-    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
-        formulas[aten._scaled_dot_product_flash_attention_for_cpu] = _cpu_flash_flops
-    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"):
-        formulas[aten._scaled_dot_product_flash_attention_for_cpu_backward] = (
-            _cpu_flash_backward_flops
-        )
-    return formulas
+    return {getattr(aten, name): count for name, count in formulas.items() if hasattr(aten, name)}
 
 
 def count_flops(fn: Callable[[], object]) -> int:

@@ -97,16 +97,8 @@ def load_run(folder: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, A
 def peer_table(runs: Sequence[list[dict[str, Any]]]) -> Table:
     """One row per (target, case, peer), first seen first: goal, each run's ratio and floor
     share, met in every run, run 1's times and notes."""
-    keys: list[tuple[str, str, str]] = []
-    by_run: list[dict[tuple[str, str, str], dict[str, Any]]] = []
-    for rows in runs:
-        index = {}
-        for row in rows:
-            key = (row["target"], row["case"], row["peer"])
-            index[key] = row
-            if key not in keys:
-                keys.append(key)
-        by_run.append(index)
+    by_run = [{(row["target"], row["case"], row["peer"]): row for row in rows} for rows in runs]
+    keys = list(dict.fromkeys(key for index in by_run for key in index))
     header = ["target", "case", "peer", "goal"]
     header += [f"ratio run {i + 1}" for i in range(len(runs))]
     header += [f"floor share run {i + 1}" for i in range(len(runs))]

@@ -30,7 +30,8 @@ class OfficialHam(nn.Module):
         self.rank, self.steps, self.eval_steps = rank, steps, eval_steps
 
     def build_bases(self, count: int, d: int, like: Tensor) -> Tensor:
-        bases = torch.randn(count, d, self.rank, device=like.device, dtype=like.dtype)
+        draw = torch.rand if self.nonnegative else torch.randn
+        bases = draw(count, d, self.rank, device=like.device, dtype=like.dtype)
         return F.normalize(bases, dim=1)
 
     def local_step(self, x: Tensor, bases: Tensor, coef: Tensor) -> tuple[Tensor, Tensor]:
@@ -64,14 +65,8 @@ class OfficialNMF(OfficialHam):
     inv_t = 1.0
     nonnegative = True
 
-    def build_bases(self, count: int, d: int, like: Tensor) -> Tensor:
-        bases = torch.rand(count, d, self.rank, device=like.device, dtype=like.dtype)
-        return F.normalize(bases, dim=1)
-
     def local_step(self, x: Tensor, bases: Tensor, coef: Tensor) -> tuple[Tensor, Tensor]:
-        numerator = torch.bmm(x.transpose(1, 2), bases)
-        denominator = coef.bmm(bases.transpose(1, 2).bmm(bases))
-        coef = coef * numerator / (denominator + 1e-6)
+        coef = self.compute_coef(x, bases, coef)
         numerator = torch.bmm(x, coef)
         denominator = bases.bmm(coef.transpose(1, 2).bmm(coef))
         bases = bases * numerator / (denominator + 1e-6)
