@@ -187,14 +187,12 @@ def _cpu_peak_bytes(fn: Callable[[], object]) -> int:
     return peak
 
 
-def square_matmul(
-    device: torch.device, size: int, dtype: torch.dtype = torch.float32
-) -> tuple[Callable[[], Tensor], int]:
-    """A ``size x size`` matmul in ``dtype`` on ``device`` to time beside the cases (the
-    reference for achieved rates, measured under the same machine noise) and its FLOPs."""
+def square_matmul(device: torch.device, size: int) -> tuple[Callable[[], Tensor], int]:
+    """A ``size x size`` float32 matmul on ``device`` to time beside the cases (the reference
+    for achieved rates, measured under the same machine noise) and its FLOPs."""
     gen = torch.Generator(device="cpu").manual_seed(0)
-    a = torch.randn(size, size, generator=gen, dtype=dtype).to(device)
-    b = torch.randn(size, size, generator=gen, dtype=dtype).to(device)
+    a = torch.randn(size, size, generator=gen, dtype=torch.float32).to(device)
+    b = torch.randn(size, size, generator=gen, dtype=torch.float32).to(device)
     return (lambda: a @ b), 2 * size**3
 
 

@@ -74,10 +74,8 @@ from experiments.benchmarks.peers.gmres import measure_gmres
 from experiments.benchmarks.peers.hams import measure_hams, measure_memory
 from experiments.benchmarks.peers.rows import (
     CLOCK,
-    COLUMNS,
     Table,
     _clock,
-    read_json,
     run_meta,
     write_json,
 )
@@ -85,7 +83,6 @@ from experiments.reports.render import Table as MarkdownTable
 from experiments.reports.render import render_beside
 
 GROUPS = ("hams", "memory", "solvers", "accuracy", "gmres", "deq_train")
-__all__ = ["COLUMNS", "Table", "read_json", "write_json"]
 
 
 @dataclass(frozen=True)
