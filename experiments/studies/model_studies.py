@@ -184,12 +184,10 @@ def eval_with_solvers(cfg: TrainConfig, solvers: Mapping[str, FixedPointSolver])
     in every decomposition layer, and the layers' final relative residual (max over layers and
     batches). The RNG is re-seeded before each evaluation, so random initial bases match."""
     _, val_set, info = build_datasets(cfg.data)
-    model = _build(cfg, info)
+    model = configured_model(cfg, info, cfg.checkpoint)
     hams = [m for m in model.modules() if isinstance(m, Decomposition)]
     _, val_loader = build_loaders(val_set, val_set, cfg.batch_size, cfg.seed)
-    task = Task(
-        info.kind, info.num_classes, info.ignore_index if info.ignore_index is not None else -100
-    )
+    task = task_of(info)
     rows = []
     for label, solver in solvers.items():
         for ham in hams:
@@ -217,18 +215,10 @@ def _record_residual(out: list[float]) -> Callable[..., None]:
 def _layer_and_input(cfg: TrainConfig) -> tuple[Decomposition, Tensor]:
     """The first decomposition of the configured model and its input on a validation batch,
     in float64 (the studies compare gradients to high precision)."""
-    seed_everything(cfg.seed)
-    _, val_set, info = build_datasets(cfg.data)
-    model = _build(cfg, info).double()
-    ham = next((m for m in model.modules() if isinstance(m, Decomposition)), None)
-    if ham is None:
-        raise ValueError(
-            f"context {cfg.context.name!r} has no decomposition layer to study; choose "
-            "context=nmf, vq, cd or svd"
-        )
+    model, ham, items, _ = _studied_model(cfg)
     captured: list[Tensor] = []
     handle = ham.register_forward_pre_hook(lambda _m, args: captured.append(args[0].detach()))
-    batch = torch.stack([val_set[i][0] for i in range(cfg.study.samples)])
+    batch = torch.stack([image for image, _ in items])
     with torch.no_grad():
         model(batch.double())
     handle.remove()
@@ -238,30 +228,47 @@ def _layer_and_input(cfg: TrainConfig) -> tuple[Decomposition, Tensor]:
 def _task_gradients(cfg: TrainConfig) -> list[dict[str, Any]]:
     """``task_gradients.task_gradient_rows`` on the model of ``cfg`` (float64) and the first
     ``study.samples`` validation images with their labels."""
-    seed_everything(cfg.seed)
-    _, val_set, info = build_datasets(cfg.data)
-    model = _build(cfg, info).double()
-    ham = next(m for m in model.modules() if isinstance(m, Decomposition))
-    items = [val_set[i] for i in range(cfg.study.samples)]
+    model, ham, items, info = _studied_model(cfg)
     inputs = torch.stack([image for image, _ in items]).double()
     target = torch.stack([torch.as_tensor(label) for _, label in items])
-    ignore = info.ignore_index if info.ignore_index is not None else -100
-    task = Task(info.kind, info.num_classes, ignore)
     study = cfg.study
     return task_gradient_rows(
-        model, ham, inputs, target, task, list(study.ks), study.reference_steps
+        model, ham, inputs, target, task_of(info), list(study.ks), study.reference_steps
     )
 
 
-def _build(cfg: TrainConfig, info: TaskInfo) -> nn.Module:
-    """The configured model in eval mode, with the ``checkpoint``'s weights when given."""
+def _studied_model(cfg: TrainConfig) -> tuple[nn.Module, Decomposition, list[Any], TaskInfo]:
+    """The configured model in float64 (seeded by ``cfg.seed``), its first decomposition, the
+    first ``study.samples`` validation (image, label) pairs and the task they come from."""
+    seed_everything(cfg.seed)
+    _, val_set, info = build_datasets(cfg.data)
+    model = configured_model(cfg, info, cfg.checkpoint).double()
+    ham = next((m for m in model.modules() if isinstance(m, Decomposition)), None)
+    if ham is None:
+        raise ValueError(
+            f"context {cfg.context.name!r} has no decomposition layer to study; choose "
+            "context=nmf, vq, cd or svd"
+        )
+    return model, ham, [val_set[i] for i in range(cfg.study.samples)], info
+
+
+def configured_model(
+    cfg: TrainConfig, info: TaskInfo, checkpoint: str | Path | None = None
+) -> nn.Module:
+    """The configured model in eval mode, with the weights of ``checkpoint`` (a training job's
+    checkpoint file) when given."""
     solver, adjoint = instantiate(cfg.solver), instantiate(cfg.adjoint)
     context = build_context(cfg.context, context_channels(info, cfg.model), solver, adjoint)
     model = build_model(info, context, cfg.model)
-    if cfg.checkpoint:
-        state = read_checkpoint(cfg.checkpoint)
-        model.load_state_dict(state["model"])
+    if checkpoint:
+        model.load_state_dict(read_checkpoint(checkpoint)["model"])
     return model.eval()
+
+
+def task_of(info: TaskInfo) -> Task:
+    """The task of a dataset: its kind, classes and ignored label (-100 when it has none)."""
+    ignore = -100 if info.ignore_index is None else info.ignore_index
+    return Task(info.kind, info.num_classes, ignore)
 
 
 def _leaf_problem(problem: FixedPointProblem) -> FixedPointProblem:

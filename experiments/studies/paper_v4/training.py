@@ -16,16 +16,15 @@ from typing import Any
 
 import torch
 from hydra.utils import instantiate
-from torch import nn
 from torch.utils.data import DataLoader
 
 from experiments.config.groups import TrainConfig
 from experiments.data.splits import Splits
-from experiments.engine.build import build_context, build_model, context_channels
-from experiments.engine.checkpoint import read_checkpoint, sidecar
+from experiments.engine.checkpoint import sidecar
 from experiments.engine.file_sinks import read_jsonl
 from experiments.engine.run import run_training
-from experiments.engine.task import Task, evaluate
+from experiments.engine.task import evaluate
+from experiments.studies.model_studies import configured_model, task_of
 from experiments.studies.paper_v4.jobs import Job
 from experiments.studies.paper_v4.plan import Plan
 from experiments.studies.pretraining import PretrainConf, ensure_pretrained
@@ -71,29 +70,12 @@ def build_splits(cfg: TrainConfig) -> Splits:
     return splits
 
 
-def build_job_model(cfg: TrainConfig, splits: Splits) -> nn.Module:
-    """The job's network as ``run_training`` builds it (before any weights are loaded)."""
-    solver, adjoint = instantiate(cfg.solver), instantiate(cfg.adjoint)
-    channels = context_channels(splits.task, cfg.model)
-    return build_model(
-        splits.task, build_context(cfg.context, channels, solver, adjoint), cfg.model
-    )
-
-
-def _task(splits: Splits) -> Task:
-    info = splits.task
-    return Task(
-        info.kind, info.num_classes, -100 if info.ignore_index is None else info.ignore_index
-    )
-
-
 def test_metrics(cfg: TrainConfig, job_dir: Path, splits: Splits) -> dict[str, float]:
     """``test_miou``, ``test_pixel_acc``, ``test_loss`` of the job's final model."""
-    model = build_job_model(cfg, splits)
-    model.load_state_dict(read_checkpoint(job_dir / "checkpoint.pt")["model"])
+    model = configured_model(cfg, splits.task, job_dir / "checkpoint.pt")
     loader = DataLoader(splits.test, batch_size=cfg.batch_size, shuffle=False)  # type: ignore[arg-type]
     with torch.no_grad():
-        metrics = evaluate(model, loader, _task(splits), device=torch.device("cpu"))
+        metrics = evaluate(model, loader, task_of(splits.task), device=torch.device("cpu"))
     return {
         "test_miou": metrics["val/miou"],
         "test_pixel_acc": metrics["val/pixel_acc"],
