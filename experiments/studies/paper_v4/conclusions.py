@@ -10,7 +10,7 @@ from typing import Any
 
 from experiments.reports.verdicts import NON_INFERIOR, Interval, verdict
 from experiments.studies.paper_v4.jobs import BPTT, HAMS, ONE_STEP
-from experiments.studies.paper_v4.plan import MARGIN, PAPER_EFFECT, Plan
+from experiments.studies.paper_v4.plan import MARGIN, PAPER_EFFECT, Plan, Rows
 from experiments.studies.paper_v4.primary import (
     Primary,
     fmt_interval,
@@ -19,7 +19,10 @@ from experiments.studies.paper_v4.primary import (
     side_of_zero,
 )
 
-Rows = Mapping[str, Mapping[str, Any]]
+
+def _is(row: Mapping[str, Any], **wanted: Any) -> bool:
+    """Whether ``row`` holds every ``column=value`` of ``wanted``."""
+    return all(row.get(k) == v for k, v in wanted.items())
 
 
 def v3_differences(rows: Rows) -> dict[str, list[float]]:
@@ -28,16 +31,10 @@ def v3_differences(rows: Rows) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for ham in HAMS:
         arm: dict[str, dict[int, float]] = {ONE_STEP: {}, BPTT: {}}
+        inv_t = 1.0 if ham != "nmf" else None
         for row in rows.values():
-            inv_ok = row.get("inv_t") in ((1.0,) if ham != "nmf" else (None,))
-            if (
-                row.get("stage") == "main"
-                and row.get("context") == ham
-                and row.get("K") == 6
-                and inv_ok
-                and row.get("status") == "ok"
-                and row.get("gradient") in arm
-            ):
+            selected = _is(row, stage="main", context=ham, K=6, inv_t=inv_t, status="ok")
+            if selected and row.get("gradient") in arm:
                 arm[str(row["gradient"])][int(row["replicate"])] = float(row["test_miou"])
         out[ham] = pairs_of(arm[ONE_STEP], arm[BPTT])
     return out
@@ -47,14 +44,12 @@ def v3_collapses(rows: Rows) -> dict[tuple[str, float], tuple[int, int]]:
     """Study v3's BPTT main arms (K 6) at inv_t other than 1, per (ham, inv_t): (replicates
     scoring below that replicate's no-context arm, replicates with both rows)."""
     floor = {int(r["replicate"]): float(r["test_miou"]) for r in rows.values()
-             if r.get("stage") == "main" and r.get("context") == "none"
-             and r.get("status") == "ok"}  # fmt: skip
+             if _is(r, stage="main", context="none", status="ok")}  # fmt: skip
     out: dict[tuple[str, float], tuple[int, int]] = {}
     for row in rows.values():
         inv_t = row.get("inv_t")
-        if (row.get("stage") != "main" or row.get("gradient") != BPTT or row.get("K") != 6
-                or inv_t in (None, 1.0) or row.get("status") != "ok"
-                or int(row["replicate"]) not in floor):  # fmt: skip
+        selected = _is(row, stage="main", gradient=BPTT, K=6, status="ok")
+        if not selected or inv_t in (None, 1.0) or int(row["replicate"]) not in floor:
             continue
         key = (str(row["context"]), float(inv_t))
         low, n = out.get(key, (0, 0))

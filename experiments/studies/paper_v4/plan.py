@@ -294,9 +294,5 @@ def start_order(plan: Plan, job: Job) -> tuple[int, int, int]:
 
 def replicates_done(plan: Plan, rows: Rows, jobs: Sequence[Job]) -> int:
     """Test replicates whose jobs in ``jobs`` all have an ``ok`` row."""
-    by_replicate: dict[int, list[Job]] = {}
-    for job in jobs:
-        by_replicate.setdefault(job.replicate, []).append(job)
-    return sum(
-        all(rows.get(j.key, {}).get("status") == "ok" for j in js) for js in by_replicate.values()
-    )
+    unfinished = {j.replicate for j in jobs if rows.get(j.key, {}).get("status") != "ok"}
+    return len({j.replicate for j in jobs} - unfinished)

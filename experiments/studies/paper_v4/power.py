@@ -31,13 +31,10 @@ def power(n: int, sd: float, margin: float, alpha: float = LEVEL / FAMILY) -> fl
     return float(stats.nct.sf(critical, n - 1, margin * math.sqrt(n) / sd))
 
 
-def replicates_for(sd: float, margin: float, target: float = TARGET_POWER,
-                   alpha: float = LEVEL / FAMILY, most: int = 1000) -> int | None:  # fmt: skip
-    """The fewest replicates (>= 2) whose ``power`` reaches ``target``; None beyond ``most``."""
-    for n in range(2, most + 1):
-        if power(n, sd, margin, alpha) >= target:
-            return n
-    return None
+def replicates_for(sd: float, margin: float) -> int | None:
+    """The fewest replicates (>= 2) whose ``power`` (Holm's first step) reaches
+    ``TARGET_POWER``; None beyond 1000."""
+    return next((n for n in range(2, 1001) if power(n, sd, margin) >= TARGET_POWER), None)
 
 
 def paired_sd(differences: Sequence[float]) -> float | None:

@@ -22,11 +22,10 @@ from experiments.reports.verdicts import (
     verdict,
 )
 from experiments.studies.paper_v4.jobs import BPTT, HAMS, NO_GRADIENT, ONE_STEP, Job
-from experiments.studies.paper_v4.plan import MARGIN, PAPER_EFFECT, Plan
+from experiments.studies.paper_v4.plan import MARGIN, PAPER_EFFECT, Plan, Rows
 from experiments.studies.paper_v4.power import paired_sd
 
 PENDING = "pending"
-Rows = Mapping[str, Mapping[str, Any]]
 
 
 def fmt_value(value: float | None, sign: bool = False, digits: int = 3) -> str:

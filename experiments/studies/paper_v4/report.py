@@ -25,9 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jinja2
-
-from experiments.reports.render import Table, environment, splice
+from experiments.reports.render import Table, environment_beside, splice
 from experiments.reports.verdicts import Interval, verdict
 from experiments.studies.csv_rows import read_row_list, read_rows, read_sessions
 from experiments.studies.paper_v4.budget import BudgetPlan, budget_plan, stage_table, study_costs
@@ -95,7 +93,6 @@ class PaperV4:
     margin: float
     effects: str  # the paper's one-step - BPTT advantages, "NMF +0.009, ..."
     progress: Table
-    tuned: bool
     replicates_done: int
     lr_table: Table
     edge: tuple[str, ...]
@@ -145,20 +142,16 @@ def _outside(plan: Plan, rows: Rows) -> tuple[str, ...]:
     tuning no longer selects), each with its test mIoU and whether it started before the
     plan's last tuning row ended; they enter no table."""
     planned = {j.key for stage in STAGES for j in jobs_of_stage(plan, rows, stage)}
-    ends = [_number(rows.get(j.key, {}).get("finished")) for j in tune_jobs(plan)]
+    ends = [rows.get(j.key, {}).get("finished") for j in tune_jobs(plan)]
     tuning_end = max((e for e in ends if e is not None), default=math.inf)
     out = []
     for key in sorted(set(rows) - planned):
         row = rows[key]
-        started = _number(row.get("started"))
+        started = row.get("started")
         early = ", started before the tuning's last row ended" if (
             started is not None and started < tuning_end) else ""  # fmt: skip
-        out.append(f"`{key}` (test mIoU {fmt_value(_number(row.get('test_miou')))}{early})")
+        out.append(f"`{key}` (test mIoU {fmt_value(row.get('test_miou'))}{early})")
     return tuple(out)
-
-
-def _number(value: Any) -> float | None:
-    return None if value is None or value == "" else float(value)
 
 
 def _lr_table(
@@ -334,12 +327,11 @@ def paper_v4(rows: Rows, plan: Plan, csv: str, v3_rows: Rows,
     """The page's data from the CSV rows (job key -> row), study v3's rows, the sessions and
     the re-runs sidecar's rows (``paper_v4.rerun``)."""
     rows = {k: r for k, r in rows.items() if r.get("plan") == plan.digest()}
-    done_tuning = tuned(plan, rows)
     main = jobs_of_stage(plan, rows, "main")
     progress, failed = _progress(plan, rows)
     outside = _outside(plan, rows)
     done = replicates_done(plan, rows, main)
-    lr_table, edge, own_edge = _lr_table(plan, rows, done_tuning)
+    lr_table, edge, own_edge = _lr_table(plan, rows, tuned(plan, rows))
     primary = primary_comparisons(plan, rows, main)
     arms, context, over_gap = _arms_and_context(rows, main)
     length_table, length_line = _length_table(plan, rows, main, jobs_of_stage(plan, rows, "length"))
@@ -355,7 +347,7 @@ def paper_v4(rows: Rows, plan: Plan, csv: str, v3_rows: Rows,
     return PaperV4(
         plan=plan, csv=csv, margin=MARGIN,
         effects=", ".join(f"{h.upper()} +{e:.3f}" for h, e in PAPER_EFFECT.items()),
-        progress=progress, tuned=done_tuning, replicates_done=done,
+        progress=progress, replicates_done=done,
         lr_table=lr_table, edge=edge, own_edge=own_edge, primary=tuple(primary),
         primary_table=primary_table(primary), arms=arms, context_table=context,
         length_table=length_table, length_line=length_line,
@@ -374,20 +366,11 @@ def paper_v4(rows: Rows, plan: Plan, csv: str, v3_rows: Rows,
     )  # fmt: skip
 
 
-def _template() -> Any:
-    env = environment().overlay(loader=jinja2.FileSystemLoader(str(Path(__file__).parent)))
-    return env.get_template("page.md.j2").module
-
-
 def render(doc: PaperV4) -> tuple[str, str]:
-    """(the results.md section, the findings.md block), each between the markers."""
-    module = _template()
-    return marked(module.section(doc, FAMILY)), marked(module.findings(doc))
-
-
-def marked(content: str) -> str:
-    """``content`` between the markers."""
-    return f"{BEGIN}\n{content.strip()}\n{END}"
+    """(the results.md section, the findings.md block), without the markers (``splice`` puts
+    each between them)."""
+    module: Any = environment_beside(Path(__file__).parent).get_template("page.md.j2").module
+    return module.section(doc, FAMILY), module.findings(doc)
 
 
 def write(csv: str | Path, out_dir: str | Path, plan: Plan | None = None,

@@ -61,11 +61,9 @@ def jobs_to_rerun(
                 "re-run only jobs the study has finished (their keys are its 'job' column)"
             )
         jobs.append(job_of(row))
-    pretrain = {j.replicate for j in jobs if j.stage == "pretrain"}
-    for job in jobs:
-        if job.replicate not in pretrain:
-            pretrain.add(job.replicate)
-            jobs.append(Job("pretrain", "-", NO_GRADIENT, 0, None, None, job.replicate, 0))
+    pretrained = {j.replicate for j in jobs if j.stage == "pretrain"}
+    jobs += [Job("pretrain", "-", NO_GRADIENT, 0, None, None, r, 0)
+             for r in {j.replicate for j in jobs} - pretrained]  # fmt: skip
     return sorted(jobs, key=lambda j: (j.stage != "pretrain", j.replicate, j.key))
 
 
