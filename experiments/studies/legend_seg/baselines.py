@@ -114,11 +114,7 @@ def _bench(bench: Mapping[str, Any] | None) -> Bench | None:
         for size in sizes
     )
     return Bench(
-        channels=setup.get("channels"),
-        rank=setup.get("rank"),
-        steps=setup.get("steps"),
-        threads=setup.get("threads"),
-        clock=setup.get("clock"),
+        **{key: setup.get(key) for key in ("channels", "rank", "steps", "threads", "clock")},
         side_ratio=sides[-1] // sides[0] if len(sides) > 1 and sides[0] else None,
         tables=tables,
     )

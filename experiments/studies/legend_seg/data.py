@@ -141,21 +141,14 @@ def load_study(root: str | Path) -> StudyRuns:
 
 def select(rows: Iterable[Row], **wanted: str) -> Row | None:
     """The row whose overrides include every ``key=value`` of ``wanted`` (first match)."""
-    for row in rows:
-        if all(row.overrides.get(k) == v for k, v in wanted.items()):
-            return row
-    return None
+    return next((r for r in rows if all(r.overrides.get(k) == v for k, v in wanted.items())), None)
 
 
 def mean_std(row: Row | None, metric: str) -> tuple[float, float, int] | None:
     """(mean, sample std, n) of a metric over a row's successful seeds, or None."""
-    if row is None:
+    if row is None or (stats := row.mean_std(metric)) is None:
         return None
-    values = row.values(metric)
-    if not values:
-        return None
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return statistics.fmean(values), std, len(values)
+    return (*stats, len(row.values(metric)))
 
 
 def fmt(stats: tuple[float, float, int] | None, digits: int = 3) -> str:
@@ -170,11 +163,8 @@ def failure_fraction(row: Row | None, kind: str = "backward_not_converged") -> f
     """Mean over a row's jobs of (failure events of ``kind``) / (training steps)."""
     if row is None:
         return None
-    fractions = []
-    for job in row.jobs:
-        steps = _steps_of(job)
-        if job.status == "ok" and steps:
-            fractions.append(job.failures.get(kind, 0) / steps)
+    fractions = [job.failures.get(kind, 0) / steps for job in row.jobs
+                 if job.status == "ok" and (steps := _steps_of(job))]  # fmt: skip
     return statistics.fmean(fractions) if fractions else None
 
 
@@ -225,12 +215,9 @@ def first_config(jobs: Iterable[Job]) -> dict[str, Any]:
 def config_with(rows: Iterable[Row], key: str, **wanted: str) -> dict[str, Any]:
     """The first saved config that records ``key`` among the jobs of the rows whose overrides
     include ``wanted`` ({} when none does): where an arm's settings are read."""
-    for row in rows:
-        if all(row.overrides.get(k) == v for k, v in wanted.items()):
-            for job in row.jobs:
-                if config_value(job.config, key) is not None:
-                    return job.config
-    return {}
+    matching = (r for r in rows if all(r.overrides.get(k) == v for k, v in wanted.items()))
+    jobs = (job for row in matching for job in row.jobs)
+    return next((job.config for job in jobs if config_value(job.config, key) is not None), {})
 
 
 def target_name(config: Mapping[str, Any] | None, key: str) -> str | None:

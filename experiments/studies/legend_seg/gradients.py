@@ -5,7 +5,7 @@ by ``templates/study/gradients.md.j2``."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,15 +144,23 @@ def gradients(runs: StudyRuns, figures: Figures) -> Gradients:
     )
 
 
+def _studies(
+    runs: StudyRuns, contexts: Sequence[str] = GRAD_CONTEXTS
+) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(ham, model, results) of each grad study of ``contexts`` that ran, in the page's order."""
+    for context in contexts:
+        for point in POINTS:
+            if res := runs.study("grad", point, context):
+                yield context, point, res
+
+
 def _conditioning(runs: StudyRuns) -> Table:
     body = []
-    for context in GRAD_CONTEXTS:
-        for point in POINTS:
-            res = runs.study("grad", point, context)
-            for row in (res or {}).get("conditioning", []):
-                body.append([context, point, row["point"], row["steps"],
-                             row.get("fixed_point_residual"), row.get("spectral_radius"),
-                             row.get("sigma_min"), _kappa(row)])  # fmt: skip
+    for context, point, res in _studies(runs):
+        for row in res.get("conditioning", []):
+            body.append([context, point, row["point"], row["steps"],
+                         row.get("fixed_point_residual"), row.get("spectral_radius"),
+                         row.get("sigma_min"), _kappa(row)])  # fmt: skip
     header = ["ham", "model", "state", "iterations", "rel. residual", "spectral radius",
               "σ_min(I − J)", "κ(I − J) ≥"]  # fmt: skip
     return Table.of(header, body)
@@ -161,15 +169,11 @@ def _conditioning(runs: StudyRuns) -> Table:
 def _norms(runs: StudyRuns) -> Norms:
     norms: list[tuple[str, str, dict[int, Any]]] = []
     ks: list[int] = []
-    for context in GRAD_CONTEXTS:
-        for point in POINTS:
-            res = runs.study("grad", point, context)
-            if not res:
-                continue
-            unroll = [r for r in res["grad_vs_k"] if r["adjoint"] == "unroll"]
-            by_k = {r["K"]: r.get("grad_norm") for r in unroll}
-            norms.append((context, point, by_k))
-            ks = sorted(set(ks) | set(by_k))
+    for context, point, res in _studies(runs):
+        unroll = [r for r in res["grad_vs_k"] if r["adjoint"] == "unroll"]
+        by_k = {r["K"]: r.get("grad_norm") for r in unroll}
+        norms.append((context, point, by_k))
+        ks = sorted(set(ks) | set(by_k))
     ratios = [_ratio(by_k, ks) for *_, by_k in norms]
     body = [[context, point, *(by_k.get(k) for k in ks), ratio]
             for (context, point, by_k), ratio in zip(norms, ratios, strict=True)]  # fmt: skip
@@ -198,16 +202,12 @@ def _norms(runs: StudyRuns) -> Norms:
 
 def _cosines(runs: StudyRuns) -> Table:
     body = []
-    for context in GRAD_CONTEXTS:
-        for point in POINTS:
-            res = runs.study("grad", point, context)
-            if not res:
-                continue
-            for mode in dict.fromkeys(r["adjoint"] for r in res["grad_vs_k"]):
-                rows = [r for r in res["grad_vs_k"] if r["adjoint"] == mode]
-                same = " / ".join(f3(r.get("cosine_same_k")) for r in rows)
-                ref = " / ".join(f3(r.get("cosine")) for r in rows)
-                body.append([context, point, mode, same, ref])
+    for context, point, res in _studies(runs):
+        for mode in dict.fromkeys(r["adjoint"] for r in res["grad_vs_k"]):
+            rows = [r for r in res["grad_vs_k"] if r["adjoint"] == mode]
+            same = " / ".join(f3(r.get("cosine_same_k")) for r in rows)
+            ref = " / ".join(f3(r.get("cosine")) for r in rows)
+            body.append([context, point, mode, same, ref])
     header = ["ham", "model", "backward", "cosine to BPTT at K", "cosine to reference"]
     return Table.of(header, body)
 
@@ -229,18 +229,16 @@ TIE = 1e-3  # cosines closer than this count as a tie (the page prints three dec
 
 def _closer(runs: StudyRuns) -> Closer | None:
     closer, ties, pairs = [], [], 0
-    for context in CONTEXTS:
-        for point in POINTS:
-            res = runs.study("grad", point, context)
-            at_k = {r["adjoint"]: r.get("cosine") for r in (res or {}).get("grad_vs_k", [])
-                    if r["K"] == REFERENCE_K}  # fmt: skip
-            if at_k.get("unroll") is None or at_k.get("one_step") is None:
-                continue
-            pairs += 1
-            if abs(at_k["one_step"] - at_k["unroll"]) < TIE:
-                ties.append(f"{context} ({point})")
-            elif at_k["one_step"] > at_k["unroll"]:
-                closer.append(f"{context} ({point})")
+    for context, point, res in _studies(runs, CONTEXTS):
+        at_k = {r["adjoint"]: r.get("cosine") for r in res.get("grad_vs_k", [])
+                if r["K"] == REFERENCE_K}  # fmt: skip
+        if at_k.get("unroll") is None or at_k.get("one_step") is None:
+            continue
+        pairs += 1
+        if abs(at_k["one_step"] - at_k["unroll"]) < TIE:
+            ties.append(f"{context} ({point})")
+        elif at_k["one_step"] > at_k["unroll"]:
+            closer.append(f"{context} ({point})")
     return Closer(REFERENCE_K, tuple(closer), pairs, tuple(ties)) if pairs else None
 
 

@@ -39,6 +39,7 @@ from experiments.studies.legend_seg.job_rows import ROWS_FILE, write_rows
 from experiments.studies.legend_seg.ridge import Ridge, ridge
 from experiments.studies.legend_seg.stress import StressTest, stress_test
 
+FIGURES = "results"  # the figures folder beside results.md: docs/results/
 FINDINGS = "findings.md"  # written into the figures folder: docs/results/findings.md
 
 
@@ -103,23 +104,18 @@ class StudyDocument:
     ridge: Ridge
 
 
-def write_study_report(
-    root: str | Path,
-    out_dir: str | Path,
-    commands: str,
-    figures: str = "results",
-) -> Path:
+def write_study_report(root: str | Path, out_dir: str | Path, commands: str) -> Path:
     """Write ``out_dir/results.md``, its PNGs, ``findings.md`` and the per-job rows
-    (``experiments.studies.legend_seg.job_rows``; both in ``out_dir/figures``)
+    (``experiments.studies.legend_seg.job_rows``; both in ``out_dir/results``)
     from the study folder ``root``; ``commands`` is the shell script that produced the runs,
     quoted at the top."""
     runs = load_study(root)
     out_dir = Path(out_dir)
-    (out_dir / figures).mkdir(parents=True, exist_ok=True)
-    doc = study_document(runs, Figures(out_dir, figures), commands)
+    (out_dir / FIGURES).mkdir(parents=True, exist_ok=True)
+    doc = study_document(runs, Figures(out_dir, FIGURES), commands)
     findings = render_beside(__file__, "study/findings.md.j2", doc=doc)
-    (out_dir / figures / FINDINGS).write_text(findings)
-    write_rows(runs, out_dir / figures / ROWS_FILE)
+    (out_dir / FIGURES / FINDINGS).write_text(findings)
+    write_rows(runs, out_dir / FIGURES / ROWS_FILE)
     path = out_dir / "results.md"
     path.write_text(render_beside(__file__, "study/results.md.j2", doc=doc))
     return path

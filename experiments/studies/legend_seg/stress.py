@@ -160,12 +160,8 @@ def _verdict(rows: Sequence[Row]) -> Verdict | None:
     fails: list[str] = []
     gaps: list[tuple[str, float]] = []
     for context in CONTEXTS:
-        one = mean_std(
-            select(rows, context=context, adjoint="one_step", **k_steps(REFERENCE_K)), "val/miou"
-        )
-        bptt = mean_std(
-            select(rows, context=context, adjoint="unroll", **k_steps(REFERENCE_K)), "val/miou"
-        )
+        one, bptt = (mean_std(select(rows, context=context, adjoint=a, **k_steps(REFERENCE_K)),
+                              "val/miou") for a in ("one_step", "unroll"))  # fmt: skip
         if one is None or bptt is None:
             continue
         paper = PAPER_ONE_STEP_VS_BPTT[context]
