@@ -67,22 +67,20 @@ def common_overrides(rows: Sequence[Row]) -> dict[str, str]:
     return {k: rows[0].overrides[k] for k in keys}
 
 
-def metric_cell(row: Row, metric: str, digits: int = 3) -> str:
+def metric_cell(row: Row, metric: str) -> str:
     """mean ± std of ``metric`` over the row's ok jobs (the mean alone for one value); when ok
     jobs lack a value, the count behind the mean and the missing ones: ``(n=2, 1 missing)``."""
     stats, n, missing = row.mean_std(metric), len(row.values(metric)), row.missing(metric)
     if stats is None:
         text = "–"
     elif n == 1:
-        text = f"{stats[0]:.{digits}f}"
+        text = f"{stats[0]:.3f}"
     else:
-        text = f"{stats[0]:.{digits}f} ± {stats[1]:.{digits}f}"
+        text = f"{stats[0]:.3f} ± {stats[1]:.3f}"
     return f"{text} (n={n}, {missing} missing)" if missing else text
 
 
-def metrics_table(
-    rows: Sequence[Row], metrics: Sequence[str] | None = None, digits: int = 3
-) -> Table:
+def metrics_table(rows: Sequence[Row], metrics: Sequence[str] | None = None) -> Table:
     """One column per override that differs between the rows (``arm_keys``), ``n`` (ok / all
     jobs), then mean ± std per metric (``metric_cell``).
 
@@ -99,7 +97,7 @@ def metrics_table(
     for row in rows:
         ok = sum(job.status == "ok" for job in row.jobs)
         cells = [row.overrides.get(k, "") for k in keys] + [f"{ok}/{len(row.jobs)}"]
-        body.append(cells + [metric_cell(row, m, digits) for m in shown])
+        body.append(cells + [metric_cell(row, m) for m in shown])
     return Table.of([*keys, "n", *shown], body)
 
 

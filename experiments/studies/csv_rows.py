@@ -31,7 +31,8 @@ FLOAT_COLUMNS = (
     "inv_t", "lr", "val_miou", "val_pixel_acc", "val_loss", "test_miou", "test_pixel_acc",
     "test_loss", "train_s", "peak_mem_mb", "started", "finished",
 )  # fmt: skip
-INT_COLUMNS = ("K", "replicate", "data_seed", "model_seed", "epochs", "steps", "threads")
+INT_COLUMNS = ("K", "replicate", "data_seed", "model_seed", "epochs", "steps", "threads",
+               "jobs_run", "workers", "main_epochs")  # fmt: skip
 
 
 def sessions_path(csv_path: str | Path) -> Path:
@@ -171,14 +172,4 @@ def read_sessions(csv_path: str | Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     with path.open(encoding="utf-8", newline="") as fh:
-        return [
-            {
-                "started": float(r["started"]),
-                "finished": float(r["finished"]),
-                "jobs_run": int(r["jobs_run"]),
-                "workers": int(r["workers"]),
-                "plan": r["plan"],
-                "main_epochs": int(r["main_epochs"]) if r.get("main_epochs") else None,
-            }
-            for r in csv.DictReader(fh)
-        ]
+        return [{c: _parse(c, r.get(c) or "") for c in SESSION_COLUMNS} for r in csv.DictReader(fh)]
