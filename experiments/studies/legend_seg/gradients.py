@@ -29,7 +29,7 @@ from experiments.studies.legend_seg.data import (
     trained_from,
 )
 from experiments.studies.legend_seg.plots import plot_grad_study
-from experiments.studies.legend_seg.task_grad import TaskGradients, f3, task_gradients
+from experiments.studies.legend_seg.task_grad import TaskGradients, over_k, task_gradients
 
 REMEDY_MODES = ("implicit", "implicit(ridge=0.1)")
 GRAD_CONTEXTS = (*CONTEXTS, "nmf_normalized")
@@ -205,9 +205,8 @@ def _cosines(runs: StudyRuns) -> Table:
     for context, point, res in _studies(runs):
         for mode in dict.fromkeys(r["adjoint"] for r in res["grad_vs_k"]):
             rows = [r for r in res["grad_vs_k"] if r["adjoint"] == mode]
-            same = " / ".join(f3(r.get("cosine_same_k")) for r in rows)
-            ref = " / ".join(f3(r.get("cosine")) for r in rows)
-            body.append([context, point, mode, same, ref])
+            cells = [over_k(rows, "cosine_same_k"), over_k(rows, "cosine")]
+            body.append([context, point, mode, *cells])
     header = ["ham", "model", "backward", "cosine to BPTT at K", "cosine to reference"]
     return Table.of(header, body)
 

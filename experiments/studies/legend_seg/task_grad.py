@@ -4,11 +4,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.reports.render import Table
+from experiments.reports.render import Table, fixed
 from experiments.studies.legend_seg.data import REFERENCE_K
 from experiments.studies.task_gradients import PAPER_ONE_STEP, THROUGH_BASES
 
@@ -49,8 +49,7 @@ def task_gradients(studies: Mapping[str, Mapping[str, Any] | None], task: str) -
         ks = sorted({r["K"] for r in rows} | set(ks))
         for mode in dict.fromkeys(r["mode"] for r in rows):
             mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["K"])
-            body.append([name, mode, " / ".join(f3(r.get("cosine_same_k")) for r in mine),
-                         " / ".join(f3(r.get("cosine")) for r in mine)])  # fmt: skip
+            body.append([name, mode, over_k(mine, "cosine_same_k"), over_k(mine, "cosine")])
         at_k = {r["mode"]: r for r in rows if r["K"] == REFERENCE_K}
         if PAPER_ONE_STEP in at_k and THROUGH_BASES in at_k and "unroll" in at_k:
             pairs.append(Pair(name, at_k[PAPER_ONE_STEP].get("cosine_same_k"),
@@ -60,9 +59,10 @@ def task_gradients(studies: Mapping[str, Mapping[str, Any] | None], task: str) -
     return TaskGradients(task, tuple(ks), Table.of(header, body), tuple(pairs), REFERENCE_K)
 
 
-def f3(value: float | None) -> str:
-    """Three decimals, or a dash for a missing value."""
-    return "–" if value is None else f"{value:.3f}"
+def over_k(rows: Iterable[Mapping[str, Any]], column: str) -> str:
+    """``column`` of each row (one per K) with three decimals ("–" where missing), joined by
+    " / ": a cell of the cosine tables."""
+    return " / ".join(fixed(r.get(column)) for r in rows)
 
 
 def _ratio(a: Mapping[str, Any], b: Mapping[str, Any]) -> float | None:

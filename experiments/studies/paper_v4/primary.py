@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.reports.render import Table
+from experiments.reports.render import Table, fixed
 from experiments.reports.verdicts import (
     Interval,
     holm,
@@ -29,9 +29,8 @@ PENDING = "pending"
 
 
 def fmt_value(value: float | None, sign: bool = False, digits: int = 3) -> str:
-    if value is None or not math.isfinite(value):
-        return "–"
-    return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
+    """``render.fixed`` of a finite value; "–" for None or a non-finite one."""
+    return fixed(value if value is not None and math.isfinite(value) else None, digits, sign)
 
 
 def fmt_interval(interval: Interval | None, digits: int = 3) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -312,11 +313,8 @@ def _power(plan: Plan, primary: Sequence[Primary], v3: Mapping[str, Sequence[flo
 
 
 def _provenance(rows: Rows) -> Table:
-    groups: dict[tuple[str, str, str], int] = {}
-    for row in rows.values():
-        key = (str(row.get("cpu") or "unknown"), str(row.get("threads") or "–"),
-               str(row.get("commit") or "unknown"))  # fmt: skip
-        groups[key] = groups.get(key, 0) + 1
+    groups = Counter((str(row.get("cpu") or "unknown"), str(row.get("threads") or "–"),
+                      str(row.get("commit") or "unknown")) for row in rows.values())  # fmt: skip
     return Table.of(["processor", "threads", "library commit", "rows"],
                     [(*k, n) for k, n in sorted(groups.items())])  # fmt: skip
 
