@@ -104,6 +104,11 @@ class ArmRow:
     by_seed: tuple[tuple[int, float], ...] = ()  # (seed, final test accuracy) per finished job
 
 
+# the ``ArmRow`` fields that are the mean of the rows' column of the same name
+MEANS = ("rho_start", "rho_final", "rho_max", "kappa_final", "kappa_max", "forward_steps",
+         "forward_missed", "backward_not_fixed_point", "backward_missed", "step_ms")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class DEQPage:
     """Everything the template shows."""
@@ -129,6 +134,7 @@ def arm_row(arm: str, rows: Sequence[Row]) -> ArmRow:
     """The numbers of one arm from its rows (see ``ArmRow``): means of the per-job values."""
     first = [r["first_above_one"] for r in rows if r["first_above_one"] is not None]
     done = [r for r in rows if r["final_test_accuracy"] is not None]
+    means: dict[str, Any] = {name: mean([r[name] for r in rows]) for name in MEANS}
     return ArmRow(
         arm=arm,
         title=ARMS[arm].title,
@@ -136,20 +142,11 @@ def arm_row(arm: str, rows: Sequence[Row]) -> ArmRow:
         failed=sum(bool(r["failure"]) for r in rows),
         accuracy=mean([r["final_test_accuracy"] for r in done]),
         accuracy_std=std([r["final_test_accuracy"] for r in done]),
-        rho_start=mean([r["rho_start"] for r in rows]),
-        rho_final=mean([r["rho_final"] for r in rows]),
-        rho_max=mean([r["rho_max"] for r in rows]),
         seeds_above_one=len(first),
         first_above_one=min(first) if first else None,
-        kappa_final=mean([r["kappa_final"] for r in rows]),
-        kappa_max=mean([r["kappa_max"] for r in rows]),
-        forward_steps=mean([r["forward_steps"] for r in rows]),
-        forward_missed=mean([r["forward_missed"] for r in rows]),
-        backward_not_fixed_point=mean([r["backward_not_fixed_point"] for r in rows]),
-        backward_missed=mean([r["backward_missed"] for r in rows]),
         warnings={k: mean([r[f"warnings_{k}"] for r in rows]) for k in WARNING_KINDS},
-        step_ms=mean([r["step_ms"] for r in rows]),
         by_seed=tuple((int(r["seed"]), float(r["final_test_accuracy"])) for r in done),
+        **means,
     )
 
 

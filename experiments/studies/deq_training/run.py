@@ -37,7 +37,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import os
 import time
 import warnings
 from collections import Counter
@@ -54,6 +53,7 @@ from torch.nn.utils import parametrize
 import implicit_ham as ih
 from experiments.data.digits import NUM_CLASSES, DigitsDataset
 from experiments.engine.callbacks import Callback
+from experiments.engine.job_record import write_job_record
 from experiments.engine.provenance import provenance
 from experiments.engine.state import TrainState
 from experiments.engine.task import Task
@@ -201,10 +201,6 @@ def _forward_solver(config: StudyConfig) -> ih.Anderson:
     return ih.Anderson(max_steps=config.forward_steps, tol=config.forward_tol, m=5)
 
 
-def _adjoint(config: StudyConfig) -> ih.Implicit:
-    return ih.Implicit(max_steps=config.backward_steps, tol=config.backward_tol)
-
-
 def accuracy(model: DEQClassifier, images: Tensor, labels: Tensor, config: StudyConfig) -> float:
     """Test accuracy in eval mode (no gradient), in chunks of 128 images."""
     model.eval()
@@ -251,7 +247,8 @@ def _loss(
     states = list(config.correction_states) if arm.correction else None
     sol = ih.fixed_point(
         model.cell, torch.zeros_like(x), x, solver=_forward_solver(config),
-        adjoint=_adjoint(config), states=states,
+        adjoint=ih.Implicit(max_steps=config.backward_steps, tol=config.backward_tol),
+        states=states,
     )  # fmt: skip
 
     def task(z: Any) -> Tensor:
@@ -315,15 +312,26 @@ class StepFailedError(RuntimeError):
     """A training step raised ``ih.NonFiniteError``; the message names the step (1-based)."""
 
 
-class StudyStep:
-    """The ``Trainer`` step of a job: ``train_step`` on the batch; ``last`` holds its record.
-    An ``ih.NonFiniteError`` becomes ``StepFailedError`` ("step N: ...")."""
+class JobLog(Callback):
+    """A job's ``Trainer`` step and its records. The step (``__call__``): ``train_step`` on the
+    batch, its record kept in ``last``; an ``ih.NonFiniteError`` becomes ``StepFailedError``
+    ("step N: ..."). The callback: every step's record (``last`` with its 1-based ``step``)
+    and the probes (``measure(step)``) before the first step, every ``probe_every`` steps and
+    after the last."""
 
     def __init__(
-        self, model: DEQClassifier, optimizer: torch.optim.Optimizer, arm: Arm, config: StudyConfig
+        self,
+        model: DEQClassifier,
+        optimizer: torch.optim.Optimizer,
+        arm: Arm,
+        config: StudyConfig,
+        measure: Callable[[int], dict[str, Any]],
     ) -> None:
         self.model, self.optimizer, self.arm, self.config = model, optimizer, arm, config
+        self.measure = measure
         self.last: dict[str, Any] = {}
+        self.steps: list[dict[str, Any]] = []
+        self.probes: list[dict[str, Any]] = []
 
     def __call__(self, images: Tensor, labels: Tensor, index: int) -> Tensor:
         """One step on (images, labels), the job's ``index``-th (0-based); its loss."""
@@ -335,35 +343,22 @@ class StudyStep:
             raise StepFailedError(f"step {index + 1}: {error}") from error
         return torch.as_tensor(self.last["loss"])
 
-
-class JobLog(Callback):
-    """A job's records: every step's (``StudyStep.last`` with its 1-based ``step``) and the
-    probes (``measure(step)``) before the first step, every ``probe_every`` steps and after
-    the last."""
-
-    def __init__(
-        self, step: StudyStep, measure: Callable[[int], dict[str, Any]], config: StudyConfig
-    ) -> None:
-        self.step, self.measure, self.config = step, measure, config
-        self.steps: list[dict[str, Any]] = []
-        self.probes: list[dict[str, Any]] = []
-
     def on_fit_start(self, trainer: Trainer, state: TrainState) -> None:
         """The probe before training."""
         self.probes.append(self.measure(state.step))
 
     def on_step_end(self, trainer: Trainer, state: TrainState, loss: Tensor | None) -> None:
         """Record the step; probe when due."""
-        self.steps.append({"step": state.step, **self.step.last})
+        self.steps.append({"step": state.step, **self.last})
         if state.step % self.config.probe_every == 0 or state.step == self.config.steps:
             self.probes.append(self.measure(state.step))
 
 
 def run_job(config: StudyConfig, arm_name: str, seed: int, out_dir: Path) -> dict[str, Any]:
-    """Train one (arm, seed) on the ``Trainer`` (one epoch of ``config.steps`` batches, the
-    records and probes in ``JobLog``) and write ``out_dir/jobs/<arm>_seed<seed>.json``;
-    returns it. A non-finite value (``ih.NonFiniteError``) ends the job early; the file
-    records it.
+    """Train one (arm, seed) on the ``Trainer`` (one epoch of ``config.steps`` batches; the
+    step, its records and the probes in ``JobLog``) and write
+    ``out_dir/jobs/<arm>_seed<seed>.json``; returns it. A non-finite value
+    (``ih.NonFiniteError``) ends the job early; the file records it.
     """
     torch.set_num_threads(config.threads)
     where = provenance()  # the processor, this job's threads, the library commit
@@ -371,15 +366,14 @@ def run_job(config: StudyConfig, arm_name: str, seed: int, out_dir: Path) -> dic
     torch.manual_seed(seed)
     (train_x, train_y), (test_x, test_y) = load_split("train"), load_split("val")
     model, optimizer = build(config, arm)
-    step = StudyStep(model, optimizer, arm, config)
 
     def measure(index: int) -> dict[str, Any]:
         return {"step": index, **probe(model, test_x[: config.probe_size], config),
                 "test_accuracy": accuracy(model, test_x, test_y, config)}  # fmt: skip
 
-    log = JobLog(step, measure, config)
+    log = JobLog(model, optimizer, arm, config, measure)
     trainer = Trainer(
-        model, Task("classification", NUM_CLASSES), step, device=torch.device("cpu"),
+        model, Task("classification", NUM_CLASSES), log, device=torch.device("cpu"),
         callbacks=[log],
     )  # fmt: skip
     failure: str | None = None
@@ -400,16 +394,9 @@ def run_job(config: StudyConfig, arm_name: str, seed: int, out_dir: Path) -> dic
         "wall_s": time.perf_counter() - start,
         "provenance": where,
     }
-    _write_job(job_path(out_dir, arm_name, seed), result)
+    path = job_path(out_dir, arm_name, seed)  # written atomically: it exists once the job ended
+    write_job_record(path.parent, {path.name: json.dumps(result, indent=1)})
     return result
-
-
-def _write_job(path: Path, result: dict[str, Any]) -> None:
-    """Write the job file atomically (it exists only once the job has finished)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    os.replace(tmp, path)
 
 
 def job_path(out_dir: Path, arm: str, seed: int) -> Path:
