@@ -5,11 +5,11 @@ layers failed their check on most steps, and re-runs compared with the rows they
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from experiments.engine.file_sinks import read_jsonl
 from experiments.studies.generation_v3.plan import ARMS, Plan
 
 
@@ -20,9 +20,8 @@ def rerun_check(path: Path, digest: str) -> str:
     if not path.exists():
         return ""
     history: dict[str, list[dict[str, Any]]] = {}
-    for line in path.read_text().splitlines():
-        row = json.loads(line) if line.strip() else None
-        if row is not None and row["plan"] == digest:
+    for row in read_jsonl(path):
+        if row["plan"] == digest:
             history.setdefault(row["job"], []).append(row)
     pairs = [(a, b) for rows in history.values() for a, b in itertools.pairwise(rows)]
     if not pairs:

@@ -18,7 +18,6 @@ accuracy and its paired interval against no context, ``accuracy(a) - accuracy(no
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +27,8 @@ from typing import Any
 import torch
 
 from experiments.data.far_twins import FarTwinsDataset, right_cell
-from experiments.reports.render import Table, render_beside
+from experiments.engine.file_sinks import read_jsonl
+from experiments.reports.render import Table, fixed, render_beside
 from experiments.reports.verdicts import paired_interval
 from experiments.studies.generation_v3.checks import failure_note, plateau_check, rerun_check
 from experiments.studies.generation_v3.figures import curve_figure, job_minutes, projected_minutes
@@ -43,14 +43,8 @@ COMMAND = "make generate"
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The results file's rows (none when it does not exist); a later row of one job replaces
     an earlier one."""
-    if not path.exists():
-        return []
-    rows: dict[str, dict[str, Any]] = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            rows[row["job"]] = row
-    return list(rows.values())
+    rows = read_jsonl(path) if path.exists() else []
+    return list({row["job"]: row for row in rows}.values())
 
 
 def plateau_change(losses: Sequence[float], share: float) -> float | None:
@@ -67,11 +61,10 @@ def plateau_change(losses: Sequence[float], share: float) -> float | None:
 
 @dataclass(frozen=True)
 class Interval:
-    """A paired difference over ``n`` seeds, oriented so that above 0 means ``a`` is better:
-    ``loss(b) - loss(a)`` of held-out losses, ``accuracy(a) - accuracy(b)`` of accuracies."""
+    """A paired difference of arms ``a`` and ``b`` over ``n`` seeds, oriented so that above 0
+    means ``a`` is better: ``loss(b) - loss(a)`` of held-out losses, ``accuracy(a) -
+    accuracy(b)`` of accuracies."""
 
-    a: str
-    b: str
     n: int
     mean: float
     low: float
@@ -101,14 +94,14 @@ def _values(
 
 
 def _paired(
-    va: Mapping[int, float], vb: Mapping[int, float], a: str, b: str, seeds: Sequence[int]
+    va: Mapping[int, float], vb: Mapping[int, float], seeds: Sequence[int]
 ) -> Interval | None:
     """Paired interval of ``va - vb`` over the ``seeds`` both have (None: fewer than 2)."""
     both = [s for s in seeds if s in va and s in vb]
     if len(both) < 2:
         return None
     i = paired_interval([va[s] - vb[s] for s in both])
-    return Interval(a, b, i.n, i.mean, i.lower, i.upper)
+    return Interval(i.n, i.mean, i.lower, i.upper)
 
 
 def improvement(
@@ -116,7 +109,7 @@ def improvement(
 ) -> Interval | None:
     """Paired interval of ``loss(b) - loss(a)`` over the ``seeds`` both arms have (None: < 2)."""
     digest = plan.digest()
-    return _paired(_values(rows, b, digest), _values(rows, a, digest), a, b, seeds)
+    return _paired(_values(rows, b, digest), _values(rows, a, digest), seeds)
 
 
 @dataclass(frozen=True)
@@ -179,12 +172,12 @@ def arm_table(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
         body.append((
             ARMS[arm][1],
             f"{len(mine)} / {len(plan.seeds)}",
-            _fmt(_mean([r["val_loss"] for r in mine])),
+            fixed(_mean([r["val_loss"] for r in mine])),
             f"{sum(bool(r['at_plateau']) for r in mine)} / {len(mine)}",
-            _fmt(_mean([r["gamma"] for r in mine])),
-            _fmt(_mean([1000 * r["time_per_step_s"] for r in mine]), 1),
-            _fmt(_mean([r["peak_memory_mb"] for r in mine]), 0),
-            _fmt(_mean([r.get("failures") or 0 for r in mine]), 0),
+            fixed(_mean([r["gamma"] for r in mine])),
+            fixed(_mean([1000 * r["time_per_step_s"] for r in mine]), 1),
+            fixed(_mean([r["peak_memory_mb"] for r in mine]), 0),
+            fixed(_mean([r.get("failures") or 0 for r in mine]), 0),
         ))  # fmt: skip
     header = ("arm", "seeds done", "held-out loss (mean)", "at a plateau", "final γ (mean)",
               "ms / step", "peak memory, MiB", "failures / job")  # fmt: skip
@@ -242,15 +235,14 @@ def pairing_table(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
         mine = [r for r in rows if r["arm"] == arm and r["plan"] == plan.pairing_digest()]
         by_seed = _values(rows, arm, plan.pairing_digest(), "balanced_accuracy")
         values = [by_seed[s] for s in sorted(by_seed)]
-        spread = f" ± {statistics.stdev(values):.3f}" if len(values) > 1 else ""
         body.append((
             ARMS[arm][1],
             f"{len(values)} / {len(plan.pairing_seeds)}",
-            f"{statistics.fmean(values):.3f}{spread}" if values else "–",
+            _spread(values, 3, "–"),
             ", ".join(f"{by_seed[s]:.3f}" for s in sorted(by_seed)) or "–",
             f"{sum(bool(r.get('at_plateau')) for r in mine)} / {len(mine)}",
-            _fmt(_mean([r["gamma"] for r in mine])),
-            _fmt(_mean([1000 * r["time_per_step_s"] for r in mine]), 1),
+            fixed(_mean([r["gamma"] for r in mine])),
+            fixed(_mean([1000 * r["time_per_step_s"] for r in mine]), 1),
         ))  # fmt: skip
     header = ("arm", "seeds done", "balanced accuracy (mean ± sd)", "by seed (0, 1, ...)",
               "at a plateau", "final γ (mean)", "ms / step")  # fmt: skip
@@ -265,7 +257,7 @@ def pairing_comparison(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
         if arm == "none":
             continue
         mine = _values(rows, arm, digest, "balanced_accuracy")
-        i = _paired(mine, base, arm, "none", plan.pairing_seeds)
+        i = _paired(mine, base, plan.pairing_seeds)
         body.append((ARMS[arm][1],) + (("–", "–", "not enough paired seeds") if i is None
                                        else (str(i.n), i.text, i.verdict)))  # fmt: skip
     header = ("arm a", "seeds", "accuracy(a) - accuracy(no context), 95 % interval", "a is")
@@ -297,9 +289,9 @@ def _sample_values(
             and isinstance(r.get(key), Mapping)}  # fmt: skip
 
 
-def _spread(values: Sequence[float], digits: int) -> str:
+def _spread(values: Sequence[float], digits: int, empty: str = "not measured") -> str:
     if not values:
-        return "not measured"
+        return empty
     sd = f" ± {statistics.stdev(values):.{digits}f}" if len(values) > 1 else ""
     return f"{statistics.fmean(values):.{digits}f}{sd}"
 
@@ -345,8 +337,7 @@ def samples_comparison(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
             for metric, (_, higher) in SAMPLE_METRICS.items():
                 va = _sample_values(rows, arm, digest, metric)
                 vb = _sample_values(rows, base, digest, metric)
-                i = _paired(va, vb, arm, base, plan.seeds) if higher else _paired(
-                    vb, va, arm, base, plan.seeds)  # fmt: skip
+                i = _paired(va, vb, plan.seeds) if higher else _paired(vb, va, plan.seeds)
                 cells.append("–" if i is None else i.text)
                 counts.add(0 if i is None else i.n)
             body.append((ARMS[arm][1], ARMS[base][1], str(max(counts)), *cells))
@@ -363,10 +354,6 @@ def provenance_summary(rows: Sequence[Mapping[str, Any]]) -> str:
         key = f"commit {row['commit']} on {row['cpu']}" if "commit" in row else "not recorded"
         counts[key] = counts.get(key, 0) + 1
     return "; ".join(f"{key}: {n} row(s)" for key, n in sorted(counts.items())) or "no rows"
-
-
-def _fmt(value: float | None, digits: int = 3) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
 
 
 def write_page(

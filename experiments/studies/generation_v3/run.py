@@ -37,15 +37,13 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from hydra import compose, initialize_config_dir
 
-from experiments.config.groups import TrainConfig, register_configs
-from experiments.config.typed import typed_config
+from experiments.config.groups import TrainConfig
 from experiments.engine.file_sinks import read_jsonl
 from experiments.engine.preemption import PreemptedError
 from experiments.engine.provenance import provenance
@@ -53,12 +51,11 @@ from experiments.engine.run import run_training
 from experiments.studies.generation_v3.plan import Job, Plan, job_overrides
 from experiments.studies.generation_v3.report import gate, plateau_change, read_rows
 from experiments.studies.generation_v3.samples import job_samples
-from experiments.studies.job_row import peak_memory_mb, reset_peak_memory
+from experiments.studies.job_row import compose_overrides, peak_memory_mb, reset_peak_memory
 from experiments.studies.job_runner import Schedule, run_schedule
 
 logger = logging.getLogger(__name__)
 
-CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 DEFAULT_OUT = Path("multirun/generation_v3")
 DEFAULT_RESULTS = {"pilot": Path("docs/generation_v3/results.jsonl"),
                    "main": Path("docs/generation_v3/results.jsonl"),
@@ -68,10 +65,7 @@ DEFAULT_RESULTS = {"pilot": Path("docs/generation_v3/results.jsonl"),
 
 def compose_job(job: Job, plan: Plan, pairing: bool = False) -> TrainConfig:
     """The typed config of a training job (of the pairing check when ``pairing``)."""
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=job_overrides(job, plan, pairing))
-    return typed_config(cfg, TrainConfig)
+    return compose_overrides(job_overrides(job, plan, pairing))
 
 
 def val_curve(job_dir: Path, metric: str = "val/loss") -> list[tuple[int, float]]:
@@ -86,21 +80,25 @@ def gate_gamma(job_dir: Path) -> float:
     return float(state["model"]["gate.gamma"])
 
 
-def _train(job: Job, cfg: TrainConfig, job_dir: Path, metric: str) -> dict[str, Any]:
-    """Train ``cfg`` in ``job_dir`` (resuming it); the row's fields every stage shares, with
-    the curve of ``metric`` and where it ran (``provenance``: processor, threads, library
-    commit, torch version)."""
+def _train(job: Job, cfg: TrainConfig, plan: Plan, out_dir: Path, pairing: bool) -> dict[str, Any]:
+    """Train ``cfg`` in ``OUT/jobs/<job key>`` (``OUT/pairing/<job key>`` when ``pairing``),
+    resuming it; the row's fields every stage shares: the curve of the val loss (of the val
+    accuracy when ``pairing``), the plateau check of the val loss, and where it ran
+    (``provenance``: processor, threads, library commit, torch version)."""
+    job_dir = out_dir / ("pairing" if pairing else "jobs") / job.key
     reset = reset_peak_memory()
     results = run_training(cfg, job_dir)
     if results.get("status") != "ok":
         raise RuntimeError(f"{job.key}: run_training ended with status {results.get('status')!r}")
-    curve = val_curve(job_dir, metric)
+    curve = val_curve(job_dir, "val/accuracy" if pairing else "val/loss")
     steps = curve[-1][0] if curve else 0
+    change = plateau_change([loss for _, loss in val_curve(job_dir)], plan.plateau_share)
     return {
         "job": job.key,
         "arm": job.arm,
         "seed": job.seed,
         "status": "ok",
+        "plan": plan.pairing_digest() if pairing else plan.digest(),
         "curve": curve,
         "steps": steps,
         "train_time_s": float(results["train_time_s"]),
@@ -109,6 +107,9 @@ def _train(job: Job, cfg: TrainConfig, job_dir: Path, metric: str) -> dict[str, 
         "gamma": gate_gamma(job_dir),
         "parameters": results.get("parameters"),
         "failures": results.get("failures", {}).get("total"),
+        "val_loss": float(results["metrics"]["val/loss"]),
+        "plateau_change": change,
+        "at_plateau": change is not None and change < plan.plateau_tol,
         "results": results,
         **provenance(),
     }
@@ -118,17 +119,9 @@ def run_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
     """Train the masked-cell ``job`` (resuming its directory) and return its results row, with
     the sample metrics of the trained model (``with_samples``)."""
     cfg = compose_job(job, plan)
-    row = _train(job, cfg, out_dir / "jobs" / job.key, "val/loss")
-    results = row.pop("results")
-    change = plateau_change([loss for _, loss in row["curve"]], plan.plateau_share)
-    best = results.get("best")
-    row |= {
-        "plan": plan.digest(),
-        "val_loss": float(results["metrics"]["val/loss"]),
-        "best_val_loss": float(best["val/loss"]) if best else None,
-        "plateau_change": change,
-        "at_plateau": change is not None and change < plan.plateau_tol,
-    }
+    row = _train(job, cfg, plan, out_dir, pairing=False)
+    best = row.pop("results").get("best")
+    row["best_val_loss"] = float(best["val/loss"]) if best else None
     return with_samples(row, cfg, out_dir)
 
 
@@ -152,19 +145,12 @@ def run_pairing_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
     """Train ``job``'s pairing classifier (resuming its directory) and return its row: the
     held-out accuracy, which is the balanced accuracy (the val set is half real, half
     recombined: ``experiments.data.far_twins.pairing_canvases``)."""
-    cfg = compose_job(job, plan, pairing=True)
-    row = _train(job, cfg, out_dir / "pairing" / job.key, "val/accuracy")
+    row = _train(job, compose_job(job, plan, pairing=True), plan, out_dir, pairing=True)
     results = row.pop("results")
     accuracies = [accuracy for _, accuracy in row["curve"]]
-    losses = [loss for _, loss in val_curve(out_dir / "pairing" / job.key)]
-    change = plateau_change(losses, plan.plateau_share)
     return row | {
-        "plan": plan.pairing_digest(),
         "balanced_accuracy": float(results["metrics"]["val/accuracy"]),
         "best_balanced_accuracy": max(accuracies) if accuracies else None,
-        "val_loss": float(results["metrics"]["val/loss"]),
-        "plateau_change": change,
-        "at_plateau": change is not None and change < plan.plateau_tol,
     }
 
 
@@ -183,17 +169,13 @@ def pending(jobs: Sequence[Job], digest: str, results: Path) -> list[Job]:
     return [job for job in jobs if job.key not in done]
 
 
-def _runner(stage: str) -> Callable[[Job, Plan, Path], dict[str, Any]]:
-    return run_pairing_job if stage == "pairing" else run_job
-
-
 def _worker(job: Job, stage: str, plan: Plan, out_dir: Path) -> dict[str, Any]:
     """Run ``job`` of ``stage`` on one thread; its row, or, when the job was preempted
     (``PreemptedError``: it checkpointed, and the next run resumes it), a ``preempted`` row
     that the results file does not keep."""
     torch.set_num_threads(1)
     try:
-        return _runner(stage)(job, plan, out_dir)
+        return (run_pairing_job if stage == "pairing" else run_job)(job, plan, out_dir)
     except PreemptedError as stopped:
         logger.warning("%s", stopped)
         return {"job": job.key, "status": "preempted", "error": f"PreemptedError: {stopped}"}
