@@ -138,15 +138,15 @@ def mean_sd(values: Sequence[float]) -> str:
     return f"{statistics.fmean(values):.1f} ± {statistics.stdev(values):.1f}"
 
 
+def _epoch_caps(plan: Plan, benchmark: str) -> dict[str, int]:
+    """{arm: epoch cap} of ``benchmark``'s arms, in run order (an arm's seeds share its cap)."""
+    return {job.arm: job.epochs for job in jobs(plan) if job.benchmark == benchmark}
+
+
 def _table(plan: Plan, rows: Rows, benchmark: str) -> Table:
-    arms: list[str] = []
-    epochs: dict[str, int] = {}
-    for job in jobs(plan):
-        if job.benchmark == benchmark and job.arm not in arms:
-            arms.append(job.arm)
-            epochs[job.arm] = job.epochs
+    epochs = _epoch_caps(plan, benchmark)
     body = []
-    for arm in arms:
+    for arm in epochs:
         got = _accuracies(rows, benchmark, arm)
         per_seed = ", ".join(f"{a:.1f}" for _, a, _ in got) or "pending"
         ran = ", ".join(str(e) for _, _, e in got) or "—"
@@ -226,12 +226,8 @@ def curve_at(curve: Sequence[tuple[int, float]], epoch: int) -> float | None:
 def _curves(plan: Plan, rows: Rows, benchmark: str) -> Table:
     """Per arm: the mean test accuracy over seeds at five epochs of its cap (1, a quarter,
     half, three quarters, the cap) and each seed's ``learning_status``."""
-    caps: dict[str, int] = {}
-    for job in jobs(plan):
-        if job.benchmark == benchmark:
-            caps.setdefault(job.arm, job.epochs)
     body = []
-    for arm, cap in caps.items():
+    for arm, cap in _epoch_caps(plan, benchmark).items():
         ok = sorted(_ok_rows(rows, benchmark, arm), key=lambda r: int(r["seed"]))
         curves = [decode_curve(r.get("curve")) for r in ok]
         marks = sorted({max(1, cap * q // 4) for q in range(5)})
@@ -405,11 +401,8 @@ def render(page: Page) -> str:
 
 def _caps(plan: Plan) -> dict[str, dict[str, int]]:
     """{benchmark: {arm: epoch cap}} of the H3 tasks (the equal-time rule's epochs)."""
-    caps: dict[str, dict[str, int]] = {}
-    for job in jobs(plan):
-        if job.benchmark in H3_TASKS:
-            caps.setdefault(job.benchmark, {})[job.arm] = job.epochs
-    return caps
+    caps = {b: _epoch_caps(plan, b) for b in plan.benchmarks if b in H3_TASKS}
+    return {b: arms for b, arms in caps.items() if arms}
 
 
 def write(csv: str | Path, out: str | Path, plan: Plan | None = None) -> Path:
