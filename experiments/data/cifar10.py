@@ -8,6 +8,7 @@ rebuilds plain containers and numpy arrays, so a tampered file cannot run code.
 
 from __future__ import annotations
 
+import functools
 import pickle
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ FIX = (
     "point root at the folder holding the extracted CIFAR-10 python archive "
     "(cifar-10-python.tar.gz)"
 )
+# a DataLayoutError(problem, path) of this loader: its fix and expected layout
+_layout_error = functools.partial(DataLayoutError, fix=FIX, expected_layout=EXPECTED_LAYOUT)
 _ALLOWED_GLOBALS = {
     ("_codecs", "encode"),
     ("numpy", "ndarray"),
@@ -67,7 +70,7 @@ def resolve_cifar_root(root: str | Path) -> Path:
     """The folder holding the batch files: ``root/cifar-10-batches-py`` or ``root`` itself."""
     root = Path(root).expanduser()
     if not root.is_dir():
-        raise DataLayoutError("CIFAR-10 root does not exist", root, FIX, EXPECTED_LAYOUT)
+        raise _layout_error("CIFAR-10 root does not exist", root)
     nested = root / FOLDER
     return nested if nested.is_dir() else root
 
@@ -75,20 +78,17 @@ def resolve_cifar_root(root: str | Path) -> Path:
 def read_batch(path: Path) -> dict[str, Any]:
     """Unpickle one batch file into a dict with str keys; malformed files raise DataLayoutError."""
     if not path.is_file():
-        raise DataLayoutError("missing CIFAR-10 file", path, FIX, EXPECTED_LAYOUT)
+        raise _layout_error("missing CIFAR-10 file", path)
     try:
         with path.open("rb") as handle:
             content = _ArrayUnpickler(handle, encoding="bytes").load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as error:
-        raise DataLayoutError(
-            f"malformed CIFAR-10 file (not a CIFAR pickle: {error})", path, FIX, EXPECTED_LAYOUT
+        raise _layout_error(
+            f"malformed CIFAR-10 file (not a CIFAR pickle: {error})", path
         ) from error
     if not isinstance(content, dict):
-        raise DataLayoutError(
-            f"malformed CIFAR-10 file (holds a {type(content).__name__}, not a dict)",
-            path,
-            FIX,
-            EXPECTED_LAYOUT,
+        raise _layout_error(
+            f"malformed CIFAR-10 file (holds a {type(content).__name__}, not a dict)", path
         )
     return {
         key.decode() if isinstance(key, bytes) else str(key): value
@@ -104,9 +104,7 @@ def load_cifar_arrays(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]
         data, batch_labels = batch.get("data"), batch.get("labels")
         problem = _batch_problem(data, batch_labels)
         if problem:
-            raise DataLayoutError(
-                f"malformed CIFAR-10 file ({problem})", folder / name, FIX, EXPECTED_LAYOUT
-            )
+            raise _layout_error(f"malformed CIFAR-10 file ({problem})", folder / name)
         images.append(np.asarray(data).reshape(-1, *IMAGE_SHAPE))
         labels.append(np.asarray(batch_labels, dtype=np.int64))
     return np.concatenate(images), np.concatenate(labels)
@@ -132,11 +130,9 @@ def read_label_names(folder: Path) -> tuple[str, ...]:
     """The 10 class names from ``batches.meta``."""
     names = read_batch(folder / META_FILE).get("label_names")
     if not isinstance(names, list) or len(names) != NUM_CLASSES:
-        raise DataLayoutError(
+        raise _layout_error(
             f'malformed CIFAR-10 file (b"label_names" must list {NUM_CLASSES} names)',
             folder / META_FILE,
-            FIX,
-            EXPECTED_LAYOUT,
         )
     return tuple(n.decode() if isinstance(n, bytes) else str(n) for n in names)
 

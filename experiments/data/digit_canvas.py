@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from experiments.data.digits import NUM_CLASSES, load_digits_arrays, split_indices
+from experiments.data.digits import NUM_CLASSES, load_digits_arrays, split_indices, stratified_split
 from implicit_ham.plugins import check_choice, check_positive_int
 
 CANVAS = 64
@@ -89,14 +89,7 @@ def scan_split(labels: np.ndarray, scan_seed: int | None) -> dict[str, np.ndarra
         return {**fixed, "test": np.zeros(0, dtype=np.int64)}
     check_positive_int("scan_split", "scan_seed", scan_seed, minimum=0)
     rng = np.random.default_rng([scan_seed, 7])
-    parts: dict[str, list[np.ndarray]] = {name: [] for name in SPLITS}
-    for label in np.unique(labels):
-        members = rng.permutation(np.flatnonzero(labels == label))
-        held = round(HELD_OUT_FRACTION * len(members))
-        parts["val"].append(members[:held])
-        parts["test"].append(members[held : 2 * held])
-        parts["train"].append(members[2 * held :])
-    return {name: np.sort(np.concatenate(chunks)) for name, chunks in parts.items()}
+    return stratified_split(labels, HELD_OUT_FRACTION, rng, ("val", "test"))
 
 
 def digit_canvases(

@@ -43,13 +43,22 @@ def split_indices(labels: np.ndarray, val_fraction: float, seed: int) -> dict[st
     """Stratified split: within each class, a seeded shuffle sends ``round(val_fraction * n_c)``
     items to "val" and the rest to "train". Returns sorted index arrays per split.
     """
-    rng = np.random.default_rng(seed)
-    parts: dict[str, list[np.ndarray]] = {"train": [], "val": []}
+    return stratified_split(labels, val_fraction, np.random.default_rng(seed), ("val",))
+
+
+def stratified_split(
+    labels: np.ndarray, fraction: float, rng: np.random.Generator, held_out: tuple[str, ...]
+) -> dict[str, np.ndarray]:
+    """Within each class, a shuffle by ``rng`` sends ``round(fraction * n_c)`` items to each
+    split of ``held_out`` in turn and the rest to "train". Returns sorted index arrays per
+    split, "train" first."""
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in ("train", *held_out)}
     for label in np.unique(labels):
         members = rng.permutation(np.flatnonzero(labels == label))
-        n_val = round(val_fraction * len(members))
-        parts["val"].append(members[:n_val])
-        parts["train"].append(members[n_val:])
+        held = round(fraction * len(members))
+        for i, name in enumerate(held_out):
+            parts[name].append(members[i * held : (i + 1) * held])
+        parts["train"].append(members[len(held_out) * held :])
     return {name: np.sort(np.concatenate(chunks)) for name, chunks in parts.items()}
 
 

@@ -60,6 +60,7 @@ class _Entry:
     build: Callable[..., Dataset]
     task: Callable[..., TaskInfo]
     needs_root: bool
+    options: tuple[str, ...]  # the keywords of make_dataset / task_of
     expected_layout: str = ""
 
 
@@ -95,32 +96,28 @@ _ENTRIES: Mapping[str, _Entry] = MappingProxyType(
             build=_legend_seg,
             task=_legend_task,
             needs_root=False,
+            options=("size", "image_size", "num_classes", "seed", "legend_height", "blob_count"),
         ),
         "digits": _Entry(
             build=DigitsDataset,
             task=lambda **_: TaskInfo("classification", digits.NUM_CLASSES, 1, None, (8, 8)),
             needs_root=False,
+            options=("val_fraction", "seed"),
         ),
         "cifar10": _Entry(
             build=CIFAR10Dataset,
             task=lambda **_: TaskInfo("classification", cifar10.NUM_CLASSES, 3, None, (32, 32)),
             needs_root=True,
+            options=(),
             expected_layout=cifar10.EXPECTED_LAYOUT,
         ),
         "voc2012": _Entry(
             build=VOCSegmentation,
             task=_voc_task,
             needs_root=True,
+            options=("size", "resize_mode"),
             expected_layout=voc.EXPECTED_LAYOUT,
         ),
-    }
-)
-_OPTIONS: Mapping[str, tuple[str, ...]] = MappingProxyType(
-    {
-        "legend_seg": ("size", "image_size", "num_classes", "seed", "legend_height", "blob_count"),
-        "digits": ("val_fraction", "seed"),
-        "cifar10": (),
-        "voc2012": ("size", "resize_mode"),
     }
 )
 DATASET_NAMES = tuple(_ENTRIES)
@@ -141,7 +138,7 @@ def make_dataset(
             digits ``val_fraction``, ``seed``; voc2012 ``size``, ``resize_mode``.
     """
     entry = _entry(name)
-    _check_options(name, kw)
+    _check_options(name, entry, kw)
     if not entry.needs_root:
         if root is not None:
             raise ValueError(f"dataset {name!r} is built in and takes no root; pass root=None")
@@ -163,7 +160,7 @@ def task_of(name: str, **kw: Any) -> TaskInfo:
     background class.
     """
     entry = _entry(name)
-    _check_options(name, kw)
+    _check_options(name, entry, kw)
     return entry.task(**kw)
 
 
@@ -173,8 +170,8 @@ def _entry(name: str) -> _Entry:
     return _ENTRIES[name]
 
 
-def _check_options(name: str, kw: Mapping[str, Any]) -> None:
-    valid = _OPTIONS[name]
+def _check_options(name: str, entry: _Entry, kw: Mapping[str, Any]) -> None:
+    valid = entry.options
     unknown = sorted(set(kw) - set(valid))
     if unknown:
         raise TypeError(

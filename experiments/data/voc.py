@@ -8,6 +8,7 @@ centre-crops) both, with nearest-neighbour interpolation for the masks so no lab
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -35,20 +36,20 @@ ROOT/                              (ROOT may also be VOCdevkit/ or VOCdevkit/VOC
                 └── val.txt
 """
 FIX = "point root at the folder holding the extracted VOCtrainval_11-May-2012.tar (VOCdevkit/)"
+# a DataLayoutError(problem, path) of this loader: its fix and expected layout
+_layout_error = functools.partial(DataLayoutError, fix=FIX, expected_layout=EXPECTED_LAYOUT)
 
 
 def resolve_voc_root(root: str | Path) -> Path:
     """The VOC2012 folder: ``root/VOCdevkit/VOC2012``, ``root/VOC2012`` or ``root`` itself."""
     root = Path(root).expanduser()
     if not root.is_dir():
-        raise DataLayoutError("PASCAL VOC root does not exist", root, FIX, EXPECTED_LAYOUT)
+        raise _layout_error("PASCAL VOC root does not exist", root)
     candidates = (root / "VOCdevkit" / "VOC2012", root / "VOC2012", root)
     voc = next((c for c in candidates if (c / "JPEGImages").is_dir()), root)
     for part in ("JPEGImages", "SegmentationClass", "ImageSets/Segmentation"):
         if not (voc / part).is_dir():
-            raise DataLayoutError(
-                f"PASCAL VOC folder {part}/ not found", voc / part, FIX, EXPECTED_LAYOUT
-            )
+            raise _layout_error(f"PASCAL VOC folder {part}/ not found", voc / part)
     return voc
 
 
@@ -56,19 +57,14 @@ def read_split_ids(voc: Path, split: str) -> list[str]:
     """Image ids listed in ``ImageSets/Segmentation/<split>.txt``, each with its JPEG and PNG."""
     listing = voc / "ImageSets" / "Segmentation" / f"{split}.txt"
     if not listing.is_file():
-        raise DataLayoutError(f"missing split list {split}.txt", listing, FIX, EXPECTED_LAYOUT)
+        raise _layout_error(f"missing split list {split}.txt", listing)
     ids = [line.strip() for line in listing.read_text().splitlines() if line.strip()]
     if not ids:
-        raise DataLayoutError(f"split list {split}.txt is empty", listing, FIX, EXPECTED_LAYOUT)
+        raise _layout_error(f"split list {split}.txt is empty", listing)
     for image_id in ids:
         for path in (image_path(voc, image_id), mask_path(voc, image_id)):
             if not path.is_file():
-                raise DataLayoutError(
-                    f"{split}.txt lists {image_id!r} but its file is missing",
-                    path,
-                    FIX,
-                    EXPECTED_LAYOUT,
-                )
+                raise _layout_error(f"{split}.txt lists {image_id!r} but its file is missing", path)
     return ids
 
 
@@ -89,16 +85,14 @@ def open_image(path: Path, modes: tuple[str, ...]) -> Image.Image:
             handle.load()
             picture = handle.copy()
     except (UnidentifiedImageError, OSError) as error:
-        raise DataLayoutError(
-            f"malformed PASCAL VOC file (PIL cannot read it: {error})", path, FIX, EXPECTED_LAYOUT
+        raise _layout_error(
+            f"malformed PASCAL VOC file (PIL cannot read it: {error})", path
         ) from error
     if picture.mode not in modes:
-        raise DataLayoutError(
+        raise _layout_error(
             f"malformed PASCAL VOC file (image mode {picture.mode}, expected {' or '.join(modes)}; "
             "masks must be palette PNGs of class indices, not colour images)",
             path,
-            FIX,
-            EXPECTED_LAYOUT,
         )
     return picture
 
@@ -169,22 +163,18 @@ class VOCSegmentation(Dataset[tuple[Tensor, Tensor]]):
         image = open_image(image_path(self.voc, image_id), ("RGB", "L")).convert("RGB")
         mask = open_image(mask_path(self.voc, image_id), ("P", "L"))
         if image.size != mask.size:
-            raise DataLayoutError(
+            raise _layout_error(
                 f"image {image.size} and mask {mask.size} of {image_id!r} differ in size",
                 mask_path(self.voc, image_id),
-                FIX,
-                EXPECTED_LAYOUT,
             )
         if self.size is not None:
             image, mask = fit_pair(image, mask, self.size, self.resize_mode)
         pixels = np.asarray(image, dtype=np.float32).transpose(2, 0, 1) / 255.0
         labels = np.asarray(mask, dtype=np.int64)
         if ((labels >= NUM_CLASSES) & (labels != VOID_INDEX)).any():
-            raise DataLayoutError(
+            raise _layout_error(
                 f"malformed PASCAL VOC mask (values outside 0..{NUM_CLASSES - 1} and {VOID_INDEX})",
                 mask_path(self.voc, image_id),
-                FIX,
-                EXPECTED_LAYOUT,
             )
         return torch.from_numpy(np.ascontiguousarray(pixels)), torch.from_numpy(labels.copy())
 
