@@ -1,6 +1,6 @@
 """A small convolutional DEQ classifier on sequences (B, C, N): the 1-D version of
-``experiments.studies.deq_training.run``'s cell, solved by ``ih.fixed_point`` with the run's
-forward solver and backward mode."""
+``experiments.studies.deq_training.run``'s cell (``ConvCell``, which that study builds in 2-D),
+solved by ``ih.fixed_point`` with the run's forward solver and backward mode."""
 
 from __future__ import annotations
 
@@ -14,18 +14,20 @@ from implicit_ham.problems.fixed_point import Solution
 from implicit_ham.solvers.base import FixedPointSolver
 
 
-class Cell1d(nn.Module):
-    """``f(z, x) = GroupNorm(ReLU(gain * conv(z) + x))`` on (B, C, N), kernel 3; ``gain`` a
-    constant (small: the map starts contractive, as in the digits DEQ study)."""
+class ConvCell(nn.Module):
+    """``f(z, x) = GroupNorm(ReLU(gain * conv(z) + x))``, kernel 3, on (B, C, N) (``dims=1``)
+    or (B, C, H, W) (``dims=2``: the digits DEQ study's cell); ``gain`` a constant (small: the
+    map starts contractive)."""
 
-    def __init__(self, width: int, groups: int, gain: float) -> None:
+    def __init__(self, width: int, groups: int, gain: float, dims: int = 1) -> None:
         super().__init__()
-        self.conv = nn.Conv1d(width, width, 3, padding=1, bias=False)
+        conv = nn.Conv1d if dims == 1 else nn.Conv2d
+        self.conv = conv(width, width, 3, padding=1, bias=False)
         self.norm = nn.GroupNorm(groups, width)
         self.gain = gain
 
     def forward(self, z: Tensor, x: Tensor) -> Tensor:
-        """z, x (B, C, N) -> (B, C, N)."""
+        """z, x (B, C, N) or (B, C, H, W) -> the same shape."""
         return self.norm(F.relu(self.gain * self.conv(z) + x))
 
 
@@ -62,7 +64,7 @@ class DEQClassifier1d(nn.Module):
             nn.Conv1d(in_channels, width, 5, padding=2), nn.GroupNorm(groups, width), nn.ReLU()
         )
         self.inject = nn.Conv1d(width, width, 1)
-        self.cell = Cell1d(width, groups, gain)
+        self.cell = ConvCell(width, groups, gain)
         if stabilise == "spectral":
             ih.nn.apply_norm(self.cell, "spectral")
         self.head = nn.Linear(width, num_classes)

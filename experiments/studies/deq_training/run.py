@@ -59,6 +59,7 @@ from experiments.engine.state import TrainState
 from experiments.engine.task import Task
 from experiments.engine.tensor_batches import PermutationBatches
 from experiments.engine.trainer import Trainer
+from experiments.models.deq1d import ConvCell
 from experiments.studies.deq_training.rows import (
     DEFAULT_CSV,
     append_row,
@@ -155,21 +156,6 @@ class StudyConfig:
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in ("arms", "seeds")}
 
 
-class Cell(nn.Module):
-    """The fixed-point map ``f(z, x) = GroupNorm(ReLU(gain * conv3x3(z) + x))`` on
-    (B, C, 8, 8); ``gain`` is a constant."""
-
-    def __init__(self, width: int, groups: int, gain: float) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(width, width, 3, padding=1, bias=False)
-        self.norm = nn.GroupNorm(groups, width)
-        self.gain = gain
-
-    def forward(self, z: Tensor, x: Tensor) -> Tensor:
-        """z, x (B, C, H, W) -> (B, C, H, W)."""
-        return self.norm(F.relu(self.gain * self.conv(z) + x))
-
-
 class DEQClassifier(nn.Module):
     """Stem and injection -> the DEQ cell's fixed point -> global average pool -> linear head."""
 
@@ -179,7 +165,7 @@ class DEQClassifier(nn.Module):
             nn.Conv2d(1, width, 3, padding=1), nn.GroupNorm(groups, width), nn.ReLU()
         )
         self.inject = nn.Conv2d(width, width, 1)
-        self.cell = Cell(width, groups, gain)
+        self.cell = ConvCell(width, groups, gain, dims=2)  # GroupNorm(ReLU(gain conv3x3(z) + x))
         self.head = nn.Linear(width * 16, NUM_CLASSES)
 
     def injection(self, images: Tensor) -> Tensor:
