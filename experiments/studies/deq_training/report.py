@@ -14,6 +14,7 @@ the page says the rows are pending and computes nothing.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import re
@@ -33,6 +34,7 @@ from experiments.studies.deq_training.rows import (
     Row,
     config_text,
     curve,
+    mean,
     read_rows,
 )
 from experiments.studies.deq_training.run import ARMS, DEFAULT_OUT, StudyConfig
@@ -47,12 +49,6 @@ COMMAND = (
     f"python -m experiments.report --deq {DEFAULT_CSV}"
 )
 LEVEL = 0.05
-
-
-def mean(values: Sequence[float]) -> float:
-    """Mean of the finite values; NaN when there are none."""
-    finite = [v for v in values if math.isfinite(v)]
-    return statistics.fmean(finite) if finite else math.nan
 
 
 def std(values: Sequence[float]) -> float:
@@ -206,8 +202,7 @@ def comparisons(rows: Sequence[ArmRow]) -> list[Paired]:
     tested = [t for t in tests if t.p is not None]
     adjusted = dict(zip((t.arm for t in tested), holm([t.p for t in tested if t.p is not None]),
                         strict=True))  # fmt: skip
-    return [Paired(t.arm, t.title, t.difference, t.lower, t.upper, t.n, t.p, adjusted.get(t.arm))
-            for t in tests]  # fmt: skip
+    return [dataclasses.replace(t, holm_p=adjusted.get(t.arm)) for t in tests]
 
 
 def findings(rows: Sequence[ArmRow], tests: Sequence[Paired]) -> list[str]:
@@ -333,9 +328,7 @@ def build_page(
     rows.sort(key=lambda r: (order.index(r["arm"]), r["seed"]))
     planned = [f"{a}_seed{s}" for a in config.arms for s in config.seeds]
     found = {f"{r['arm']}_seed{r['seed']}" for r in rows}
-    groups: dict[str, list[Row]] = {}
-    for row in rows:
-        groups.setdefault(row["arm"], []).append(row)
+    groups = {arm: list(group) for arm, group in itertools.groupby(rows, lambda r: r["arm"])}
     arms = [arm_row(arm, group) for arm, group in groups.items()]
     tests = comparisons(arms)
     cpus = sorted({str(r["cpu"] or "unknown") for r in rows})

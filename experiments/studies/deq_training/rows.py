@@ -46,8 +46,10 @@ def _share(steps: Sequence[Mapping[str, Any]], key: str) -> float:
     return sum(not s[key] for s in steps) / len(steps) if steps else math.nan
 
 
-def _mean(values: Sequence[float]) -> float:
-    return statistics.fmean(values) if values else math.nan
+def mean(values: Sequence[float]) -> float:
+    """Mean of the finite values; NaN when there are none."""
+    finite = [v for v in values if math.isfinite(v)]
+    return statistics.fmean(finite) if finite else math.nan
 
 
 def job_row(job: Mapping[str, Any], provenance: Mapping[str, Any]) -> Row:
@@ -63,7 +65,7 @@ def job_row(job: Mapping[str, Any], provenance: Mapping[str, Any]) -> Row:
         "rho_start": rho[0], "rho_max": max(rho), "rho_final": rho[-1],
         "first_above_one": next((p["step"] for p in probes if p["spectral_radius"] > 1), None),
         "kappa_max": max(kappa), "kappa_final": kappa[-1],
-        "forward_steps": _mean([s["forward_steps"] for s in steps]),
+        "forward_steps": mean([s["forward_steps"] for s in steps]),
         "forward_missed": _share(steps, "forward_converged"),
         "backward_not_fixed_point": _share(steps, "backward_at_fixed_point"),
         "backward_missed": _share(steps, "backward_converged"),

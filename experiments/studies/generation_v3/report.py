@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -349,10 +350,8 @@ def samples_comparison(rows: Sequence[Mapping[str, Any]], plan: Plan) -> Table:
 def provenance_summary(rows: Sequence[Mapping[str, Any]]) -> str:
     """Where the rows ran, for the page: the count of rows per library commit and processor
     (``run._train`` records them), and of rows written before rows recorded it."""
-    counts: dict[str, int] = {}
-    for row in rows:
-        key = f"commit {row['commit']} on {row['cpu']}" if "commit" in row else "not recorded"
-        counts[key] = counts.get(key, 0) + 1
+    counts = Counter(f"commit {row['commit']} on {row['cpu']}" if "commit" in row
+                     else "not recorded" for row in rows)  # fmt: skip
     return "; ".join(f"{key}: {n} row(s)" for key, n in sorted(counts.items())) or "no rows"
 
 

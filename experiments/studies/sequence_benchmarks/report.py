@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -328,10 +329,7 @@ def build(rows: Rows, plan: Plan, csv: str, sessions: Sequence[Mapping[str, Any]
     """The page's content from the CSV's rows (any subset of the plan's jobs)."""
     planned = jobs(plan)
     ok = {k for k, r in rows.items() if r["status"] == "ok"}
-    pending: dict[str, int] = {}
-    for job in planned:
-        if job.key not in ok:
-            pending[job.benchmark] = pending.get(job.benchmark, 0) + 1
+    pending = dict(Counter(job.benchmark for job in planned if job.key not in ok))
     mine = [s for s in sessions if s.get("plan") == plan.digest()]
     wall = sum(float(s["finished"]) - float(s["started"]) for s in mine) / 60 if mine else None
     times = [(k, r["stage"], f"{float(r['train_s']):.0f}", r["epochs_run"])
