@@ -70,7 +70,8 @@ JOB_SETTINGS = ("progress=false", "diagnostics.enabled=false", "logger=files")
 def job_row(job: Job, out_dir: Path) -> dict[str, Any]:
     """Train ``job`` in ``out_dir/<key>`` and read its row: final test accuracy (the
     validation split is the test split), epochs run (early stop), time, the accuracy curve
-    (epoch: accuracy), forward steps of the last training solve (mean over implicit layers)."""
+    (epoch: accuracy, encoded), forward steps of the last training solve (mean over implicit
+    layers)."""
     job_dir = out_dir / job.key
     cfg = compose_overrides([*job.overrides, *JOB_SETTINGS])
     results = run_training(cfg, job_dir)
@@ -90,7 +91,7 @@ def job_row(job: Job, out_dir: Path) -> dict[str, Any]:
         "forward_steps": sum(steps) / len(steps) if steps else None,
         "spectral_radius": deq_spectral_radius(cfg, job_dir) if cfg.model.arch == "deq1d" else None,
         "failures": int(results["failures"].get("total", 0)),
-        "curve": curve,
+        "curve": encode_curve(curve),
         "parameters": int(results["parameters"]),
     }
 
@@ -122,10 +123,7 @@ def run_job(job: Job, plan: Plan, out_dir: Path) -> dict[str, Any]:
     base = {"job": job.key, "study": STUDY, "stage": job.stage, "benchmark": job.benchmark,
             "arm": job.arm, "seed": job.seed, "epochs": job.epochs, "plan": plan.digest(),
             **provenance()}  # fmt: skip
-    row = measured_row(base, job.key, lambda: job_row(job, out_dir))
-    if isinstance(row.get("curve"), list):
-        row["curve"] = encode_curve(row["curve"])
-    return row
+    return measured_row(base, job.key, lambda: job_row(job, out_dir))
 
 
 def pending(plan: Plan, rows: Mapping[str, Mapping[str, Any]]) -> list[Job]:
