@@ -20,9 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jinja2
-
-from experiments.reports.render import Table, environment
+from experiments.reports.render import Table, render_beside
 from experiments.reports.verdicts import paired_interval
 from experiments.studies.csv_rows import decode_curve, read_rows, read_sessions
 from experiments.studies.job_costs import fastest
@@ -358,8 +356,8 @@ def build(rows: Rows, plan: Plan, csv: str, sessions: Sequence[Mapping[str, Any]
 
 def render(page: Page) -> str:
     """The page's markdown."""
-    env = environment().overlay(loader=jinja2.FileSystemLoader(str(Path(__file__).parent)))
-    return env.get_template("page.md.j2").render(
+    return render_beside(
+        __file__, "page.md.j2",
         doc=page,
         titles=TITLES,
         h3_published=Table.of(("model", "induction head %", "associative recall %"), PUBLISHED_H3),
