@@ -22,8 +22,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from experiments.data.digits import NUM_CLASSES, load_digits_arrays, split_indices
-from experiments.data.far_twins import digit_tensor
+from experiments.data.digits import NUM_CLASSES, DigitsDataset
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +72,8 @@ class CellClassifier(nn.Module):
 
 def scan_cells(split: str, data_seed: int, val_fraction: float = 0.2) -> tuple[Tensor, Tensor]:
     """The cells (N, 8, 8) and classes (N,) of ``split``'s scans under ``data_seed``."""
-    images, labels = load_digits_arrays()
-    chosen = split_indices(labels, val_fraction, data_seed)[split]
-    return digit_tensor(images[chosen]), torch.from_numpy(labels[chosen])
+    scans = DigitsDataset(split, val_fraction, data_seed)
+    return scans.images[:, 0], scans.labels
 
 
 @torch.no_grad()

@@ -137,6 +137,12 @@ def mean_sd(values: Sequence[float]) -> str:
     return f"{statistics.fmean(values):.1f} ± {statistics.stdev(values):.1f}"
 
 
+def _column_mean(rows: Sequence[Mapping[str, Any]], column: str, digits: int) -> str:
+    """The mean of ``column`` over the rows that have it, to ``digits`` decimals ("—": none)."""
+    values = [float(r[column]) for r in rows if r.get(column) not in (None, "")]
+    return f"{statistics.fmean(values):.{digits}f}" if values else "—"
+
+
 def _epoch_caps(plan: Plan, benchmark: str) -> dict[str, int]:
     """{arm: epoch cap} of ``benchmark``'s arms, in run order (an arm's seeds share its cap)."""
     return {job.arm: job.epochs for job in jobs(plan) if job.benchmark == benchmark}
@@ -150,18 +156,12 @@ def _table(plan: Plan, rows: Rows, benchmark: str) -> Table:
         per_seed = ", ".join(f"{a:.1f}" for _, a, _ in got) or "pending"
         ran = ", ".join(str(e) for _, _, e in got) or "—"
         ok = _ok_rows(rows, benchmark, arm)
-        times = [float(r["s_per_epoch"]) for r in ok]
-        steps = [float(r["forward_steps"]) for r in ok if r.get("forward_steps") not in (None, "")]
-        rho = [
-            float(r["spectral_radius"]) for r in ok if r.get("spectral_radius") not in (None, "")
-        ]
         published = PUBLISHED_ARMS.get(benchmark, {}).get(arm)
         body.append((
             arm, epochs[arm], mean_sd([a for _, a, _ in got]),
             f"{published[0]:.1f}" if published else "—", per_seed, ran,
-            f"{statistics.fmean(times):.1f}" if times else "—",
-            f"{statistics.fmean(steps):.1f}" if steps else "—",
-            f"{statistics.fmean(rho):.3f}" if rho else "—",
+            _column_mean(ok, "s_per_epoch", 1), _column_mean(ok, "forward_steps", 1),
+            _column_mean(ok, "spectral_radius", 3),
         ))  # fmt: skip
     header = ("arm", "epoch cap", "test acc. % (mean ± sd)", "published %", "per seed",
               "epochs run", "s / epoch", "forward steps", "ρ(J) at the end")  # fmt: skip
