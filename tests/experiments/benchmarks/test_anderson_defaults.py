@@ -29,11 +29,23 @@ def test_anderson_is_no_slower_than_plain_iteration_on_the_tanh_cell(tanh_rows) 
 
 
 def test_the_docs_rows_are_the_measured_ones(tanh_rows) -> None:
+    """The page's quick-start rows are this machine's measurement: the same evaluation counts,
+    and residuals equal up to float32 rounding (the page was written on another processor,
+    whose summation order can move the printed residual's last digit: 6.79e-06 vs 6.78e-06)."""
     page = DOCS.read_text()
     block = page[page.index(bench.BEGIN) : page.index(bench.END)]
+    prefix = "| tanh cell, quick start (16 wide) | tol 1e-05, max 200 | "
+    documented = {
+        cells[0]: (int(cells[1]), float(cells[2]))
+        for line in block.splitlines()
+        if line.startswith(prefix)
+        for cells in [[c.strip() for c in line[len(prefix) :].split("|")]]
+    }
+    assert set(documented) == set(tanh_rows)
     for label, row in tanh_rows.items():
-        expected = f"| {label} | {row['evaluations']} | {row['residual']:.2e} |"
-        assert expected in block, expected
+        evaluations, residual = documented[label]
+        assert evaluations == row["evaluations"], label
+        assert row["residual"] == pytest.approx(residual, rel=0.01), label
 
 
 def test_anderson_beats_plain_iteration_on_the_vq_layer() -> None:
