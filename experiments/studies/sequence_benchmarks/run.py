@@ -99,7 +99,8 @@ def job_row(job: Job, out_dir: Path) -> dict[str, Any]:
 def deq_spectral_radius(cfg: TrainConfig, job_dir: Path, probe: int = 64) -> float:
     """ρ(J) of the trained DEQ's cell at the fixed point of the first ``probe`` test sequences
     (a tight solve, 100 steps at tolerance 1e-6; ``ih.diagnostics.estimate_conditioning``),
-    the model rebuilt from the job's final checkpoint."""
+    the model rebuilt from the job's final checkpoint. Where ρ > 1 the solve does not converge
+    and J is taken where its 100 steps end (the page's "Fixed points" paragraph says so)."""
     _, test, info = build_datasets(cfg.data)
     solver, adjoint = instantiate(cfg.solver), instantiate(cfg.adjoint)
     context = build_context(cfg.context, context_channels(info, cfg.model), solver, adjoint)

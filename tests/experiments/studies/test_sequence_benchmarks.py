@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import warnings
 from pathlib import Path
 
 import pytest
@@ -193,7 +194,10 @@ def test_verdict_interval_from_rows() -> None:
 
 def test_deq_row_reports_the_spectral_radius(tmp_path: Path) -> None:
     """A DEQ job's row: forward steps, and ρ(J) at the end equal to the largest |eigenvalue|
-    of the cell's dense Jacobian at the fixed point (over the probe sequences)."""
+    of the cell's dense Jacobian at the point the probe's tight solve reaches (over the probe
+    sequences). That point is taken with the probe's own solve: a trained cell with ρ > 1 (as
+    on some processors) has no attracting fixed point, and J then depends on where the
+    iteration stops."""
     plan = Plan(seeds=(0,), mnist_epochs=1, benchmarks=("mnist1d",),
                 overrides=("data.num_samples=100", "model.width=8"))  # fmt: skip
     job = next(j for j in jobs(plan) if j.arm == "deq_one_step_spectral")
@@ -205,21 +209,17 @@ def test_deq_row_reports_the_spectral_radius(tmp_path: Path) -> None:
     model = build_model(info, ih.make_context("none", 8), cfg.model)
     model.load_state_dict(read_checkpoint(tmp_path / job.key / "checkpoint.pt")["model"])
     model.eval()
-    dense = []
-    with torch.no_grad():
-        for i in range(2):
-            inj = model.inject(model.stem(test[i][0][None]))
-            z = ih.fixed_point(
-                model.cell,
-                torch.zeros_like(inj),
-                inj,
-                solver=ih.FixedPointIteration(max_steps=200, tol=1e-8),
-            ).value
-            with torch.enable_grad():
-                jac = torch.autograd.functional.jacobian(lambda v, x=inj: model.cell(v, x), z)
-            n = z.numel()
-            dense.append(float(torch.linalg.eigvals(jac.reshape(n, n).double()).abs().max()))
-    assert abs(rho - max(dense)) <= 0.05 * max(dense)
+    x = torch.stack([test[i][0] for i in range(2)])
+    tight = ih.FixedPointIteration(max_steps=100, tol=1e-6)  # the probe's solve
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # as in the probe: a non-converged solve warns
+        inj = model.inject(model.stem(x))
+        z = ih.fixed_point(model.cell, torch.zeros_like(inj), inj, solver=tight).value
+    with torch.enable_grad():
+        jac = torch.autograd.functional.jacobian(lambda v: model.cell(v, inj), z)
+    n = z.numel()
+    dense = float(torch.linalg.eigvals(jac.reshape(n, n).double()).abs().max())
+    assert abs(rho - dense) <= 0.05 * dense
     assert abs(row["spectral_radius"] - rho) <= 0.5  # 64 probe sequences vs 2: same scale
 
 
