@@ -27,7 +27,7 @@ PARTS = {
     "adjoints": "adjoints",
     "compile": "compiled",
     "diagnostics": "diagnostics",
-    "peers": "peers",
+    "peers": "peers.run",
     "sequence": "sequence_cost",
     "page": "page",
 }
