@@ -86,15 +86,6 @@ class DistributedContext:
                 device becomes ``cuda:LOCAL_RANK``.
             timeout_s: how long a collective may wait for a peer (> 0) before it fails.
         """
-        if (
-            isinstance(timeout_s, bool)
-            or not isinstance(timeout_s, (int, float))
-            or not (timeout_s > 0)
-        ):
-            raise ValueError(
-                f"reliability.dist_timeout_s={timeout_s!r}: must be a number of seconds > 0; "
-                "e.g. reliability.dist_timeout_s=300"
-            )
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         if world_size <= 1:
             return cls(device=torch.device(device))
@@ -113,13 +104,10 @@ class DistributedContext:
             backend = "nccl" if target.type == "cuda" else "gloo"
             device_id = target if target.type == "cuda" else None
             store = restart_store(timeout)
-            if store is None:
-                dist.init_process_group(backend, timeout=timeout, device_id=device_id)
-            else:
-                dist.init_process_group(
-                    backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
-                    device_id=device_id,
-                )  # fmt: skip
+            via: dict[str, Any] = {}  # env://, which reads the rank and world size
+            if store is not None:
+                via = {"store": store, "rank": rank, "world_size": world_size}
+            dist.init_process_group(backend, timeout=timeout, device_id=device_id, **via)
         side = dist.new_group(backend="gloo", timeout=timeout)
         return cls(rank, world_size, local_rank, target, float(timeout_s), side)
 

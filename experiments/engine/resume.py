@@ -46,8 +46,8 @@ from experiments.config.typed import as_container
 from experiments.engine.checkpoint import CheckpointError, CheckpointStore, read_checkpoint
 from experiments.engine.distributed import DistributedContext
 from experiments.engine.results import RESULTS_FILE, ResultsError, read_results
+from experiments.engine.run_events import events_summary
 from experiments.engine.state import TrainState
-from implicit_ham.plugins import check_choice
 from implicit_ham.reliability.failures import FailureMonitor
 from implicit_ham.reliability.guard import unwrap
 from implicit_ham.reliability.rng import capture_rng_state, restore_rng_state
@@ -124,9 +124,9 @@ class CheckpointExtras:
             ``rank % old_world_size``'s, as the RNG states).
     """
 
-    totals: Callable[[], dict[str, Any]] | None = None
-    rank_totals: Callable[[], dict[str, Any]] | None = None
-    rank_state: Callable[[], dict[str, Any]] | None = None
+    totals: Callable[[], dict[str, Any]]
+    rank_totals: Callable[[], dict[str, Any]]
+    rank_state: Callable[[], dict[str, Any]]
 
 
 class JobCheckpoints:
@@ -152,12 +152,9 @@ class JobCheckpoints:
         optimizer: torch.optim.Optimizer,
         monitor: FailureMonitor,
         dist: DistributedContext,
-        extras: CheckpointExtras | None = None,
+        extras: CheckpointExtras,
     ) -> None:
-        self.output_dir, self.cfg, self.dist = output_dir, cfg, dist
-        extras = extras or CheckpointExtras()
-        self.totals, self.rank_totals = extras.totals, extras.rank_totals
-        self.rank_state = extras.rank_state
+        self.output_dir, self.cfg, self.dist, self.extras = output_dir, cfg, dist, extras
         self.restored_totals: dict[str, Any] = {}
         self.restored_rank_totals: dict[str, Any] = {}
         self.restored_rank_state: dict[str, Any] = {}
@@ -165,24 +162,16 @@ class JobCheckpoints:
         self.model, self.optimizer, self.monitor = model, optimizer, monitor
         self.store = CheckpointStore(output_dir / CHECKPOINT_DIR, keep=cfg.reliability.keep)
         self.resume = cfg.reliability.resume
-        check_choice(
-            "reliability", "world_size_change", cfg.reliability.world_size_change,
-            WORLD_SIZE_CHANGES,
-        )  # fmt: skip
-        check_choice(
-            "reliability", "threads_change", cfg.reliability.threads_change, THREADS_CHANGES
-        )
 
     def save(self, state: TrainState) -> None:
         """Write a checkpoint of ``state`` (rank 0), with every rank's RNG and failure counts."""
-        extra = {} if self.rank_totals is None else self.rank_totals()
         ranks = self.dist.gather(
             {
                 "rng": capture_rng_state(),
                 "failures": self.monitor.state_dict(),
-                "totals": extra,
+                "totals": self.extras.rank_totals(),
                 "loss": [state.loss_sum, state.loss_count],  # this rank's partial sums
-                "state": {} if self.rank_state is None else self.rank_state(),
+                "state": self.extras.rank_state(),
             }
         )
         if not self.dist.is_main:
@@ -197,14 +186,10 @@ class JobCheckpoints:
             "ranks": ranks,
             "logs": log_rows(self.output_dir),
             "log_headers": csv_headers(self.output_dir),
-            "totals": {} if self.totals is None else self.totals(),
+            "totals": self.extras.totals(),
         }
         path = self.store.save(state.step, payload)
         logger.debug("checkpoint %s (epoch %d, batch %d)", path, state.epoch, state.batch)
-
-    def finished_results(self) -> dict[str, Any] | None:
-        """``finished_results(output_dir, cfg, dist)`` of this job."""
-        return finished_results(self.output_dir, self.cfg, self.dist)
 
     def restore(self) -> TrainState | None:
         """Load the newest good checkpoint into the model, optimiser, RNGs and
@@ -227,11 +212,8 @@ class JobCheckpoints:
             return None
         payload = read_checkpoint(path)
         self._check_compatible(Path(path), payload)
-        shortfall = (
-            log_shortfall(self.output_dir, payload["logs"], payload.get("log_headers", {}))
-            if self.dist.is_main
-            else None
-        )
+        recorded = payload["logs"], payload.get("log_headers", {})
+        shortfall = log_shortfall(self.output_dir, *recorded) if self.dist.is_main else None
         shortfall = self.dist.broadcast(shortfall)
         if shortfall is not None:
             raise ResumeLogError(
@@ -445,15 +427,10 @@ def _restore_loss_sums(
 
 
 def _summed(totals: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """``{key: {source: {kind: n}}}`` counts of several ranks added up."""
-    out: dict[str, Any] = {}
-    for total in totals:
-        for key, counts in total.items():
-            into = out.setdefault(key, {})
-            for source, kinds in counts.items():
-                for kind, n in kinds.items():
-                    into.setdefault(source, {})[kind] = into.get(source, {}).get(kind, 0) + n
-    return out
+    """``{key: {source: {kind: n}}}`` counts of several ranks added up (``events_summary``'s
+    ``by_source`` of each key)."""
+    keys = dict.fromkeys(key for total in totals for key in total)
+    return {key: events_summary(t.get(key, {}) for t in totals)["by_source"] for key in keys}
 
 
 def reshard_batch(batch: int, old_world_size: int, new_world_size: int) -> int:

@@ -4,14 +4,10 @@ file, so a refused command leaves the directory (perhaps another run's) untouche
 
 from __future__ import annotations
 
-from experiments.config.groups import ReliabilityConf, TrainConfig
+from experiments.config.groups import TrainConfig
 from experiments.engine.preemption import parse_signals
 from experiments.engine.resume import THREADS_CHANGES, WORLD_SIZE_CHANGES
-from implicit_ham.plugins import (
-    check_choice,
-    check_positive_int,
-    check_tolerance,
-)
+from implicit_ham.plugins import check_choice, check_positive_int, check_tolerance
 from implicit_ham.reliability.divergence import LossDivergence
 from implicit_ham.reliability.failures import check_policy
 
@@ -19,12 +15,7 @@ from implicit_ham.reliability.failures import check_policy
 def check_run_settings(cfg: TrainConfig) -> None:
     """ValueError naming the first refused value of ``log_every`` and ``reliability``."""
     check_positive_int("config", "log_every", cfg.log_every)
-    check_reliability(cfg.reliability)
-
-
-def check_reliability(rel: ReliabilityConf) -> None:
-    """ValueError naming the first refused value of a ``reliability`` block (also
-    ``experiments.generate``'s)."""
+    rel = cfg.reliability
     check_policy(rel.on_failure)
     for name, minimum in (
         ("checkpoint_every", 0),
