@@ -55,23 +55,17 @@ class Callback:
         """When ``fit`` returns or raises."""
 
 
-class Flushable(Protocol):
-    """Anything with ``flush()``."""
-
-    def flush(self) -> None: ...
-
-
 class FlushAfterStep(Callback):
-    """``target.flush()`` after every step, first of the callbacks: e.g. the failure rows the
-    other ranks hold (``experiments.engine.failure_log.RankFailureLog``, collective), written
+    """``flush()`` after every step, first of the callbacks: e.g. the failure rows the other
+    ranks hold (``experiments.engine.failure_log.RankFailureLog.flush``, collective), written
     before the step's checkpoint counts them."""
 
-    def __init__(self, target: Flushable) -> None:
-        self.target = target
+    def __init__(self, flush: Callable[[], None]) -> None:
+        self.flush = flush
 
     def on_step_end(self, trainer: Trainer, state: TrainState, loss: Tensor | None) -> None:
         """Flush."""
-        self.target.flush()
+        self.flush()
 
 
 class MetricLogging(Callback):

@@ -27,13 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from experiments.engine.checkpoint import CheckpointUnreadableError
+from experiments.engine.failure_log import logged_failure_counts
 from experiments.engine.joblock import JobLockedError
 from experiments.engine.preemption import PreemptedError
 from experiments.engine.results import write_results
 from experiments.engine.resume import ResumeConflictError
 from experiments.engine.sinks import no_sinks
-
-FailureCounts = Callable[[str | Path], dict[str, Any]]
 
 
 def run_job(job: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -52,7 +51,6 @@ def failures_recorded(
     config: dict[str, Any],
     *,
     logger_target: str,
-    failure_counts: FailureCounts,
     write: bool = True,
 ) -> Iterator[None]:
     """Write ``results.json`` ``status: "failed"`` when the body raises (module docstring);
@@ -62,9 +60,8 @@ def failures_recorded(
         output_dir: the job directory. config: the config as plain data (what the failed
             ``results.json`` records).
         logger_target: the config's ``logger._target_``; with ``no_sinks`` (``logger=none``)
-            the job logs no files, so a failed run's ``results.json`` has no ``failures``.
-        failure_counts: the counts of the job's logged events, from its directory
-            (``experiments.engine.failure_log.logged_failure_counts`` or a command's variant).
+            the job logs no files, so a failed run's ``results.json`` has no ``failures``
+            (else the counts of the events it logged: ``logged_failure_counts``).
         write: whether this process writes the job's files (rank 0 under torchrun).
     """
     try:
@@ -74,9 +71,8 @@ def failures_recorded(
         # checkpoint that could not be read (the job's state is unknown, not failed)
     except Exception as err:
         if write:
-            failures = (
-                {} if logger_target == _NO_SINKS else {"failures": failure_counts(output_dir)}
-            )
+            logged = logger_target != _NO_SINKS
+            failures = {"failures": logged_failure_counts(output_dir)} if logged else {}
             write_results(
                 output_dir,
                 {

@@ -80,8 +80,11 @@ def logged_failure_counts(job_dir: str | Path) -> dict[str, Any]:
     when the monitors can no longer be asked: what was logged is what is counted, so the two
     agree."""
     rows = logged_failure_rows(job_dir)
+    monitor = FailureMonitor()
+    for row in rows:
+        monitor.counts[(row["kind"], row["layer"], row["action"])] += 1
     skipped = {row.get("step") for row in rows if row["action"] == "skipped"}
-    return {**failure_summary(rows), "skipped_batches": len(skipped)}
+    return {**monitor.summary(), "skipped_batches": len(skipped)}
 
 
 def logged_failure_rows(job_dir: str | Path) -> list[dict[str, Any]]:
@@ -102,11 +105,3 @@ def logged_failure_rows(job_dir: str | Path) -> list[dict[str, Any]]:
     if bad:
         logger.warning("%s: %d line(s) are not failure events; not counted", path, bad)
     return rows
-
-
-def failure_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """``FailureMonitor.summary`` of logged events (``logged_failure_rows``)."""
-    monitor = FailureMonitor()
-    for row in rows:
-        monitor.counts[(row["kind"], row["layer"], row["action"])] += 1
-    return monitor.summary()

@@ -71,7 +71,7 @@ from experiments.engine.clipping import clip_grad_hooks
 from experiments.engine.command import failures_recorded
 from experiments.engine.determinism import configure_determinism
 from experiments.engine.distributed import DistributedContext, state_digest
-from experiments.engine.failure_log import RankFailureLog, logged_failure_counts
+from experiments.engine.failure_log import RankFailureLog
 from experiments.engine.job_record import write_job_record
 from experiments.engine.joblock import JobLock, JobLockedError
 from experiments.engine.log_record import log_record
@@ -160,7 +160,6 @@ def run_training(
                     job_dir,
                     as_container(cfg),
                     logger_target=cfg.logger._target_,
-                    failure_counts=logged_failure_counts,
                     write=dist.is_main,
                 ),
                 dist.diagnose_hangs(),  # a hang is named before the failure is recorded
@@ -210,11 +209,6 @@ class _Job:
     divergence: LossDivergence | None
     checkpoints: JobCheckpoints
     clock: _Clock
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The model's floating-point type."""
-        return DTYPES[self.cfg.dtype]
 
 
 class _Step(NamedTuple):
@@ -359,9 +353,9 @@ def _fit(job: _Job, step: _Step, state: TrainState, guard: PreemptionGuard) -> d
         stop_at_accuracy=cfg.stop_at_accuracy,
         progress=cfg.progress and dist.is_main,
     )
-    callbacks.insert(0, FlushAfterStep(job.failure_log))  # every rank's failure rows first
+    callbacks.insert(0, FlushAfterStep(job.failure_log.flush))  # every rank's failure rows first
     trainer = Trainer(
-        job.model, step.task, step.run, device=dist.device, dtype=job.dtype, dist=dist,
+        job.model, step.task, step.run, device=dist.device, dtype=DTYPES[cfg.dtype], dist=dist,
         callbacks=callbacks,
     )  # fmt: skip
     job.clock.start(float(job.checkpoints.restored_totals.get("train_time_s", 0.0)))
@@ -451,9 +445,6 @@ def _diagnostics(
 
 
 def _solver_summaries(model: nn.Module) -> dict[str, Any]:
-    out = {}
-    for name, layer in find_implicit_layers(model).items():
-        solution = getattr(layer, "last_solution", None)
-        if solution is not None:
-            out[name] = solution.stats.summary()
-    return out
+    layers = find_implicit_layers(model).items()
+    solutions = {name: getattr(layer, "last_solution", None) for name, layer in layers}
+    return {name: s.stats.summary() for name, s in solutions.items() if s is not None}
