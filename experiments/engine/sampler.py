@@ -33,7 +33,6 @@ class EpochBatchSampler(Sampler[list[int]]):
         batch_size: samples per batch on each rank (the global batch is ``batch_size *
             world_size``).
         seed: the run's seed; epoch e uses the permutation seeded by ``epoch_seed(seed, e)``.
-        shuffle: False keeps the dataset order (every epoch the same).
         rank, world_size: this process's slice of every global batch. A last global batch that
             cannot give every rank at least one sample is dropped when ``world_size > 1``.
 
@@ -46,7 +45,6 @@ class EpochBatchSampler(Sampler[list[int]]):
         batch_size: int,
         *,
         seed: int,
-        shuffle: bool = True,
         rank: int = 0,
         world_size: int = 1,
     ) -> None:
@@ -58,7 +56,7 @@ class EpochBatchSampler(Sampler[list[int]]):
                 f"EpochBatchSampler: rank={rank} must lie in [0, world_size={world_size}); "
                 "pass the process's rank from the launcher (torchrun sets RANK)."
             )
-        self.size, self.batch_size, self.seed, self.shuffle = size, batch_size, seed, shuffle
+        self.size, self.batch_size, self.seed = size, batch_size, seed
         self.rank, self.world_size = rank, world_size
         self.epoch, self.start = 1, 0
 
@@ -78,18 +76,12 @@ class EpochBatchSampler(Sampler[list[int]]):
             )
         self.epoch, self.start = epoch, batch
 
-    def order(self) -> torch.Tensor:
-        """(size,) int64: the sample order of the current epoch."""
-        if not self.shuffle:
-            return torch.arange(self.size)
-        generator = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
-        return torch.randperm(self.size, generator=generator)
-
     def __len__(self) -> int:
         return self.batches_per_epoch - self.start
 
     def __iter__(self) -> Iterator[list[int]]:
-        order = self.order()
+        generator = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
+        order = torch.randperm(self.size, generator=generator)  # the epoch's sample order
         global_batch = self.batch_size * self.world_size
         for index in range(self.start, self.batches_per_epoch):
             chunk = order[index * global_batch : (index + 1) * global_batch]

@@ -33,13 +33,6 @@ class _AllReduceSum(torch.autograd.Function):
         return out
 
 
-def all_reduce_sum(tensor: Tensor) -> Tensor:
-    """Differentiable sum of ``tensor`` over all processes (identity in one process)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return tensor
-    return _AllReduceSum.apply(tensor)
-
-
 class AllReduceBatchNorm(_BatchNorm):
     """BatchNorm over inputs (N, C, ...) whose training statistics are those of the batch
     concatenated over all processes (mean and biased variance for normalising, unbiased
@@ -59,11 +52,11 @@ class AllReduceBatchNorm(_BatchNorm):
         dims = [0, *range(2, input.dim())]
         shape = [1, -1] + [1] * (input.dim() - 2)
         local_count = input.new_full((1,), input.numel() / input.shape[1])
-        totals = all_reduce_sum(torch.cat([input.sum(dims), local_count]))
+        totals = _AllReduceSum.apply(torch.cat([input.sum(dims), local_count]))
         count = totals[-1].detach()
         mean = totals[:-1] / count
         centred = input - mean.reshape(shape)
-        var = all_reduce_sum(centred.square().sum(dims)) / count
+        var = _AllReduceSum.apply(centred.square().sum(dims)) / count
         if self.track_running_stats:
             self._update_running_stats(mean.detach(), var.detach(), float(count))
         scale = torch.rsqrt(var + self.eps)

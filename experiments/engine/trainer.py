@@ -108,20 +108,16 @@ class Trainer:
             self._call("on_step_end", state, loss)
         return _mean(state.loss_sum, state.loss_count)
 
-    def evaluate(self, batches: Iterable[tuple[Tensor, Tensor]]) -> dict[str, float]:
-        """``evaluate`` of the (unwrapped) model on ``batches``."""
-        return evaluate(
-            unwrap(self.model), batches, self.task, device=self.device, dtype=self.dtype
-        )
-
     def _epoch_metrics(self, state: TrainState, val_batches: Any, start: float) -> dict[str, Any]:
         """The epoch's train loss over every rank, rank 0's evaluation, the epoch and its time
         (collective); no evaluation when ``val_batches`` is None."""
         loss_sum, loss_count = self.dist.sum([state.loss_sum, state.loss_count])
-        evaluating = self.dist.is_main and val_batches is not None
-        if evaluating:
+        val: dict[str, float] = {}
+        if self.dist.is_main and val_batches is not None:  # the unwrapped model, on rank 0
             logger.info("epoch %d/%d: evaluating", state.epoch, self.epochs)
-        val = self.evaluate(val_batches) if evaluating else {}
+            val = evaluate(
+                unwrap(self.model), val_batches, self.task, device=self.device, dtype=self.dtype
+            )
         metrics = self.dist.broadcast(
             {
                 "train/loss": _mean(loss_sum, loss_count),

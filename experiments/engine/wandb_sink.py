@@ -58,7 +58,6 @@ class WandbSink(Sink):
         config: the full configuration (a dict or a Hydra/OmegaConf config, resolved).
         dir: directory under which wandb writes ``wandb/`` (default: the current directory).
         mode: "online", "offline" or "disabled"; None chooses as the module docstring says.
-        **init_kwargs: further ``wandb.init`` arguments (e.g. ``name``, ``job_type``).
     """
 
     def __init__(
@@ -70,7 +69,6 @@ class WandbSink(Sink):
         config: Any = None,
         dir: str | Path | None = None,
         mode: str | None = None,
-        **init_kwargs: Any,
     ) -> None:
         import wandb
 
@@ -85,7 +83,6 @@ class WandbSink(Sink):
             dir=None if dir is None else str(dir),
             mode=resolve_mode(mode),
             reinit="create_new",
-            **init_kwargs,
         )
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
@@ -99,11 +96,7 @@ class WandbSink(Sink):
         table = self._wandb.Table(
             columns=[*columns], data=[[r.get(c) for c in columns] for r in plain]
         )
-        key = safe_name(name)
-        if step is None:
-            self.run.log({key: table})
-        else:
-            self.run.log({key: table}, step=step)
+        self.run.log({safe_name(name): table}, step=step)  # step None: wandb's own step
 
     def close(self) -> None:
         """Finish the run. wandb's service process writes the offline run file
