@@ -23,13 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import MISSING
 
 import implicit_ham
-from experiments.config.optim_checks import check_optimizer
-from experiments.config.signatures import config_class, signature_parameters
+from experiments.config.optim_checks import check_optimizer, refused_in
+from experiments.config.signatures import Parameter, config_class, signature_parameters
 from experiments.config.typed import ContextConf, OptimConf, TargetConf
 from experiments.data import splits
 from experiments.engine import sinks
@@ -54,50 +53,48 @@ def context_configs() -> dict[str, type]:
     """One ``make_context`` config per decomposition (the ``Hamburger`` block's options, then
     the decomposition's), per decomposition as a token mixer ("<name>_mixer": the ``HamMixer``'s
     options, then the decomposition's) and per baseline (its own options)."""
+    make = signature_parameters(implicit_ham.make_context)
     block = [
         p
-        for p in signature_parameters(implicit_ham.make_context)
-        + signature_parameters(implicit_ham.Hamburger)
+        for p in make + signature_parameters(implicit_ham.Hamburger)
         if p.name not in ("name", "channels", "ham", "channel_ham")
+    ]
+    mixer = [
+        p
+        for p in make + signature_parameters(implicit_ham.HamMixer)
+        if p.name not in ("name", "channels", "ham", "dual")
     ]
     configs = {}
     for name in DECOMPOSITIONS.names():
         decomposition = DECOMPOSITIONS.get(name)
-        configs[name] = config_class(
-            implicit_ham.make_context,
-            base=ContextConf,
-            name=f"{decomposition.__name__}ContextConf",
-            exclude=("channels",),
-            fixed={"name": name},
-            extra=block
-            + [p for p in signature_parameters(decomposition) if p.name not in CONTEXT_RUNTIME],
-        )
-        mixer = [
-            p
-            for p in signature_parameters(implicit_ham.make_context)
-            + signature_parameters(implicit_ham.HamMixer)
-            if p.name not in ("name", "channels", "ham", "dual")
-        ]
-        configs[f"{name}{MIXER_SUFFIX}"] = config_class(
-            implicit_ham.make_context,
-            base=ContextConf,
-            name=f"{decomposition.__name__}MixerContextConf",
-            exclude=("channels", "dual"),
-            fixed={"name": f"{name}{MIXER_SUFFIX}"},
-            extra=mixer
-            + [p for p in signature_parameters(decomposition) if p.name not in CONTEXT_RUNTIME],
+        own = [p for p in signature_parameters(decomposition) if p.name not in CONTEXT_RUNTIME]
+        label = decomposition.__name__
+        configs[name] = _context_config(name, f"{label}ContextConf", ("channels",), block + own)
+        mixer_name = f"{name}{MIXER_SUFFIX}"
+        configs[mixer_name] = _context_config(
+            mixer_name, f"{label}MixerContextConf", ("channels", "dual"), mixer + own
         )
     for name in CONTEXTS.names():
         baseline = CONTEXTS.get(name)
-        configs[name] = config_class(
-            implicit_ham.make_context,
-            base=ContextConf,
-            name=f"{baseline.__name__}ContextConf",
-            exclude=("channels", "dual"),
-            fixed={"name": name},
-            extra=[p for p in signature_parameters(baseline) if p.name != "channels"],
+        own = [p for p in signature_parameters(baseline) if p.name != "channels"]
+        configs[name] = _context_config(
+            name, f"{baseline.__name__}ContextConf", ("channels", "dual"), own
         )
     return configs
+
+
+def _context_config(
+    name: str, label: str, exclude: tuple[str, ...], extra: list[Parameter]
+) -> type:
+    """The ``make_context`` config of the context ``name``, as the class ``label``."""
+    return config_class(
+        implicit_ham.make_context,
+        base=ContextConf,
+        name=label,
+        exclude=exclude,
+        fixed={"name": name},
+        extra=extra,
+    )
 
 
 LOGGER_TARGETS = {"files": sinks.file_sinks, "wandb": sinks.wandb_sinks, "none": sinks.no_sinks}
@@ -331,27 +328,15 @@ def check_components(cfg: TrainConfig) -> None:
     check_optimizer(cfg.optim, cfg.lr_poly_power, cfg.model.backbone_lr_scale)
     built: dict[str, Any] = {}
     for group in ("solver", "adjoint"):
-        try:
+        with refused_in(group):
             built[group] = instantiate(getattr(cfg, group))
-        except (TypeError, ValueError, InstantiationException) as error:
-            cause = error.__cause__ if isinstance(error, InstantiationException) else None
-            raise ValueError(_in_group(group, cause or error)) from error
     name = decomposition_of(cfg.context.name)
     if name is None:
         return
     accepted = set(parameter_names(DECOMPOSITIONS.get(name))) - {"channels", "solver", "adjoint"}
     options = {k: v for k, v in dataclasses.asdict(cfg.context).items() if k in accepted}
-    try:
+    with refused_in("context"):
         DECOMPOSITIONS.make(name, **options, solver=built["solver"], adjoint=built["adjoint"])
-    except (TypeError, ValueError) as error:
-        raise ValueError(_in_group("context", error)) from error
-
-
-def _in_group(group: str, error: BaseException) -> str:
-    return (
-        f"{group}: {error} (a value of the {group}.* config options; fix it on the command "
-        f"line, e.g. {group}.<option>=<value>)"
-    )
 
 
 def config_groups() -> dict[str, dict[str, type]]:

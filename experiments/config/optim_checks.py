@@ -12,7 +12,8 @@ key and a value that works.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -62,11 +63,20 @@ def check_optimizer(
         if value is not None:
             _check(key, value, SCHEDULE_RULES[key])
     stand_in = torch.nn.Parameter(torch.zeros(1))
-    try:
+    with refused_in("optim", "lr=3e-3"):
         instantiate(optim)([stand_in])
+
+
+@contextmanager
+def refused_in(group: str, example: str = "<option>=<value>") -> Iterator[None]:
+    """A ``TypeError`` / ``ValueError`` of the block (or Hydra's ``InstantiationException``
+    around one) raised again as a ``ValueError`` naming the config group and an example
+    setting (``group.example``)."""
+    try:
+        yield
     except (TypeError, ValueError, InstantiationException) as error:
         cause = error.__cause__ if isinstance(error, InstantiationException) else None
         raise ValueError(
-            f"optim: {cause or error} (a value of the optim.* config options; fix it on the "
-            "command line, e.g. optim.lr=3e-3)"
+            f"{group}: {cause or error} (a value of the {group}.* config options; fix it on the "
+            f"command line, e.g. {group}.{example})"
         ) from error
