@@ -1,7 +1,7 @@
 """Build an experiment's parts (data, model, optimiser, sinks) from the typed run config.
 
-Functions take the nodes of a ``TrainConfig`` (``experiments.config.typed.typed_config``) or of
-``GenerateConfig``: dataclass instances, built with or without Hydra (``ModelConf(width=16)``).
+Functions take the nodes of a ``TrainConfig`` (``experiments.config.typed.typed_config``):
+dataclass instances, built with or without Hydra (``ModelConf(width=16)``).
 """
 
 from __future__ import annotations

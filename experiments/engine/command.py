@@ -1,5 +1,5 @@
-"""What a command does with the outcome of its job (``experiments.train``,
-``experiments.generate``): the job's own ``results.json`` stands for a finished or preempted
+"""What a command does with the outcome of its job (``experiments.train`` and the studies that
+train through it): the job's own ``results.json`` stands for a finished or preempted
 run; a failed run gets one written by ``failures_recorded``, while the job still holds its
 directory's lock.
 

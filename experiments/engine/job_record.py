@@ -4,8 +4,8 @@
 Hydra writes these files at job start, before the command has checked a single value or taken
 the job directory's lock, so a refused command (a bad value, a job held by a live run, a config
 that conflicts with the job's checkpoints) would relabel the job with settings it never
-trained with. The commands therefore set ``hydra.output_subdir: null`` (``conf/config.yaml``,
-``conf/generate.yaml``): Hydra writes nothing, ``hydra_record`` captures the same three files
+trained with. The commands therefore set ``hydra.output_subdir: null`` (``conf/config.yaml``):
+Hydra writes nothing, ``hydra_record`` captures the same three files
 at start-up and the engine writes them (``write_job_record``) once the job holds its lock and
 the checkpoints it resumes from (or the finished results it returns) matched the config.
 """

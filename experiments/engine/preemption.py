@@ -10,8 +10,8 @@ checkpoint and raises ``PreemptedError``. The job then writes ``results.json`` w
 that checkpoint bit-identically. A second signal while the first is being handled exits at
 once (same status, no checkpoint), so a stuck run can still be stopped.
 
-``preemptible`` is what a command's job runs under (``experiments.engine.run.run_training``,
-``experiments.generation.run.run_generation``): the guard over the configured signals (plus
+``preemptible`` is what a command's job runs under (``experiments.engine.run.run_training``):
+the guard over the configured signals (plus
 submitit's own under submitit) and, when ``PreemptedError`` leaves it, the requeue under
 submitit; ``preempted_results`` is the ``results.json`` such a job writes before raising.
 """
