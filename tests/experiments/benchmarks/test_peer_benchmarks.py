@@ -1,17 +1,23 @@
-"""The torchdeq comparison of ``python -m experiments.bench peers`` (its ``accuracy`` group)
-and the ``bench`` dispatcher: every part resolves to a module with a ``main``; the accuracy
+"""The peer benchmarks' plumbing: the committed peer pages regenerate from their rows; the
+torchdeq comparison of ``python -m experiments.bench peers`` (its ``accuracy`` group) and the
+``bench`` dispatcher: every part resolves to a module with a ``main``; the accuracy
 points are taken at equal budgets, ours and torchdeq's Anderson alike, and an unequal budget
 is refused with the counts (it was an ``assert``: silent under ``python -O``)."""
 
 from __future__ import annotations
 
 import importlib
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
 from experiments import bench
+from experiments.benchmarks.page import write_peer_page
 from experiments.benchmarks.peers import deq
+
+DOCS = Path(__file__).resolve().parents[3] / "docs"
 
 
 @pytest.mark.parametrize("part", sorted(bench.PARTS))
@@ -32,3 +38,14 @@ def test_accuracy_points_are_taken_at_the_budget() -> None:
 def test_an_unequal_budget_is_refused() -> None:
     with pytest.raises(RuntimeError, match="ours spent 4 evaluations of f, not the budget 3"):
         deq._check_budget("ours", 4, 3)
+
+
+@pytest.mark.parametrize("page", ["benchmarks_peers", "benchmarks_optlayers"])
+def test_the_committed_peer_pages_are_their_rows(tmp_path: Path, page: str) -> None:
+    """Each peer page is what ``bench page --peers-runs`` makes of its committed runs (a page
+    edited by hand, as its set-up lines once were, fails here)."""
+    committed = DOCS / f"{page}.md"
+    copy = tmp_path / committed.name
+    shutil.copy(committed, copy)
+    write_peer_page([DOCS / page / "run1", DOCS / page / "run2"], copy)
+    assert copy.read_text() == committed.read_text()
