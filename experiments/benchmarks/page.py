@@ -144,6 +144,8 @@ def write_peer_page(folders: Sequence[str | Path], out: str | Path = PEER_PAGE) 
     intro = head + generated
     lines = [intro, "## Results", "", peer_table([rows for rows, _ in loaded]).markdown()]
     lines += ["", "## Set-up of each run", ""]
+    lines += ["Each command is recorded as it ran; a module may have moved since (the commands",
+              "that rebuild this page are at its top).", ""]  # fmt: skip
     for number, (_, metas) in enumerate(loaded, start=1):
         for meta in metas:
             lines.append(

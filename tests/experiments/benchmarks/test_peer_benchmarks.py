@@ -26,9 +26,10 @@ def test_every_bench_part_has_a_main(part: str) -> None:
     assert callable(getattr(module, "main", None)), part
 
 
-def test_accuracy_points_are_taken_at_the_budget() -> None:
+@pytest.mark.parametrize("budget", [5, 20])  # from 13 on, ours also measures z* (not counted)
+def test_accuracy_points_are_taken_at_the_budget(budget: int) -> None:
     pytest.importorskip("torchdeq")
-    points = deq.accuracy_points(5)
+    points = deq.accuracy_points(budget)
     assert set(points) == {"ours", "ours polish", "fixed point", "torchdeq"}
     shapes = {tuple(p.shape) for p in points.values()}
     assert len(shapes) == 1
