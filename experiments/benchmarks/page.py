@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import io
 import logging
+import re
 import shlex
 from collections.abc import Callable, Sequence
 from contextlib import redirect_stdout
@@ -130,6 +131,22 @@ def ratio_cell(row: dict[str, Any]) -> float | str:
     return f"{format_value(row['ratio'])} [{first:.3f}, {third:.3f}]"
 
 
+# The peer benchmarks' modules when the committed runs were made, and where the same code lives
+# since commit 4e8fd35 (moved into the peers sub-package): a set-up line names today's module.
+MOVED = (
+    (re.compile(r"experiments\.benchmarks\.peers_(\w+)"), r"experiments.benchmarks.peers.\1"),
+    (re.compile(r"experiments/benchmarks/peers_(\w+)\.py"), r"experiments/benchmarks/peers/\1.py"),
+    (re.compile(r"experiments\.benchmarks\.peers(?=\s|$)"), "experiments.benchmarks.peers.run"),
+)
+
+
+def moved(command: str) -> str:
+    """``command`` with the peer benchmarks' old module names replaced by today's."""
+    for old, new in MOVED:
+        command = old.sub(new, command)
+    return command
+
+
 def write_peer_page(folders: Sequence[str | Path], out: str | Path = PEER_PAGE) -> Path:
     """Rewrite the peer page from the JSON rows of the run ``folders`` (see the module doc).
     A page that exists keeps its hand-written head (title, how to rebuild it: everything above
@@ -144,12 +161,11 @@ def write_peer_page(folders: Sequence[str | Path], out: str | Path = PEER_PAGE) 
     intro = head + generated
     lines = [intro, "## Results", "", peer_table([rows for rows, _ in loaded]).markdown()]
     lines += ["", "## Set-up of each run", ""]
-    lines += ["Each command is recorded as it ran; a module may have moved since (the commands",
-              "that rebuild this page are at its top).", ""]  # fmt: skip
     for number, (_, metas) in enumerate(loaded, start=1):
         for meta in metas:
+            command = moved(meta.get("command", "?"))
             lines.append(
-                f"- run {number}, section `{meta['section']}`: `{meta.get('command', '?')}`; "
+                f"- run {number}, section `{meta['section']}`: `{command}`; "
                 f"torch {meta.get('torch', '?')}, threads={meta.get('threads', '?')}, "
                 f"clock={meta.get('clock', '?')}, {meta.get('rounds', '?')} rounds; host "
                 f"{meta.get('load', '?')} at the start (2 shared cores"

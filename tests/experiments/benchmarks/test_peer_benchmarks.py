@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from experiments import bench
-from experiments.benchmarks.page import write_peer_page
+from experiments.benchmarks.page import moved, write_peer_page
 from experiments.benchmarks.peers import deq
 
 DOCS = Path(__file__).resolve().parents[3] / "docs"
@@ -50,3 +50,19 @@ def test_the_committed_peer_pages_are_their_rows(tmp_path: Path, page: str) -> N
     shutil.copy(committed, copy)
     write_peer_page([DOCS / page / "run1", DOCS / page / "run2"], copy)
     assert copy.read_text() == committed.read_text()
+
+
+def test_set_up_lines_name_todays_modules() -> None:
+    """The committed runs recorded the modules of their day; the page names where that code
+    lives now (each rewritten name must resolve: ``tests/docs/test_docs_names.py``)."""
+    assert moved("python -m experiments.benchmarks.peers --rounds 10 --json a.json") == (
+        "python -m experiments.benchmarks.peers.run --rounds 10 --json a.json"
+    )
+    assert moved("python -m experiments.benchmarks.peers_loops --json b") == (
+        "python -m experiments.benchmarks.peers.loops --json b"
+    )
+    assert moved("/w/experiments/benchmarks/peers_theseus.py --json c") == (
+        "/w/experiments/benchmarks/peers/theseus.py --json c"
+    )
+    today = "python -m experiments.benchmarks.peers.run --json d"
+    assert moved(today) == today
