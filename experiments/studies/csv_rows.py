@@ -167,9 +167,16 @@ def session_recorder(
 
 def read_sessions(csv_path: str | Path) -> list[dict[str, Any]]:
     """The sessions sidecar's rows (started / finished as floats, jobs_run / workers ints,
-    main_epochs an int or None where the row predates the column)."""
+    main_epochs an int or None where the row predates the column, plan None where empty).
+    An empty or missing started / finished / jobs_run / workers cell is a ValueError naming
+    the file, its line and the column."""
     path = sessions_path(csv_path)
     if not path.exists():
         return []
     with path.open(encoding="utf-8", newline="") as fh:
-        return [{c: _parse(c, r.get(c) or "") for c in SESSION_COLUMNS} for r in csv.DictReader(fh)]
+        rows = [{c: _parse(c, r.get(c) or "") for c in SESSION_COLUMNS} for r in csv.DictReader(fh)]
+    for line, row in enumerate(rows, start=2):
+        empty = [c for c in ("started", "finished", "jobs_run", "workers") if row[c] is None]
+        if empty:
+            raise ValueError(f"{path}, line {line}: no value in {', '.join(empty)}")
+    return rows
