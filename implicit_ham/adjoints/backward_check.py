@@ -52,6 +52,8 @@ class SolveRecord:
         cond_lower_bound: a lower bound of κ (GMRES's Arnoldi matrices), or None.
         cond_label: the system ``cond`` is of, when not ``op``'s (an exact κ of the unscaled
             system after a scaled solve).
+        requires_spd: the solver is correct only for a symmetric positive-definite system
+            (CG): a failed solve's message then says whether the system is symmetric.
     """
 
     linear_solver: str
@@ -59,6 +61,7 @@ class SolveRecord:
     cond: float | None = None
     cond_lower_bound: float | None = None
     cond_label: str | None = None
+    requires_spd: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ def finish_backward(
     stats = _stats(policy, record, abs_res, rel_res, converged)
     if converged is not False:
         return FinishedBackward(g, stats)
-    return _failed(op, v, FinishedBackward(g, stats), policy, finite)
+    return _failed(op, v, FinishedBackward(g, stats), policy, finite, record.requires_spd)
 
 
 def _stats(
@@ -143,9 +146,15 @@ def _warn_conditioning(
 
 
 def _failed(
-    op: AdjointOperator, v: Tensor, result: FinishedBackward, policy: SolvePolicy, finite: bool
+    op: AdjointOperator,
+    v: Tensor,
+    result: FinishedBackward,
+    policy: SolvePolicy,
+    finite: bool,
+    requires_spd: bool,
 ) -> FinishedBackward:
-    """Apply ``policy.on_divergence`` to a failed solve."""
+    """Apply ``policy.on_divergence`` to a failed solve (a solver that needs a symmetric
+    system, run on one that is not, gets that named as the cause instead of more steps)."""
     stats, where = result.stats, f"{policy.adjoint} backward"
     rel_res = stats.rel_residual
     problem = _problem(op, v, policy, stats, finite)
@@ -160,6 +169,8 @@ def _failed(
     fix = (
         "Raise max_steps, use another linear solver or backward mode, or on_divergence='fallback'."
     )
+    if requires_spd and finite:
+        fix = _asymmetry_fix(op, v) or fix
     if not finite:
         raise NonFiniteError(f"{problem}; {op.label} is likely singular here. {fix}")
     if policy.on_divergence == "raise":
@@ -171,6 +182,29 @@ def _failed(
         where=where,
     )
     return result
+
+
+def _asymmetry_fix(op: AdjointOperator, v: Tensor) -> str | None:
+    """Why a solver that needs a symmetric system failed, when ``op`` is not symmetric; None
+    when it is, up to rounding. The probe (two more products): for ``u = v / ||v||``,
+    ``u . A(Au) = (A^T u) . (Au)``, which equals ``||Au||^2`` when ``A^T = A``; the difference
+    is measured against ``||A(Au)||`` (the dot product's own scale) and accepted below the
+    square root of the dtype's machine epsilon. The system of a fixed point, ``I - J^T``, is
+    symmetric only where ``f`` is a gradient step."""
+    u = v.detach() / torch.linalg.vector_norm(v.detach())
+    au = op.apply(u).detach()
+    a2u = op.apply(au).detach()
+    along, square = float(torch.dot(u, a2u)), float(torch.dot(au, au))
+    scale = float(torch.linalg.vector_norm(a2u))
+    if not scale > 0 or abs(along - square) <= math.sqrt(torch.finfo(v.dtype).eps) * scale:
+        return None
+    return (
+        f"The solver needs a symmetric positive-definite system and {op.label} is not "
+        f"symmetric here (u . A(Au) = {along:.3e} vs ||Au||^2 = {square:.3e}, u the normalised "
+        "right-hand side): more steps will not help. Use linear_solver='gmres' or 'auto' (CG "
+        "suits the system of a minimum: minimize, least_squares, a gradient-step map), or "
+        "on_divergence='fallback'."
+    )
 
 
 def _problem(

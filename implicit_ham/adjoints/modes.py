@@ -350,7 +350,7 @@ class Implicit(AtFixedPoint):
         kept = attempt if best is None else best[1]
         name = solver.name if kept.solver is solver else f"{solver.name}:{kept.solver.name}"
         bound = kept.cond if kept.solver.cond_is_bound else None
-        record = SolveRecord(name, steps, exact, bound, op.label)
+        record = SolveRecord(name, steps, exact, bound, op.label, kept.solver.requires_spd)
         g, stats = self._finish(kept.system, kept.rhs, kept.g, record)
         if kept.scale is None:
             return g, stats
