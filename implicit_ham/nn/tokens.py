@@ -39,6 +39,10 @@ def check_device_and_dtype(owner: str, x: Tensor, weight: Tensor) -> None:
             f"{owner}: the input is on {x.device} but the module's parameters are on "
             f"{weight.device}; move one of them (module.to(x.device))."
         )
+    if not x.is_floating_point():
+        raise TypeError(
+            f"{owner}: the input is {x.dtype}; a floating input is needed (x.to({weight.dtype}))."
+        )
     if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
         raise TypeError(
             f"{owner}: the input is {x.dtype} but the module's parameters are "

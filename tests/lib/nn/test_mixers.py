@@ -215,3 +215,14 @@ def test_ham_mixer_names_a_dtype_or_device_mismatch():
         mixer(torch.randn(2, 5, 8, dtype=torch.float64))
     with pytest.raises(ValueError, match="the input is on meta"):
         mixer(torch.randn(2, 5, 8, device="meta"))
+
+
+def test_an_integer_input_is_told_to_become_floating():
+    """Converting the module to the input's integer dtype, or autocast, cannot help an integer
+    input: the message names the one fix that does (both for HamMixer and Hamburger)."""
+    for module, x in [
+        (ih.HamMixer(8, ih.VQ(rank=2)), torch.randint(0, 5, (2, 5, 8))),
+        (ih.Hamburger(channels=8, ham=ih.NMF(rank=2)), torch.randint(0, 5, (2, 8, 4, 4))),
+    ]:
+        with pytest.raises(TypeError, match=r"input is torch\.int64; a floating input is needed"):
+            module(x)
