@@ -82,6 +82,7 @@ class StepwiseSolver(FixedPointSolver, Generic[C]):
             z = detached(z0)
             fz = f(z)
             residual, rel = _residuals(z, fz)
+            first = residual
             carry = self.init(z, fz, spec)
             rows: list[Tensor] = []
             while len(rows) < self.max_steps and not self.terminate(rel):
@@ -90,12 +91,18 @@ class StepwiseSolver(FixedPointSolver, Generic[C]):
                 residual, rel = _residuals(z, fz)
                 rows.append(residual)
         if host_checks() and not bool(torch.isfinite(residual).all()):
-            raise_non_finite(self.name, z0, len(rows))
+            raise_non_finite(self.name, z0, _first_non_finite([first, *rows]))
         trace = torch.stack(rows) if rows else residual.new_zeros(0, spec.batch)
         converged = None if self.tol is None else rel <= self.tol
         stats = SolverStats(self.name, len(rows), trace, residual, rel, converged)
         warn_if_not_converged(stats, self.tol)
         return z, stats
+
+
+def _first_non_finite(residuals: list[Tensor]) -> int:
+    """The index of the first (B,) residual that is not finite: the forward evaluation, 0 for
+    ``f(z0)``, where a NaN / inf appeared (read after the solve, on its error path only)."""
+    return next(i for i, r in enumerate(residuals) if not bool(torch.isfinite(r).all()))
 
 
 def _residuals(z: State, fz: State) -> tuple[Tensor, Tensor]:

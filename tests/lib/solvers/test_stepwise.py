@@ -99,6 +99,22 @@ def test_non_finite_iterate_raises_naming_the_solver() -> None:
         ih.fixed_point(lambda z, x: z * 1e300 + x, ones, ones, solver=HeavyBall(max_steps=5))
 
 
+def test_a_nan_is_located_at_the_evaluation_that_made_it() -> None:
+    """f turns NaN once z passes 4.5: plain steps z + 1 from 0 reach 5 at the 6th evaluation
+    (f(z0) is the first). The message names that evaluation, as FixedPointIteration names its
+    step, not the end of the budget (it said 51 for a 50-step budget)."""
+
+    def f(z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return torch.where(z > 4.5, torch.full_like(z, float("nan")), z + x)
+
+    ones = torch.ones(2, 3, dtype=torch.float64)
+    plain = HeavyBall(max_steps=50, beta=0.0)
+    with pytest.raises(NonFiniteError, match="at forward evaluation 6 "):
+        ih.fixed_point(f, torch.zeros_like(ones), ones, solver=plain)
+    with pytest.raises(NonFiniteError, match="at forward step 6"):
+        ih.fixed_point(f, torch.zeros_like(ones), ones, solver=ih.FixedPointIteration(max_steps=50))
+
+
 def test_tolerance_solve_is_refused_under_vmap() -> None:
     solver = HeavyBall(tol=1e-6)
 
